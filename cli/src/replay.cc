@@ -1,0 +1,324 @@
+#include "trainwatch/cli/replay.h"
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "trainwatch/core/json.h"
+#include "trainwatch/core/rule_engine.h"
+
+namespace trainwatch::cli {
+
+using core::Event;
+
+absl::StatusOr<ReplayResult> Replay(const Trace& trace, const core::RuleConfig& config) {
+  core::RuleEngine engine(config);
+  core::StepOutcome out;
+  ReplayResult result;
+  for (size_t i = 0; i < trace.size(); ++i) {
+    const core::StepRecord rec = trace.Record(i);
+    if (absl::Status s = engine.Observe(rec, &out); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("line ", trace.line(i), ": ", s.message()));
+    }
+    ++result.records;
+    if (out.verdict.decision == core::Decision::kSkipUpdate) ++result.skipped_steps;
+    if (out.verdict.decision == core::Decision::kHalt && result.halted_at < 0) {
+      result.halted_at = rec.step;
+    }
+    for (Event& e : out.events) result.events.push_back(std::move(e));
+  }
+  return result;
+}
+
+namespace {
+
+std::vector<std::string> LackedNames(uint32_t mask) {
+  std::vector<std::string> names;
+  for (int s = 0; s < core::kNumSignals; ++s) {
+    if (mask & (1u << s)) names.emplace_back(core::SignalName(static_cast<core::Signal>(s)));
+  }
+  return names;
+}
+
+std::string ShardsText(const Event& e) {
+  if (e.shards.empty()) return "-";
+  if (e.shards.size() <= 3) return absl::StrJoin(e.shards, ";");
+  return absl::StrFormat("%d..%d (%d)%s", e.shards.front(), e.shards.back(), e.shards.size(),
+                         e.shards_truncated ? "+" : "");
+}
+
+}  // namespace
+
+std::string FormatEventsJson(const std::vector<Event>& events) {
+  std::string out;
+  for (const Event& e : events) {
+    absl::StrAppend(&out, "{\"step\":", e.step, ",\"tier\":", e.tier, ",\"action\":");
+    core::AppendJsonString(&out, core::ActionName(e.action));
+    out += ",\"kind\":";
+    core::AppendJsonString(&out, core::EventKindName(e.kind));
+    absl::StrAppend(&out, ",\"episode\":", e.episode, ",\"onset_step\":", e.onset_step,
+                    ",\"shards\":[", absl::StrJoin(e.shards, ","), "]");
+    absl::StrAppend(&out, ",\"shards_truncated\":", e.shards_truncated ? "true" : "false");
+    out += ",\"recommended_checkpoint_step\":";
+    if (e.recommended_checkpoint_step >= 0) {
+      absl::StrAppend(&out, e.recommended_checkpoint_step);
+    } else {
+      out += "null";
+    }
+    out += ",\"recommended_checkpoint_uri\":";
+    if (e.recommended_checkpoint_step >= 0) {
+      core::AppendJsonString(&out, e.recommended_checkpoint_uri);
+    } else {
+      out += "null";
+    }
+    out += ",\"recommended_actions\":[";
+    for (size_t i = 0; i < e.recommended_actions.size(); ++i) {
+      const core::RecommendedAction& a = e.recommended_actions[i];
+      if (i) out += ",";
+      out += "{\"kind\":";
+      core::AppendJsonString(&out, core::RecommendedActionKindName(a.kind));
+      switch (a.kind) {
+        case core::RecommendedAction::Kind::kQuarantineShards:
+        case core::RecommendedAction::Kind::kInspectShards:
+          absl::StrAppend(&out, ",\"shard_first\":", a.shard_first,
+                          ",\"shard_last\":", a.shard_last);
+          break;
+        case core::RecommendedAction::Kind::kSetZLossAlpha:
+          out += ",\"z_loss_alpha\":";
+          core::AppendJsonNumber(&out, a.z_loss_alpha);
+          break;
+        case core::RecommendedAction::Kind::kWidenPrecision:
+          out += ",\"tensor\":";
+          core::AppendJsonString(&out, a.tensor);
+          break;
+      }
+      out += ",\"text\":";
+      core::AppendJsonString(&out, a.text);
+      out += "}";
+    }
+    out += "],\"reason\":";
+    core::AppendJsonString(&out, e.reason);
+    out += ",\"lacked_signals\":[";
+    const std::vector<std::string> lacked = LackedNames(e.lacked_signals);
+    for (size_t i = 0; i < lacked.size(); ++i) {
+      if (i) out += ",";
+      core::AppendJsonString(&out, lacked[i]);
+    }
+    out += "]}\n";
+  }
+  return out;
+}
+
+std::string FormatEventsTable(const std::vector<Event>& events) {
+  if (events.empty()) return "no events\n";
+  std::string out = absl::StrFormat("%-9s %-4s %-11s %-20s %-9s %-9s %-22s %s\n", "STEP", "TIER",
+                                    "ACTION", "KIND", "ONSET", "CKPT", "SHARDS",
+                                    "REASON / RECOMMENDED");
+  for (const Event& e : events) {
+    const std::string ckpt =
+        e.recommended_checkpoint_step >= 0 ? absl::StrCat(e.recommended_checkpoint_step) : "-";
+    absl::StrAppendFormat(&out, "%-9d %-4d %-11s %-20s %-9d %-9s %-22s %s\n", e.step, e.tier,
+                          core::ActionName(e.action), core::EventKindName(e.kind),
+                          e.onset_step, ckpt, ShardsText(e), e.reason);
+    for (const core::RecommendedAction& a : e.recommended_actions) {
+      absl::StrAppendFormat(&out, "%88s-> %s\n", "", a.text);
+    }
+    if (e.lacked_signals != 0) {
+      absl::StrAppendFormat(&out, "%88s(no %s in this run)\n", "",
+                            absl::StrJoin(LackedNames(e.lacked_signals), ", "));
+    }
+  }
+  return out;
+}
+
+namespace {
+
+struct TierSummary {
+  std::set<uint64_t> incidents;
+  int64_t events = 0;
+  int64_t first = -1;
+  int64_t last = -1;
+};
+
+std::map<int, TierSummary> Summarise(const ReplayResult& r) {
+  std::map<int, TierSummary> tiers;
+  for (int t = 0; t <= 3; ++t) tiers[t];
+  for (const Event& e : r.events) {
+    // Recovery notes close episodes; they are not incidents of their own.
+    if (e.action == core::Action::kNone) continue;
+    TierSummary& s = tiers[e.tier];
+    s.incidents.insert(e.episode);
+    ++s.events;
+    if (s.first < 0) s.first = e.step;
+    s.last = e.step;
+  }
+  return tiers;
+}
+
+}  // namespace
+
+std::string FormatSummaryTable(const ReplayResult& r) {
+  std::string out = absl::StrFormat("%-5s %-10s %-8s %-10s %-10s %s\n", "TIER", "INCIDENTS",
+                                    "EVENTS", "FIRST", "LAST", "SKIPPED");
+  for (const auto& [tier, s] : Summarise(r)) {
+    absl::StrAppendFormat(
+        &out, "%-5d %-10d %-8d %-10s %-10s %s\n", tier, s.incidents.size(), s.events,
+        s.first >= 0 ? absl::StrCat(s.first) : "-", s.last >= 0 ? absl::StrCat(s.last) : "-",
+        tier == 1 ? absl::StrCat(r.skipped_steps) : "-");
+  }
+  absl::StrAppendFormat(&out, "records %d, skipped steps %d, halted at %s\n", r.records,
+                        r.skipped_steps,
+                        r.halted_at >= 0 ? absl::StrCat("step ", r.halted_at) : "no step");
+  return out;
+}
+
+std::string FormatSummaryJson(const ReplayResult& r) {
+  std::string out;
+  for (const auto& [tier, s] : Summarise(r)) {
+    absl::StrAppend(&out, "{\"tier\":", tier, ",\"incidents\":", s.incidents.size(),
+                    ",\"events\":", s.events, ",\"first_step\":",
+                    s.first >= 0 ? absl::StrCat(s.first) : "null", ",\"last_step\":",
+                    s.last >= 0 ? absl::StrCat(s.last) : "null", ",\"skipped_steps\":",
+                    tier == 1 ? r.skipped_steps : 0, "}\n");
+  }
+  return out;
+}
+
+namespace {
+
+constexpr char kReplayUsage[] =
+    "usage: twctl replay FILE [--config FILE] [--format auto|csv|jsonl] [-o table|json]\n"
+    "                         [--summary] [--print-config]\n"
+    "Replays a run's exported metrics through the rule engine and prints one event\n"
+    "per line. FILE is CSV with a header (step, loss, grad_norm, log_z, nan_frac;\n"
+    "optionally shard, checkpoint, lr, z_loss_alpha, activation_max,\n"
+    "attention_logit_p99) or JSON lines with the same keys; '-' reads stdin.\n"
+    "--config FILE: JSON object of rule thresholds (see --print-config).\n"
+    "Exit codes: 0 ok, 1 error, 2 usage or malformed input (nothing printed).\n";
+
+bool ReadAll(const std::string& path, std::string* content) {
+  if (path == "-") {
+    content->assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    return true;
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  content->assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return !in.bad();
+}
+
+}  // namespace
+
+int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::string* err) {
+  std::string file, config_path, output = "table", format = "auto";
+  bool summary = false, print_config = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&](std::string* dst) {
+      if (i + 1 >= args.size()) return false;
+      *dst = args[++i];
+      return true;
+    };
+    bool ok = true;
+    if (a == "-h" || a == "--help") {
+      *out = kReplayUsage;
+      return 0;
+    } else if (a == "--config") {
+      ok = value(&config_path);
+    } else if (a.rfind("--config=", 0) == 0) {
+      config_path = a.substr(9);
+    } else if (a == "-o" || a == "--output") {
+      ok = value(&output);
+    } else if (a.rfind("-o=", 0) == 0 || a.rfind("--output=", 0) == 0) {
+      output = a.substr(a.find('=') + 1);
+    } else if (a == "--format") {
+      ok = value(&format);
+    } else if (a.rfind("--format=", 0) == 0) {
+      format = a.substr(9);
+    } else if (a == "--summary") {
+      summary = true;
+    } else if (a == "--print-config") {
+      print_config = true;
+    } else if (!a.empty() && a[0] == '-' && a != "-") {
+      *err = absl::StrCat("twctl replay: unknown flag ", a, "\n", kReplayUsage);
+      return 2;
+    } else if (file.empty()) {
+      file = a;
+    } else {
+      *err = absl::StrCat("twctl replay: one FILE only (got ", file, " and ", a, ")\n");
+      return 2;
+    }
+    if (!ok) {
+      *err = absl::StrCat("twctl replay: ", a, " needs a value\n");
+      return 2;
+    }
+  }
+  if (output != "table" && output != "json") {
+    *err = absl::StrCat("twctl replay: -o must be table or json, not ", output, "\n");
+    return 2;
+  }
+  MetricsFormat fmt;
+  if (format == "auto") {
+    fmt = MetricsFormat::kAuto;
+  } else if (format == "csv") {
+    fmt = MetricsFormat::kCsv;
+  } else if (format == "jsonl" || format == "json") {
+    fmt = MetricsFormat::kJsonLines;
+  } else {
+    *err = absl::StrCat("twctl replay: --format must be auto, csv or jsonl, not ", format, "\n");
+    return 2;
+  }
+
+  core::RuleConfig config;
+  if (!config_path.empty()) {
+    std::string text;
+    if (!ReadAll(config_path, &text)) {
+      *err = absl::StrCat("twctl replay: cannot read ", config_path, "\n");
+      return 1;
+    }
+    absl::StatusOr<core::RuleConfig> parsed = core::ParseRuleConfigJson(text, config_path);
+    if (!parsed.ok()) {
+      *err = absl::StrCat("twctl replay: ", parsed.status().message(), "\n");
+      return 2;
+    }
+    config = *parsed;
+  }
+  if (print_config) {
+    *out = core::RuleConfigToJson(config);
+    return 0;
+  }
+  if (file.empty()) {
+    *err = absl::StrCat("twctl replay: a metrics FILE is required\n", kReplayUsage);
+    return 2;
+  }
+  std::string content;
+  if (!ReadAll(file, &content)) {
+    *err = absl::StrCat("twctl replay: cannot read ", file, "\n");
+    return 1;
+  }
+  absl::StatusOr<Trace> trace = ParseMetrics(content, file == "-" ? "<stdin>" : file, fmt);
+  if (!trace.ok()) {
+    *err = absl::StrCat("twctl replay: ", trace.status().message(), "\n");
+    return 2;
+  }
+  absl::StatusOr<ReplayResult> result = Replay(*trace, config);
+  if (!result.ok()) {
+    *err = absl::StrCat("twctl replay: ", file, ": ", result.status().message(), "\n");
+    return 2;
+  }
+  if (summary) {
+    *out = output == "json" ? FormatSummaryJson(*result) : FormatSummaryTable(*result);
+  } else {
+    *out = output == "json" ? FormatEventsJson(result->events)
+                            : FormatEventsTable(result->events);
+  }
+  return 0;
+}
+
+}  // namespace trainwatch::cli

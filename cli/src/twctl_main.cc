@@ -1,0 +1,44 @@
+// twctl: the operator's command line. main() only dispatches; each command
+// is a library function the tests call directly.
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "trainwatch/cli/replay.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: twctl COMMAND [ARGS]\n"
+    "commands:\n"
+    "  replay FILE   replay exported metrics through the rule engine (backtesting)\n"
+    "  help          this text\n"
+    "Run 'twctl COMMAND --help' for a command's flags.\n"
+    "Exit codes: 0 ok, 1 error, 2 usage or malformed input, 3 refused by the server's state.\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  const std::string command = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  std::string out, err;
+  int code;
+  if (command == "replay") {
+    code = trainwatch::cli::ReplayCommand(args, &out, &err);
+  } else if (command == "help" || command == "--help" || command == "-h") {
+    out = kUsage;
+    code = 0;
+  } else {
+    err = "twctl: unknown command '" + command + "'\n" + kUsage;
+    code = 2;
+  }
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  std::fwrite(err.data(), 1, err.size(), stderr);
+  return code;
+}

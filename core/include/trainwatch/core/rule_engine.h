@@ -1,0 +1,72 @@
+// The tiered rule engine: the same code decides in the agent (tier 1 skip,
+// tier 3 halt, before optimizer.step()), in the server (every tier, the
+// system of record) and in `twctl replay` (offline). It is pure: no I/O, no
+// clock, no randomness; its output is a function of the records fed to it,
+// which is what makes every rank reach the same verdict and lets a server
+// rebuild a run's state by feeding the stored records again.
+//
+// One RuleEngine holds the state of one run. It is not thread-safe.
+
+#ifndef TRAINWATCH_CORE_RULE_ENGINE_H_
+#define TRAINWATCH_CORE_RULE_ENGINE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "trainwatch/core/config.h"
+#include "trainwatch/core/event.h"
+#include "trainwatch/core/step_record.h"
+
+namespace trainwatch::core {
+
+struct Verdict {
+  Decision decision = Decision::kContinue;
+  int tier = 0;
+  // The rule behind a skip or a halt; meaningless for kContinue.
+  EventKind rule = EventKind::kDataAnomaly;
+};
+
+// The result of one step. Reused across calls so that the steady state does
+// not allocate: Observe() clears it first.
+struct StepOutcome {
+  Verdict verdict;
+  // The derived health metric (loss / EMA of the previous steps), NaN when
+  // the loss or the EMA is unknown.
+  double loss_ema_ratio = 0.0;
+  double loss_ema = 0.0;
+  double grad_norm_median = 0.0;
+  bool warming_up = true;
+  std::vector<Event> events;
+};
+
+class RuleEngine {
+ public:
+  // REQUIRES: Validate(config).ok().
+  explicit RuleEngine(const RuleConfig& config);
+  ~RuleEngine();
+  RuleEngine(const RuleEngine&) = delete;
+  RuleEngine& operator=(const RuleEngine&) = delete;
+
+  // Evaluates one step and updates the run's state. Steps must increase
+  // strictly; anything else is InvalidArgument and leaves the state as it
+  // was. `out` is cleared and filled.
+  absl::Status Observe(const StepRecord& record, StepOutcome* out);
+
+  const RuleConfig& config() const;
+  // Last step observed, -1 before the first.
+  int64_t last_step() const;
+  // Bytes held by this run's state (windows, rings, episode state).
+  size_t MemoryBytes() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace trainwatch::core
+
+#endif  // TRAINWATCH_CORE_RULE_ENGINE_H_

@@ -1,0 +1,81 @@
+// The input of the rule engine: one step of one run, already reduced across
+// ranks. A record is a view: it points at the caller's shard ids, tensor
+// statistics and checkpoint uri, which must outlive the call that reads it.
+//
+// Every numeric signal is either present (the trainer reported it, possibly
+// as NaN or Inf, which is itself a signal) or absent (unknown: never zero).
+
+#ifndef TRAINWATCH_CORE_STEP_RECORD_H_
+#define TRAINWATCH_CORE_STEP_RECORD_H_
+
+#include <array>
+#include <cstdint>
+#include <limits>
+
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace trainwatch::core {
+
+enum class Signal : uint8_t {
+  kLoss = 0,        // training loss of the batch, nats
+  kGradNorm,        // global L2 norm of all gradients before clipping
+  kLogZ,            // mean over tokens of logsumexp of the output logits
+  kNanFrac,         // nonfinite gradient elements / all gradient elements
+  kLearningRate,    // optimizer learning rate
+  kZLossAlpha,      // z-loss coefficient in force (0 = off)
+  kActivationMax,   // largest |activation| the trainer saw this step
+  kAttentionLogitP99,  // max over layers of the per-layer p99 |attention logit|
+};
+inline constexpr int kNumSignals = 8;
+
+// Bit for a signal in a presence mask.
+constexpr uint32_t Bit(Signal s) { return 1u << static_cast<int>(s); }
+// The five health metrics minus loss_ema_ratio, which the engine derives.
+inline constexpr uint32_t kCoreSignals =
+    Bit(Signal::kLoss) | Bit(Signal::kGradNorm) | Bit(Signal::kLogZ) |
+    Bit(Signal::kNanFrac);
+
+// Lower-case wire and file name of a signal ("loss", "grad_norm", ...).
+absl::string_view SignalName(Signal s);
+
+// Per-tensor gradient statistics, when the agent computes them; they name
+// the source of a numerical failure.
+struct TensorStat {
+  absl::string_view name;
+  double sum_squares = 0.0;
+  int64_t nonfinite = 0;
+  int64_t elements = 0;
+};
+
+struct StepRecord {
+  int64_t step = 0;
+  // Shard ids of the batch (empty when the trainer does not say).
+  absl::Span<const uint64_t> shards;
+  // Non-empty on the steps where a checkpoint was saved.
+  absl::string_view checkpoint_uri;
+  // Optional per-tensor breakdown.
+  absl::Span<const TensorStat> tensors;
+
+  StepRecord& Set(Signal s, double v) {
+    values_[static_cast<int>(s)] = v;
+    present_ |= Bit(s);
+    return *this;
+  }
+  void Clear(Signal s) { present_ &= ~Bit(s); }
+  bool Has(Signal s) const { return (present_ & Bit(s)) != 0; }
+  // NaN when absent; check Has() to tell "absent" from "reported NaN".
+  double Get(Signal s) const {
+    return Has(s) ? values_[static_cast<int>(s)]
+                  : std::numeric_limits<double>::quiet_NaN();
+  }
+  uint32_t present() const { return present_; }
+
+ private:
+  std::array<double, kNumSignals> values_{};
+  uint32_t present_ = 0;
+};
+
+}  // namespace trainwatch::core
+
+#endif  // TRAINWATCH_CORE_STEP_RECORD_H_

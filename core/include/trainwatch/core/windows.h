@@ -1,0 +1,168 @@
+// Windowed statistics over a stream of (step, value) samples, the health math
+// under the rule engine. Every structure here has a fixed capacity chosen at
+// construction and never allocates afterwards, so a run state's memory is
+// known up front and the per-step cost has no allocator in it.
+//
+// Windows are measured in steps, not samples: a log that reports every K
+// steps gets the same time horizons as one that reports every step. Steps fed
+// to one structure must be strictly increasing; callers check that once, at
+// the engine's entry.
+//
+// None of these classes is thread-safe; a run state is owned by one thread.
+
+#ifndef TRAINWATCH_CORE_WINDOWS_H_
+#define TRAINWATCH_CORE_WINDOWS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace trainwatch::core {
+
+// An exponentially weighted mean with a span in steps, bias-corrected so that
+// it is meaningful from the first sample: after samples x_k at steps s_k, the
+// value is sum_k w_k x_k / sum_k w_k with w_k = (1 - a)^(s_last - s_k) and
+// a = 2 / (span + 1). With one sample per step this is the usual EMA once the
+// first few hundred steps are past; with gaps between samples the decay
+// follows the steps, not the sample count.
+class DecayingMean {
+ public:
+  explicit DecayingMean(double span_steps);
+
+  // REQUIRES: step > the step of the previous Add().
+  void Add(int64_t step, double value);
+  // NaN while empty.
+  double Value() const;
+  bool empty() const { return count_ == 0; }
+  int64_t count() const { return count_; }
+  int64_t last_step() const { return last_step_; }
+
+ private:
+  double Decay(int64_t gap) const;
+
+  double keep_;       // 1 - a
+  double log_keep_;   // log(1 - a), for gaps longer than one step
+  double num_ = 0.0;  // sum of w_k x_k
+  double den_ = 0.0;  // sum of w_k
+  int64_t last_step_ = 0;
+  int64_t count_ = 0;
+};
+
+// The median of the samples whose step lies in [now - window, now), in
+// O(log n) per update: two indexed binary heaps (the lower half as a max-heap,
+// the upper half as a min-heap) over a ring of slots, so that the oldest
+// sample can be removed from the middle of a heap by its recorded position.
+// Invariants between calls: every live sample is in exactly one heap;
+// low_.size() == high_.size() or low_.size() == high_.size() + 1; and every
+// value in low_ is <= every value in high_.
+class SlidingMedian {
+ public:
+  // Holds at most `window_steps` samples: with strictly increasing integer
+  // steps no more can fall inside the window.
+  explicit SlidingMedian(int64_t window_steps);
+
+  // Drops the samples with step < min_step.
+  void EvictBefore(int64_t min_step);
+  // REQUIRES: value is finite; step > the previous Push()'s step. When the
+  // ring is full the oldest sample is dropped first.
+  void Push(int64_t step, double value);
+  // The median of the live samples (mean of the two middle ones for an even
+  // count); NaN when empty.
+  double Median() const;
+  size_t size() const { return count_; }
+  int64_t window_steps() const { return window_; }
+  // Bytes held, for the memory report.
+  size_t MemoryBytes() const;
+
+ private:
+  struct Slot {
+    double value;
+    int64_t step;
+    int32_t pos;   // index inside its heap
+    bool in_low;   // which heap holds it
+  };
+
+  void PopOldest();
+  void Insert(int32_t slot);
+  void Remove(int32_t slot);
+  void Rebalance();
+  // Heap primitives; `low` selects the max-heap of the lower half.
+  void SiftUp(bool low, size_t pos);
+  void SiftDown(bool low, size_t pos);
+  bool Before(bool low, int32_t a, int32_t b) const;
+  void Place(bool low, size_t pos, int32_t slot);
+  int32_t PopTop(bool low);
+  void PushHeap(bool low, int32_t slot);
+
+  int64_t window_;
+  std::vector<Slot> ring_;
+  size_t head_ = 0;   // oldest live slot
+  size_t count_ = 0;
+  std::vector<int32_t> low_;
+  std::vector<int32_t> high_;
+};
+
+// Minimum of the samples whose step lies in [now - window, now], by a
+// monotonic deque over a fixed ring: O(1) amortised per sample.
+class SlidingMin {
+ public:
+  explicit SlidingMin(int64_t window_steps);
+
+  // REQUIRES: step > the previous Push()'s step; value finite.
+  void Push(int64_t step, double value);
+  // Minimum over samples with step >= min_step; NaN if there are none.
+  double MinSince(int64_t min_step);
+  // Step of the oldest sample still held (for "is the window full" checks);
+  // -1 when empty.
+  int64_t oldest_step() const { return count_ ? ring_[head_].step : -1; }
+
+ private:
+  struct Entry {
+    int64_t step;
+    double value;
+  };
+  std::vector<Entry> ring_;
+  size_t head_ = 0;
+  size_t count_ = 0;
+  int64_t first_step_seen_ = -1;
+};
+
+// Per-bucket aggregates of a signal, bucket b covering steps
+// [b * width, (b + 1) * width), for the last `capacity` buckets. Used for
+// trends (is log_z rising for 5,000 steps?) and for locating where a rise
+// began, at a cost of one add per sample.
+class BucketSeries {
+ public:
+  struct Bucket {
+    int64_t index = -1;  // -1: never filled
+    int64_t count = 0;
+    double sum = 0.0;
+    double min = 0.0;
+    double max = 0.0;
+    double mean() const { return count ? sum / count : 0.0; }
+    int64_t first_step(int64_t width) const { return index * width; }
+  };
+
+  BucketSeries(int64_t width_steps, size_t capacity);
+
+  // REQUIRES: value finite, step non-decreasing across calls.
+  void Add(int64_t step, double value);
+  // The bucket `back` places before the newest one (0 = newest). Returns a
+  // bucket with index -1 past the held history. Buckets with no samples in
+  // between are held as count == 0.
+  const Bucket& Back(size_t back) const;
+  int64_t width() const { return width_; }
+  size_t capacity() const { return ring_.size(); }
+  // Index of the newest bucket, -1 when nothing was added yet.
+  int64_t newest_index() const { return newest_; }
+
+ private:
+  int64_t width_;
+  std::vector<Bucket> ring_;
+  int64_t newest_ = -1;
+  Bucket none_;
+};
+
+}  // namespace trainwatch::core
+
+#endif  // TRAINWATCH_CORE_WINDOWS_H_

@@ -1,0 +1,134 @@
+// The metrics reader: both formats, unknown vs NaN, and every malformed case
+// naming file, line and column.
+
+#include <cmath>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include "trainwatch/cli/metrics_file.h"
+
+namespace trainwatch::cli {
+namespace {
+
+using core::Signal;
+
+std::string ErrorOf(absl::string_view content, MetricsFormat f = MetricsFormat::kAuto) {
+  auto t = ParseMetrics(content, "run.csv", f);
+  REQUIRE_FALSE(t.ok());
+  CHECK(t.status().code() == absl::StatusCode::kInvalidArgument);
+  return std::string(t.status().message());
+}
+
+TEST_CASE("CSV: columns in any order; optional columns; quoted fields", "[cli][csv]") {
+  auto t = ParseMetrics(
+      "nan_frac,step,loss,log_z,grad_norm,shard,checkpoint,lr,extra\r\n"
+      "0,1,2.5,8.0,1.0,7;8,,3e-4,x\n"
+      "\n"
+      "0,2,nan,8.1,1.1,9,\"ckpt://a,b\",3e-4,y\n"
+      "0,3,2.4,,inf,,,,z\n",
+      "run.csv");
+  REQUIRE(t.ok());
+  REQUIRE(t->size() == 3);
+  const auto r0 = t->Record(0);
+  CHECK(r0.step == 1);
+  CHECK(r0.Get(Signal::kLoss) == 2.5);
+  CHECK(r0.Get(Signal::kLearningRate) == 3e-4);
+  CHECK(std::vector<uint64_t>(r0.shards.begin(), r0.shards.end()) == std::vector<uint64_t>{7, 8});
+  CHECK(r0.checkpoint_uri.empty());
+  const auto r1 = t->Record(1);
+  CHECK(r1.Has(Signal::kLoss));
+  CHECK(std::isnan(r1.Get(Signal::kLoss)));  // reported NaN: a signal
+  CHECK(r1.checkpoint_uri == "ckpt://a,b");
+  const auto r2 = t->Record(2);
+  CHECK_FALSE(r2.Has(Signal::kLogZ));  // empty cell: unknown at this step
+  CHECK(std::isinf(r2.Get(Signal::kGradNorm)));
+  CHECK_FALSE(r2.Has(Signal::kLearningRate));
+  CHECK(t->line(2) == 5);
+}
+
+TEST_CASE("a metric never reported with a finite value is unknown for the run",
+          "[cli][csv][missing]") {
+  auto t = ParseMetrics("step,loss,grad_norm,log_z,nan_frac\n1,2.5,nan,,0\n2,2.4,nan,,0\n",
+                        "run.csv");
+  REQUIRE(t.ok());
+  CHECK_FALSE(t->Record(0).Has(Signal::kGradNorm));
+  CHECK_FALSE(t->Record(1).Has(Signal::kLogZ));
+  CHECK(t->Record(1).Has(Signal::kNanFrac));
+  CHECK(t->reported() == (core::Bit(Signal::kLoss) | core::Bit(Signal::kNanFrac)));
+}
+
+TEST_CASE("CSV: malformed input names file; line and column", "[cli][csv][errors]") {
+  CHECK(ErrorOf("") == "run.csv:1:1: empty file: expected a CSV header or JSON lines with "
+                       "step, loss, grad_norm, log_z, nan_frac");
+  CHECK(ErrorOf("step,loss,grad_norm,log_z,nan_frac\n") ==
+        "run.csv:1:1: no records: the file holds no step");
+  CHECK(ErrorOf("step,loss,log_z\n1,2,3\n") ==
+        "run.csv:1:1: header lacks the columns grad_norm, nan_frac (expected step, loss, "
+        "grad_norm, log_z, nan_frac)");
+  CHECK(ErrorOf("step,loss,grad_norm,log_z,nan_frac\n1,2.5,1.0,8,0\n2,2.5x,1.0,8,0\n") ==
+        "run.csv:3:3: loss \"2.5x\" is not a number");
+  CHECK(ErrorOf("step,loss,grad_norm,log_z,nan_frac\n1,2.5,1.0,8,0\n1,2.5,1.0,8,0\n") ==
+        "run.csv:3:1: step 1 repeats step 1 on line 2: steps must strictly increase");
+  CHECK(ErrorOf("step,loss,grad_norm,log_z,nan_frac\n5,2.5,1.0,8,0\n4,2.5,1.0,8,0\n") ==
+        "run.csv:3:1: step 4 comes after step 5 on line 2: steps must strictly increase");
+  CHECK(ErrorOf("step,loss,grad_norm,log_z,nan_frac\n1.5,2.5,1.0,8,0\n") ==
+        "run.csv:2:1: step \"1.5\" is not an integer");
+  CHECK(ErrorOf("step,loss,grad_norm,log_z,nan_frac\n1,2.5,1.0,8\n") ==
+        "run.csv:2:1: 4 fields, but the header names 5 columns");
+  CHECK(ErrorOf("step,loss,grad_norm,log_z,nan_frac,shard\n1,2.5,1.0,8,0,3;x\n") ==
+        "run.csv:2:17: shard id \"x\" is not a non-negative integer");
+  CHECK(ErrorOf("step,loss,loss,grad_norm,log_z,nan_frac\n") ==
+        "run.csv:1:11: column \"loss\" appears twice");
+  CHECK(ErrorOf("step,loss,grad_norm,log_z,nan_frac,checkpoint\n1,2,1,8,0,\"abc\n") ==
+        "run.csv:2:11: unterminated quoted field");
+  CHECK(ErrorOf("step,loss,grad_norm,log_z,nan_frac\n-3,2.5,1.0,8,0\n") ==
+        "run.csv:2:1: step must be >= 0");
+}
+
+TEST_CASE("JSON lines: the same keys; null as unknown; shard forms", "[cli][jsonl]") {
+  auto t = ParseMetrics(
+      "{\"step\": 1, \"loss\": 2.5, \"grad_norm\": 1.0, \"log_z\": null, \"nan_frac\": 0, "
+      "\"shard\": [4, 5]}\n"
+      "{\"step\": 2, \"loss\": NaN, \"grad_norm\": 1.1, \"log_z\": 8, \"nan_frac\": 0, "
+      "\"shard\": \"6;7\", \"checkpoint\": \"ckpt://2\"}\n"
+      "{\"step\": 3, \"loss\": \"inf\", \"grad_norm\": 1.2, \"nan_frac\": 0, \"shard\": 9, "
+      "\"other\": {\"x\": 1}}\n",
+      "run.jsonl");
+  REQUIRE(t.ok());
+  REQUIRE(t->size() == 3);
+  CHECK_FALSE(t->Record(0).Has(Signal::kLogZ));
+  CHECK(t->Record(0).shards.size() == 2);
+  CHECK(std::isnan(t->Record(1).Get(Signal::kLoss)));
+  CHECK(t->Record(1).checkpoint_uri == "ckpt://2");
+  CHECK(t->Record(1).shards[1] == 7);
+  CHECK(std::isinf(t->Record(2).Get(Signal::kLoss)));
+  CHECK(t->Record(2).shards[0] == 9);
+}
+
+TEST_CASE("JSON lines: malformed input names file; line and column", "[cli][jsonl][errors]") {
+  const std::string ok = R"({"step": 1, "loss": 2, "grad_norm": 1, "log_z": 8, "nan_frac": 0})";
+  CHECK(ErrorOf(ok + "\n{\"step\": 2, \"loss\": 2,, }\n") ==
+        "run.csv:2:24: expected a quoted key");
+  CHECK(ErrorOf(ok + "\n{\"loss\": 2}\n") == "run.csv:2:1: missing key \"step\"");
+  CHECK(ErrorOf(ok + "\n{\"step\": 2, \"loss\": \"abc\"}\n") ==
+        "run.csv:2:21: loss \"abc\" is not a number");
+  CHECK(ErrorOf(ok + "\n" + ok + "\n") ==
+        "run.csv:2:10: step 1 repeats step 1 on line 1: steps must strictly increase");
+  CHECK(ErrorOf("{\"step\": 1, \"loss\": 2}\n") ==
+        "run.csv:1:1: no line has the keys grad_norm, log_z, nan_frac (expected step, loss, "
+        "grad_norm, log_z, nan_frac)");
+  CHECK(ErrorOf(ok + "\n[1,2]\n", MetricsFormat::kJsonLines) ==
+        "run.csv:2:1: each line must be a JSON object");
+  CHECK(ErrorOf(ok + "\n{\"step\": 2, \"shard\": [-1]}\n") ==
+        "run.csv:2:23: shard ids must be non-negative integers");
+}
+
+TEST_CASE("ReadMetricsFile reports a missing file", "[cli]") {
+  auto t = ReadMetricsFile("/nonexistent/run.csv");
+  REQUIRE_FALSE(t.ok());
+  CHECK(t.status().code() == absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace trainwatch::cli

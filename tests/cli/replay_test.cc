@@ -1,0 +1,168 @@
+// twctl replay end to end: the library command and the real binary.
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "synthetic.h"
+#include "trainwatch/cli/replay.h"
+#include "trainwatch/core/json.h"
+
+namespace trainwatch::cli {
+namespace {
+
+std::string TempFile(const std::string& name, const std::string& content) {
+  const std::string path = std::string(P_tmpdir) + "/tw_replay_test_" + name;
+  std::ofstream(path, std::ios::binary) << content;
+  return path;
+}
+
+struct Run {
+  int code;
+  std::string out, err;
+};
+
+Run Replay(std::vector<std::string> args) {
+  Run r;
+  r.code = ReplayCommand(args, &r.out, &r.err);
+  return r;
+}
+
+TEST_CASE("replay of the demo trace finds all three tiers; in JSON", "[cli][replay]") {
+  const std::string path = TempFile("demo.csv", synth::ToCsv(synth::Generate(synth::DemoOptions())));
+  const Run r = Replay({path, "-o", "json"});
+  INFO(r.err << r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.err.empty());
+  std::vector<core::JsonValue> events;
+  size_t pos = 0;
+  while (pos < r.out.size()) {
+    const size_t end = r.out.find('\n', pos);
+    auto v = core::ParseJson(r.out.substr(pos, end - pos), "out");
+    REQUIRE(v.ok());
+    for (const char* key : {"step", "tier", "action", "onset_step", "shards",
+                            "recommended_checkpoint_step", "recommended_actions", "reason"}) {
+      REQUIRE(v->Find(key) != nullptr);
+    }
+    events.push_back(*v);
+    pos = end + 1;
+  }
+  auto find = [&](int tier, const std::string& action) -> const core::JsonValue* {
+    for (const auto& e : events) {
+      if (e.Find("tier")->number == tier && e.Find("action")->string == action) return &e;
+    }
+    return nullptr;
+  };
+  const core::JsonValue* t1 = find(1, "skip_update");
+  REQUIRE(t1 != nullptr);
+  CHECK(t1->Find("step")->number == 6000);
+  REQUIRE(t1->Find("shards")->array.size() == 1);
+  CHECK(t1->Find("shards")->array[0].number == 106000);
+  const core::JsonValue* t2 = find(2, "page");
+  REQUIRE(t2 != nullptr);
+  CHECK(t2->Find("step")->number > 11000);
+  CHECK(t2->Find("recommended_checkpoint_step")->number == 11000);
+  bool zloss = false;
+  for (const auto& a : t2->Find("recommended_actions")->array) {
+    zloss |= a.Find("kind")->string == "set_z_loss_alpha";
+  }
+  CHECK(zloss);
+  const core::JsonValue* t3 = find(3, "halt");
+  REQUIRE(t3 != nullptr);
+  CHECK(t3->Find("step")->number == 16000);
+}
+
+TEST_CASE("replay: bad input exits 2 with file; line; column and no output",
+          "[cli][replay][errors]") {
+  const std::string good = "step,loss,grad_norm,log_z,nan_frac\n";
+  struct Case {
+    std::string name, content, message;
+  };
+  for (const Case& c : {
+           Case{"empty.csv", "", ":1:1: empty file"},
+           Case{"nocol.csv", "step,loss,grad_norm,log_z\n1,2,1,8\n",
+                ":1:1: header lacks the column nan_frac"},
+           Case{"nonnum.csv", good + "1,2.5,1,8,0\n2,2.5,one,8,0\n",
+                ":3:7: grad_norm \"one\" is not a number"},
+           Case{"unsorted.csv", good + "1,2.5,1,8,0\n3,2.5,1,8,0\n2,2.5,1,8,0\n",
+                ":4:1: step 2 comes after step 3 on line 3"},
+           Case{"dup.csv", good + "1,2.5,1,8,0\n1,2.5,1,8,0\n", ":3:1: step 1 repeats step 1"},
+       }) {
+    const std::string path = TempFile(c.name, c.content);
+    const Run r = Replay({path, "-o", "json"});
+    INFO(c.name << ": " << r.err);
+    CHECK(r.code == 2);
+    CHECK(r.out.empty());
+    CHECK(r.err.find(path + c.message) != std::string::npos);
+  }
+}
+
+TEST_CASE("replay: usage errors and configuration", "[cli][replay]") {
+  CHECK(Replay({}).code == 2);
+  CHECK(Replay({"a.csv", "-o", "yaml"}).code == 2);
+  CHECK(Replay({"a.csv", "--bogus"}).code == 2);
+  CHECK(Replay({"/nonexistent.csv"}).code == 1);
+  const Run help = Replay({"--help"});
+  CHECK(help.code == 0);
+  CHECK(help.out.find("usage: twctl replay") != std::string::npos);
+
+  const Run printed = Replay({"--print-config"});
+  REQUIRE(printed.code == 0);
+  CHECK(printed.out.find("\"tier1_grad_ratio\": 3") != std::string::npos);
+
+  // A stricter configuration changes the answer: with the grad threshold at
+  // 10x the demo's 6.3x outlier is no longer a data anomaly.
+  const std::string trace =
+      TempFile("cfg_demo.csv", synth::ToCsv(synth::Generate(synth::DemoOptions())));
+  const std::string cfg = TempFile("cfg.json", "{\"tier1_grad_ratio\": 10}");
+  const Run strict = Replay({trace, "--config", cfg, "-o", "json"});
+  REQUIRE(strict.code == 0);
+  CHECK(strict.out.find("data_anomaly") == std::string::npos);
+  CHECK(strict.out.find("loss_ratio_skip") != std::string::npos);
+  const std::string bad_cfg = TempFile("bad_cfg.json", "{\"tier1_grad_ratio\": \"x\"}");
+  const Run bad = Replay({trace, "--config", bad_cfg});
+  CHECK(bad.code == 2);
+  CHECK(bad.err.find("bad_cfg.json:1:22: tier1_grad_ratio must be a finite number") !=
+        std::string::npos);
+}
+
+TEST_CASE("replay --summary counts incidents per tier and skipped steps", "[cli][replay]") {
+  const std::string trace =
+      TempFile("sum_demo.csv", synth::ToCsv(synth::Generate(synth::DemoOptions())));
+  const Run r = Replay({trace, "--summary", "-o", "json"});
+  REQUIRE(r.code == 0);
+  INFO(r.out);
+  CHECK(r.out.find("{\"tier\":1,\"incidents\":1,\"events\":1,\"first_step\":6000,"
+                   "\"last_step\":6000,\"skipped_steps\":1}") != std::string::npos);
+  CHECK(r.out.find("{\"tier\":3,\"incidents\":1,\"events\":1,\"first_step\":16000") !=
+        std::string::npos);
+}
+
+TEST_CASE("the twctl binary: table output and exit codes", "[cli][binary]") {
+  const std::string trace =
+      TempFile("bin_demo.csv", synth::ToCsv(synth::Generate(synth::DemoOptions())));
+  FILE* p = popen((std::string(TWCTL_PATH) + " replay " + trace + " 2>&1").c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = pclose(p);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(out.rfind("STEP", 0) == 0);
+  CHECK(out.find("skip_update") != std::string::npos);
+  CHECK(out.find("page") != std::string::npos);
+  CHECK(out.find("halt") != std::string::npos);
+
+  const int bad = std::system((std::string(TWCTL_PATH) + " frobnicate >/dev/null 2>&1").c_str());
+  REQUIRE(WIFEXITED(bad));
+  CHECK(WEXITSTATUS(bad) == 2);
+}
+
+}  // namespace
+}  // namespace trainwatch::cli

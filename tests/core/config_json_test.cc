@@ -1,0 +1,98 @@
+#include <cmath>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include "trainwatch/core/config.h"
+#include "trainwatch/core/json.h"
+
+namespace trainwatch::core {
+namespace {
+
+TEST_CASE("JSON parser reads values and reports line and column", "[core][json]") {
+  auto v = ParseJson(R"({"a": 1.5, "b": [1, -2e3, NaN, -Infinity], "c": "x\"\u00e9",
+ "d": null, "e": true})", "t");
+  REQUIRE(v.ok());
+  CHECK(v->Find("a")->number == 1.5);
+  CHECK(v->Find("b")->array.size() == 4);
+  CHECK(v->Find("b")->array[1].number == -2000);
+  CHECK(std::isnan(v->Find("b")->array[2].number));
+  CHECK(std::isinf(v->Find("b")->array[3].number));
+  CHECK(v->Find("c")->string == "x\"\xc3\xa9");
+  CHECK(v->Find("d")->type == JsonValue::Type::kNull);
+  CHECK(v->Find("e")->line == 2);
+  CHECK(v->Find("e")->column == 18);
+
+  auto bad = ParseJson("{\"a\": 1,\n  \"b\": 2x}", "f.json");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(std::string(bad.status().message()) == "f.json:2:9: expected ',' or '}' in object");
+  auto dup = ParseJson(R"({"a":1,"a":2})", "d");
+  REQUIRE_FALSE(dup.ok());
+  CHECK(std::string(dup.status().message()).find("duplicate key") != std::string::npos);
+  CHECK_FALSE(ParseJson("[1,", "x").ok());
+  CHECK_FALSE(ParseJson("01", "x").ok());
+  CHECK_FALSE(ParseJson("1.", "x").ok());
+  CHECK_FALSE(ParseJson("\"abc", "x").ok());
+  CHECK_FALSE(ParseJson("{} {}", "x").ok());
+  CHECK_FALSE(ParseJson(std::string(100, '['), "x").ok());
+}
+
+TEST_CASE("JSON writer escapes and round-trips numbers", "[core][json]") {
+  std::string out;
+  AppendJsonString(&out, "a\"b\\c\n\x01");
+  CHECK(out == "\"a\\\"b\\\\c\\n\\u0001\"");
+  out.clear();
+  AppendJsonNumber(&out, 0.1);
+  AppendJsonNumber(&out, 42);
+  AppendJsonNumber(&out, NAN);
+  CHECK(out == "0.142null");
+}
+
+TEST_CASE("the default configuration is the chapter's and valid", "[core][config]") {
+  RuleConfig c;
+  CHECK(Validate(c).ok());
+  CHECK(c.ema_span_steps == 1000);
+  CHECK(c.median_window_steps == 5000);
+  CHECK(c.spike_delta_nats == 0.1);
+  CHECK(c.spike_min_steps == 50);
+  CHECK(c.tier1_grad_ratio == 3.0);
+  CHECK(c.tier1_loss_ratio == 1.5);
+  CHECK(c.skip_loss_ratio == 2.0);
+  CHECK(c.tier1_confirm_steps == 200);
+  CHECK(c.escalate_steps == 500);
+  CHECK(c.tier2_loss_ratio == 2.5);
+  CHECK(c.logz_rise == 3.0);
+  CHECK(c.logz_rise_window_steps == 300);
+  CHECK(c.tier3_loss_nats == 10.0);
+  CHECK(c.warn_logz_level == 12.0);
+  CHECK(c.warn_logz_rising_steps == 5000);
+  CHECK(c.checkpoints_retained == 10);
+  CHECK(c.z_loss_alpha_recommended == 1e-4);
+}
+
+TEST_CASE("configuration files override; round-trip and reject bad keys", "[core][config]") {
+  auto c = ParseRuleConfigJson(R"({"tier1_grad_ratio": 4, "warmup_steps": 10,
+    "tier1_skip_on_trigger": false})", "cfg.json");
+  REQUIRE(c.ok());
+  CHECK(c->tier1_grad_ratio == 4);
+  CHECK(c->warmup_steps == 10);
+  CHECK_FALSE(c->tier1_skip_on_trigger);
+
+  auto again = ParseRuleConfigJson(RuleConfigToJson(*c), "roundtrip");
+  REQUIRE(again.ok());
+  CHECK(again->tier1_grad_ratio == 4);
+  CHECK(again->median_window_steps == 5000);
+
+  auto unknown = ParseRuleConfigJson("{\n \"tier_one\": 3}", "cfg.json");
+  REQUIRE_FALSE(unknown.ok());
+  CHECK(std::string(unknown.status().message()) == "cfg.json:2:13: unknown setting \"tier_one\"");
+  CHECK_FALSE(ParseRuleConfigJson(R"({"warmup_steps": 1.5})", "c").ok());
+  CHECK_FALSE(ParseRuleConfigJson(R"({"tier1_grad_ratio": "3"})", "c").ok());
+  CHECK_FALSE(ParseRuleConfigJson(R"({"median_window_steps": 0})", "c").ok());
+  CHECK_FALSE(ParseRuleConfigJson(R"({"skip_loss_ratio": 3.0})", "c").ok());
+  CHECK_FALSE(ParseRuleConfigJson(R"({"spike_delta_nats": -1})", "c").ok());
+  CHECK_FALSE(ParseRuleConfigJson("[]", "c").ok());
+}
+
+}  // namespace
+}  // namespace trainwatch::core

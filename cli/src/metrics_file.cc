@@ -11,7 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "trainwatch/core/json.h"
+#include "trace_builder.h"
 
 namespace trainwatch::cli {
 
@@ -33,136 +35,6 @@ namespace {
 
 constexpr Signal kRequired[] = {Signal::kLoss, Signal::kGradNorm, Signal::kLogZ,
                                 Signal::kNanFrac};
-
-absl::Status At(absl::string_view source, int line, int column, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrFormat("%s:%d:%d: %s", source, line, column, what));
-}
-
-bool SignalByName(absl::string_view name, Signal* out) {
-  for (int s = 0; s < core::kNumSignals; ++s) {
-    if (core::SignalName(static_cast<Signal>(s)) == name) {
-      *out = static_cast<Signal>(s);
-      return true;
-    }
-  }
-  return false;
-}
-
-bool ParseDouble(absl::string_view text, double* out) {
-  if (text.empty()) return false;
-  if (text.front() == '+') text.remove_prefix(1);
-  const auto res = std::from_chars(text.data(), text.data() + text.size(), *out);
-  if (res.ec == std::errc::result_out_of_range && res.ptr == text.data() + text.size()) {
-    *out = std::strtod(std::string(text).c_str(), nullptr);
-    return true;
-  }
-  return res.ec == std::errc() && res.ptr == text.data() + text.size();
-}
-
-template <typename Int>
-bool ParseInt(absl::string_view text, Int* out) {
-  if (text.empty()) return false;
-  const auto res = std::from_chars(text.data(), text.data() + text.size(), *out);
-  return res.ec == std::errc() && res.ptr == text.data() + text.size();
-}
-
-// Shard ids separated by ';' (spaces allowed around them).
-absl::Status ParseShards(absl::string_view text, absl::string_view source, int line,
-                         int column, std::vector<uint64_t>* out) {
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    size_t end = text.find(';', pos);
-    if (end == absl::string_view::npos) end = text.size();
-    const absl::string_view id = absl::StripAsciiWhitespace(text.substr(pos, end - pos));
-    uint64_t v;
-    if (!id.empty()) {
-      if (!ParseInt(id, &v)) {
-        return At(source, line, column + static_cast<int>(pos),
-                  absl::StrCat("shard id \"", id, "\" is not a non-negative integer"));
-      }
-      out->push_back(v);
-    }
-    pos = end + 1;
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-// Accumulates rows and enforces the rules shared by both formats.
-class TraceBuilder {
- public:
-  explicit TraceBuilder(absl::string_view source) : source_(source) {}
-
-  Trace::Row& NewRow(int line) {
-    trace_.rows_.emplace_back();
-    Trace::Row& r = trace_.rows_.back();
-    r.step = 0;
-    r.values.fill(0.0);
-    r.present = 0;
-    r.shard_begin = static_cast<uint32_t>(trace_.shards_.size());
-    r.shard_count = 0;
-    r.checkpoint = -1;
-    r.line = line;
-    return r;
-  }
-
-  absl::Status SetStep(Trace::Row& r, int64_t step, int column) {
-    if (step < 0) return At(source_, r.line, column, "step must be >= 0");
-    if (have_last_ && step <= last_step_) {
-      return At(source_, r.line, column,
-                absl::StrFormat("step %d %s step %d on line %d: steps must strictly increase",
-                                step, step == last_step_ ? "repeats" : "comes after",
-                                last_step_, last_line_));
-    }
-    r.step = step;
-    have_last_ = true;
-    last_step_ = step;
-    last_line_ = r.line;
-    return absl::OkStatus();
-  }
-
-  void SetValue(Trace::Row& r, Signal s, double v) {
-    r.values[static_cast<int>(s)] = v;
-    r.present |= core::Bit(s);
-    if (std::isfinite(v)) trace_.reported_ |= core::Bit(s);
-  }
-
-  absl::Status AddShards(Trace::Row& r, absl::string_view text, int column) {
-    absl::Status s = ParseShards(text, source_, r.line, column, &trace_.shards_);
-    r.shard_count = static_cast<uint32_t>(trace_.shards_.size() - r.shard_begin);
-    return s;
-  }
-  void AddShard(Trace::Row& r, uint64_t id) {
-    trace_.shards_.push_back(id);
-    r.shard_count = static_cast<uint32_t>(trace_.shards_.size() - r.shard_begin);
-  }
-
-  void SetCheckpoint(Trace::Row& r, absl::string_view uri) {
-    if (uri.empty()) return;
-    r.checkpoint = static_cast<int32_t>(trace_.checkpoints_.size());
-    trace_.checkpoints_.emplace_back(uri);
-  }
-
-  absl::StatusOr<Trace> Finish() {
-    if (trace_.rows_.empty()) {
-      return At(source_, 1, 1, "no records: the file holds no step");
-    }
-    // A signal never reported with a finite value is unknown, not a failure.
-    const uint32_t unknown = ~trace_.reported_;
-    for (Trace::Row& r : trace_.rows_) r.present &= ~unknown;
-    return std::move(trace_);
-  }
-
- private:
-  absl::string_view source_;
-  Trace trace_;
-  bool have_last_ = false;
-  int64_t last_step_ = 0;
-  int last_line_ = 0;
-};
-
-namespace {
 
 struct CsvField {
   std::string text;
@@ -207,7 +79,51 @@ absl::Status SplitCsv(absl::string_view line, absl::string_view source, int line
   }
 }
 
-absl::StatusOr<Trace> ParseCsv(absl::string_view content, absl::string_view source) {
+// Column names that mean the step, in exports of common tools.
+bool IsStepColumn(absl::string_view lower) {
+  for (absl::string_view n : {"step", "_step", "global_step", "iteration", "iter",
+                              "trainer/global_step", "train/step"}) {
+    if (lower == n) return true;
+  }
+  return false;
+}
+
+// Default names of each signal in CSV exports (lower case).
+bool SignalByAlias(absl::string_view lower, Signal* out) {
+  struct Alias {
+    Signal signal;
+    const char* names[8];
+  };
+  static const Alias kAliases[] = {
+      {Signal::kLoss, {"loss", "train/loss", "train_loss", "lm loss", "lm_loss", "train/lm_loss",
+                       "training_loss", "train/loss_step"}},
+      {Signal::kGradNorm, {"grad_norm", "train/grad_norm", "grad-norm", "gradient_norm",
+                           "global_grad_norm", "train/global_grad_norm", "grad norm", nullptr}},
+      {Signal::kLogZ, {"log_z", "train/log_z", "logz", "train/logz", nullptr}},
+      {Signal::kNanFrac, {"nan_frac", "train/nan_frac", nullptr}},
+      {Signal::kLearningRate, {"lr", "learning_rate", "train/lr", "train/learning_rate",
+                               "learning rate", nullptr}},
+      {Signal::kZLossAlpha, {"z_loss_alpha", nullptr}},
+      {Signal::kActivationMax, {"activation_max", nullptr}},
+      {Signal::kAttentionLogitP99, {"attention_logit_p99", nullptr}},
+  };
+  for (const Alias& a : kAliases) {
+    for (const char* n : a.names) {
+      if (n != nullptr && lower == n) {
+        *out = a.signal;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+// strict: trainwatch's own CSV (the five columns required, names exact).
+// Otherwise a generic export: a step column, metric columns by --map or by
+// their usual names, absent metrics unknown, rows without any metric read
+// past (exports interleave metrics logged at different steps).
+absl::StatusOr<Trace> ParseCsv(absl::string_view content, absl::string_view source,
+                               bool strict, const ColumnMap& map) {
   TraceBuilder b(source);
   enum class Col { kStep, kSignal, kShard, kCheckpoint, kIgnored };
   struct Column {
@@ -232,21 +148,38 @@ absl::StatusOr<Trace> ParseCsv(absl::string_view content, absl::string_view sour
       have_header = true;
       bool seen_step = false;
       uint32_t seen = 0;
+      std::vector<bool> map_used(map.size(), false);
       for (const CsvField& f : fields) {
         const std::string name = absl::AsciiStrToLower(f.text);
         Column c{Col::kIgnored, Signal::kLoss};
         Signal s;
-        if (name == "step") {
-          if (seen_step) return At(source, line_no, f.column, "column \"step\" appears twice");
+        bool is_signal = false;
+        for (size_t m = 0; m < map.size(); ++m) {
+          if (absl::AsciiStrToLower(map[m].second) == name) {
+            s = map[m].first;
+            is_signal = true;
+            map_used[m] = true;
+          }
+        }
+        if (!is_signal) {
+          bool mapped_elsewhere = false;
+          is_signal = strict ? SignalByName(name, &s) : SignalByAlias(name, &s);
+          for (const auto& [sig, src] : map) mapped_elsewhere |= is_signal && sig == s;
+          if (mapped_elsewhere) is_signal = false;  // --map chose another column
+        }
+        if (strict ? name == "step" : IsStepColumn(name)) {
+          if (seen_step) return At(source, line_no, f.column, "a second step column");
           c.kind = Col::kStep;
           seen_step = true;
         } else if (name == "shard" || name == "shards") {
           c.kind = Col::kShard;
         } else if (name == "checkpoint") {
           c.kind = Col::kCheckpoint;
-        } else if (SignalByName(name, &s)) {
+        } else if (is_signal) {
           if (seen & core::Bit(s)) {
-            return At(source, line_no, f.column, absl::StrCat("column \"", name, "\" appears twice"));
+            return At(source, line_no, f.column,
+                      absl::StrCat("column \"", f.text, "\" is a second ", core::SignalName(s),
+                                   " column"));
           }
           seen |= core::Bit(s);
           c = Column{Col::kSignal, s};
@@ -255,16 +188,33 @@ absl::StatusOr<Trace> ParseCsv(absl::string_view content, absl::string_view sour
         // trainer's extra columns) is read past.
         columns.push_back(c);
       }
-      std::vector<std::string> missing;
-      if (!seen_step) missing.push_back("step");
-      for (Signal s : kRequired) {
-        if (!(seen & core::Bit(s))) missing.emplace_back(core::SignalName(s));
+      for (size_t m = 0; m < map.size(); ++m) {
+        if (!map_used[m]) {
+          return At(source, line_no, 1,
+                    absl::StrCat("--map names column \"", map[m].second,
+                                 "\", which the header does not have"));
+        }
       }
-      if (!missing.empty()) {
+      if (strict) {
+        std::vector<std::string> missing;
+        if (!seen_step) missing.push_back("step");
+        for (Signal s : kRequired) {
+          if (!(seen & core::Bit(s))) missing.emplace_back(core::SignalName(s));
+        }
+        if (!missing.empty()) {
+          return At(source, line_no, 1,
+                    absl::StrCat("header lacks the column", missing.size() > 1 ? "s " : " ",
+                                 absl::StrJoin(missing, ", "),
+                                 " (expected step, loss, grad_norm, log_z, nan_frac)"));
+        }
+      } else if (!seen_step) {
         return At(source, line_no, 1,
-                  absl::StrCat("header lacks the column", missing.size() > 1 ? "s " : " ",
-                               absl::StrJoin(missing, ", "),
-                               " (expected step, loss, grad_norm, log_z, nan_frac)"));
+                  "no step column in the header (step, _step, global_step or iteration)");
+      } else if (!(seen & (core::Bit(Signal::kLoss) | core::Bit(Signal::kGradNorm) |
+                           core::Bit(Signal::kLogZ) | core::Bit(Signal::kNanFrac)))) {
+        return At(source, line_no, 1,
+                  "no metric column recognised in the header; name them with --map, e.g. "
+                  "--map loss=train/loss,grad_norm=train/grad_norm");
       }
       continue;
     }
@@ -273,13 +223,25 @@ absl::StatusOr<Trace> ParseCsv(absl::string_view content, absl::string_view sour
                 absl::StrFormat("%d fields, but the header names %d columns", fields.size(),
                                 columns.size()));
     }
+    if (!strict) {
+      bool any = false;
+      for (size_t i = 0; i < fields.size(); ++i) {
+        any |= columns[i].kind == Col::kSignal && !fields[i].text.empty();
+      }
+      if (!any) continue;
+    }
     auto& row = b.NewRow(line_no);
     for (size_t i = 0; i < fields.size(); ++i) {
       const CsvField& f = fields[i];
       switch (columns[i].kind) {
         case Col::kStep: {
           int64_t step;
-          if (!ParseInt(f.text, &step)) {
+          double d;
+          // Exports sometimes write steps as 100.0.
+          const bool ok = ParseInt64(f.text, &step) ||
+                          (!strict && ParseDouble(f.text, &d) && d == std::floor(d) &&
+                           d >= 0 && d < 9.0e15 && ((step = static_cast<int64_t>(d)), true));
+          if (!ok) {
             return At(source, line_no, f.column,
                       absl::StrCat("step \"", f.text, "\" is not an integer"));
           }
@@ -312,7 +274,7 @@ absl::StatusOr<Trace> ParseCsv(absl::string_view content, absl::string_view sour
     return At(source, 1, 1,
               "empty file: expected a header naming step, loss, grad_norm, log_z, nan_frac");
   }
-  return b.Finish();
+  return b.Finish(strict ? MetricsFormat::kCsv : MetricsFormat::kGenericCsv);
 }
 
 absl::StatusOr<Trace> ParseJsonLines(absl::string_view content, absl::string_view source) {
@@ -403,32 +365,106 @@ absl::StatusOr<Trace> ParseJsonLines(absl::string_view content, absl::string_vie
                            absl::StrJoin(missing, ", "),
                            " (expected step, loss, grad_norm, log_z, nan_frac)"));
   }
-  return b.Finish();
+  return b.Finish(MetricsFormat::kJsonLines);
 }
 
 }  // namespace
 
-absl::StatusOr<Trace> ParseMetrics(absl::string_view content, absl::string_view source,
-                                   MetricsFormat format) {
-  if (format == MetricsFormat::kAuto) {
-    const absl::string_view head = absl::StripLeadingAsciiWhitespace(content);
-    if (head.empty()) {
-      return At(source, 1, 1,
-                "empty file: expected a CSV header or JSON lines with step, loss, "
-                "grad_norm, log_z, nan_frac");
-    }
-    format = head.front() == '{' ? MetricsFormat::kJsonLines : MetricsFormat::kCsv;
+absl::string_view FormatName(MetricsFormat f) {
+  switch (f) {
+    case MetricsFormat::kAuto: return "auto";
+    case MetricsFormat::kCsv: return "csv";
+    case MetricsFormat::kGenericCsv: return "wandb-csv";
+    case MetricsFormat::kJsonLines: return "jsonl";
+    case MetricsFormat::kLlmc: return "llmc";
+    case MetricsFormat::kStepLog: return "steplog";
+    case MetricsFormat::kMegatron: return "megatron";
   }
-  return format == MetricsFormat::kCsv ? ParseCsv(content, source)
-                                       : ParseJsonLines(content, source);
+  return "unknown";
 }
 
-absl::StatusOr<Trace> ReadMetricsFile(const std::string& path, MetricsFormat format) {
+bool ParseFormatName(absl::string_view name, MetricsFormat* out) {
+  for (MetricsFormat f : {MetricsFormat::kAuto, MetricsFormat::kCsv, MetricsFormat::kGenericCsv,
+                          MetricsFormat::kJsonLines, MetricsFormat::kLlmc,
+                          MetricsFormat::kStepLog, MetricsFormat::kMegatron}) {
+    if (FormatName(f) == name) {
+      *out = f;
+      return true;
+    }
+  }
+  if (name == "json" || name == "tensorboard-csv" || name == "generic-csv") {
+    *out = name == "json" ? MetricsFormat::kJsonLines : MetricsFormat::kGenericCsv;
+    return true;
+  }
+  return false;
+}
+
+absl::StatusOr<ColumnMap> ParseColumnMap(absl::string_view spec) {
+  ColumnMap map;
+  for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
+    const size_t eq = item.find('=');
+    Signal s;
+    if (eq == absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--map entry \"", item, "\" is not SIGNAL=COLUMN"));
+    }
+    const absl::string_view target = absl::StripAsciiWhitespace(item.substr(0, eq));
+    const absl::string_view column = absl::StripAsciiWhitespace(item.substr(eq + 1));
+    if (!SignalByName(target, &s)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--map: unknown signal \"", target,
+          "\" (one of loss, grad_norm, log_z, nan_frac, lr, z_loss_alpha, activation_max, "
+          "attention_logit_p99)"));
+    }
+    if (column.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--map: no column for ", target));
+    }
+    for (const auto& [sig, col] : map) {
+      if (sig == s) return absl::InvalidArgumentError(absl::StrCat("--map: ", target, " twice"));
+    }
+    map.emplace_back(s, std::string(column));
+  }
+  return map;
+}
+
+absl::StatusOr<Trace> ParseMetrics(absl::string_view content, absl::string_view source,
+                                   const ReadOptions& options) {
+  MetricsFormat format = options.format;
+  if (format == MetricsFormat::kAuto) {
+    if (absl::StripLeadingAsciiWhitespace(content).empty()) {
+      return At(source, 1, 1,
+                "empty file: expected a CSV header, JSON lines, or a trainer's log (llm.c, "
+                "step:S/N, Megatron-LM)");
+    }
+    format = DetectFormat(content);
+    // Detected CSV is read leniently: our five columns are found by name like
+    // any export's, and an absent one is unknown. --format csv is strict.
+    if (format == MetricsFormat::kCsv) format = MetricsFormat::kGenericCsv;
+  }
+  switch (format) {
+    case MetricsFormat::kCsv:
+      return ParseCsv(content, source, /*strict=*/true, options.column_map);
+    case MetricsFormat::kAuto:
+    case MetricsFormat::kGenericCsv:
+      return ParseCsv(content, source, /*strict=*/false, options.column_map);
+    case MetricsFormat::kJsonLines:
+      return ParseJsonLines(content, source);
+    case MetricsFormat::kLlmc:
+      return ParseLlmcLog(content, source);
+    case MetricsFormat::kStepLog:
+      return ParseStepLog(content, source);
+    case MetricsFormat::kMegatron:
+      return ParseMegatronLog(content, source);
+  }
+  return absl::InternalError("unreachable");
+}
+
+absl::StatusOr<Trace> ReadMetricsFile(const std::string& path, const ReadOptions& options) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
   std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
-  return ParseMetrics(content, path, format);
+  return ParseMetrics(content, path, options);
 }
 
 }  // namespace trainwatch::cli

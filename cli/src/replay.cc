@@ -193,14 +193,24 @@ std::string FormatSummaryJson(const ReplayResult& r) {
 namespace {
 
 constexpr char kReplayUsage[] =
-    "usage: twctl replay FILE [--config FILE] [--format auto|csv|jsonl] [-o table|json]\n"
-    "                         [--summary] [--print-config]\n"
-    "Replays a run's exported metrics through the rule engine and prints one event\n"
-    "per line. FILE is CSV with a header (step, loss, grad_norm, log_z, nan_frac;\n"
-    "optionally shard, checkpoint, lr, z_loss_alpha, activation_max,\n"
-    "attention_logit_p99) or JSON lines with the same keys; '-' reads stdin.\n"
-    "--config FILE: JSON object of rule thresholds (see --print-config).\n"
-    "Exit codes: 0 ok, 1 error, 2 usage or malformed input (nothing printed).\n";
+    "usage: twctl replay FILE [--config FILE] [--format FORMAT] [--map SIGNAL=COLUMN,...]\n"
+    "                         [-o table|json] [--summary] [--print-config]\n"
+    "Replays a run's metrics through the rule engine that runs in the agent and the\n"
+    "server, and prints one event per line ('-' reads stdin).\n"
+    "Formats, detected from the content unless --format says:\n"
+    "  csv        trainwatch CSV, header step,loss,grad_norm,log_z,nan_frac[,shard,\n"
+    "             checkpoint,lr,z_loss_alpha,activation_max,attention_logit_p99]\n"
+    "  wandb-csv  a W&B or TensorBoard CSV export: a step column and metric columns,\n"
+    "             found by name or mapped: --map loss=train/loss,grad_norm=train/grad_norm\n"
+    "  jsonl      JSON lines with the keys of the CSV\n"
+    "  llmc       llm.c main.log (s:STEP trl:LOSS lr:LR norm:NORM)\n"
+    "  steplog    step:S/N train_loss:L ... (modded-nanogpt family)\n"
+    "  megatron   Megatron-LM iteration lines\n"
+    "Metrics a log never reports are unknown: the rules that need them stay silent and\n"
+    "each event lists them under lacked_signals.\n"
+    "--config FILE   JSON object of rule thresholds (see --print-config)\n"
+    "--summary       per tier: incidents, first and last step, skipped steps\n"
+    "Exit codes: 0 ok, 1 error, 2 usage or malformed input (nothing printed on stdout).\n";
 
 bool ReadAll(const std::string& path, std::string* content) {
   if (path == "-") {
@@ -216,7 +226,7 @@ bool ReadAll(const std::string& path, std::string* content) {
 }  // namespace
 
 int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::string* err) {
-  std::string file, config_path, output = "table", format = "auto";
+  std::string file, config_path, output = "table", format = "auto", map_spec;
   bool summary = false, print_config = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -241,6 +251,10 @@ int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::s
       ok = value(&format);
     } else if (a.rfind("--format=", 0) == 0) {
       format = a.substr(9);
+    } else if (a == "--map") {
+      ok = value(&map_spec);
+    } else if (a.rfind("--map=", 0) == 0) {
+      map_spec = a.substr(6);
     } else if (a == "--summary") {
       summary = true;
     } else if (a == "--print-config") {
@@ -263,18 +277,20 @@ int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::s
     *err = absl::StrCat("twctl replay: -o must be table or json, not ", output, "\n");
     return 2;
   }
-  MetricsFormat fmt;
-  if (format == "auto") {
-    fmt = MetricsFormat::kAuto;
-  } else if (format == "csv") {
-    fmt = MetricsFormat::kCsv;
-  } else if (format == "jsonl" || format == "json") {
-    fmt = MetricsFormat::kJsonLines;
-  } else {
-    *err = absl::StrCat("twctl replay: --format must be auto, csv or jsonl, not ", format, "\n");
+  ReadOptions read;
+  if (!ParseFormatName(format, &read.format)) {
+    *err = absl::StrCat("twctl replay: unknown --format ", format,
+                        " (auto, csv, wandb-csv, jsonl, llmc, steplog, megatron)\n");
     return 2;
   }
-
+  if (!map_spec.empty()) {
+    absl::StatusOr<ColumnMap> map = ParseColumnMap(map_spec);
+    if (!map.ok()) {
+      *err = absl::StrCat("twctl replay: ", map.status().message(), "\n");
+      return 2;
+    }
+    read.column_map = *std::move(map);
+  }
   core::RuleConfig config;
   if (!config_path.empty()) {
     std::string text;
@@ -302,7 +318,7 @@ int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::s
     *err = absl::StrCat("twctl replay: cannot read ", file, "\n");
     return 1;
   }
-  absl::StatusOr<Trace> trace = ParseMetrics(content, file == "-" ? "<stdin>" : file, fmt);
+  absl::StatusOr<Trace> trace = ParseMetrics(content, file == "-" ? "<stdin>" : file, read);
   if (!trace.ok()) {
     *err = absl::StrCat("twctl replay: ", trace.status().message(), "\n");
     return 2;

@@ -34,6 +34,9 @@ const Field kFields[] = {
     TW_D(spike_delta_nats),
     TW_I(spike_min_steps),
     TW_I(spike_gap_records),
+    TW_I(transient_window_records),
+    TW_I(transient_baseline_records),
+    TW_D(transient_z),
     TW_D(tier1_grad_ratio),
     TW_D(tier1_loss_ratio),
     TW_D(tier1_loss_z),
@@ -100,11 +103,15 @@ absl::Status Validate(const RuleConfig& c) {
                          {"shard_history_steps", double(c.shard_history_steps)},
                          {"max_shards_per_step", double(c.max_shards_per_step)},
                          {"tier1_grad_ratio", c.tier1_grad_ratio},
-                         {"spike_delta_nats", c.spike_delta_nats}}) {
+                         {"spike_delta_nats", c.spike_delta_nats},
+                         {"transient_window_records", double(c.transient_window_records)},
+                         {"transient_baseline_records",
+                          double(c.transient_baseline_records)}}) {
     if (absl::Status s = positive(name, v); !s.ok()) return s;
   }
   if (c.median_window_steps > 10'000'000 || c.logz_drift_window_steps > 10'000'000 ||
-      c.logz_rise_window_steps > 10'000'000 || c.shard_history_steps > 1'000'000) {
+      c.logz_rise_window_steps > 10'000'000 || c.shard_history_steps > 1'000'000 ||
+      c.transient_window_records > 100'000 || c.transient_baseline_records > 100'000) {
     return absl::InvalidArgumentError("a window above 10,000,000 steps is not supported");
   }
   if (c.warn_logz_rising_steps < 5 * c.logz_bucket_steps) {

@@ -59,6 +59,7 @@ absl::string_view EventKindName(EventKind k) {
     case EventKind::kWarnGradMedian: return "warn_grad_median";
     case EventKind::kWarnAttentionLogits: return "warn_attention_logits";
     case EventKind::kWarnActivations: return "warn_activations";
+    case EventKind::kTransient: return "transient";
   }
   return "unknown";
 }

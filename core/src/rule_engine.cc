@@ -70,6 +70,9 @@ struct RuleEngine::State {
         grad_hist(std::max<int64_t>(1, config.warn_grad_median_window_steps / 10), 12),
         attn_hist(std::max<int64_t>(1, config.warn_logz_rising_steps / 5), 7),
         act_hist(std::max<int64_t>(1, config.warn_logz_rising_steps / 5), 7),
+        transient_base(config.transient_baseline_records),
+        transient_dev(config.transient_baseline_records),
+        transient_short(static_cast<size_t>(config.transient_window_records)),
         shard_ids(static_cast<size_t>(config.shard_history_steps *
                                       config.max_shards_per_step)),
         shard_steps(static_cast<size_t>(config.shard_history_steps)) {
@@ -90,6 +93,18 @@ struct RuleEngine::State {
   BucketSeries attn_hist;
   BucketSeries act_hist;
 
+  // Transient detection, keyed by record index (not step): the local level
+  // (median), the local noise (median absolute deviation), and the last few
+  // losses with their steps.
+  SlidingMedian transient_base;
+  SlidingMedian transient_dev;
+  std::vector<std::pair<int64_t, double>> transient_short;  // ring
+  size_t transient_head = 0;
+  size_t transient_count = 0;
+  double transient_sum = 0.0;
+  int64_t transient_records = 0;
+  bool transient_active = false;
+
   std::vector<uint64_t> shard_ids;
   std::vector<ShardEntry> shard_steps;
   size_t shard_head = 0;
@@ -98,6 +113,10 @@ struct RuleEngine::State {
 
   int64_t first_step = -1;
   int64_t last_step = -1;
+  // This step's grad norm, pushed into the median at the next step (the
+  // median is over the prior steps only).
+  int64_t pending_grad_step = -1;
+  double pending_grad = 0.0;
   uint32_t ever_present = 0;
 
   // Spike tracking: the current run of steps >= delta above the EMA.
@@ -282,6 +301,56 @@ struct RuleEngine::State {
   }
 
   // ------------------------------------------------------------ the rules
+
+  // Feeds one applied step's loss to the transient windows and reports a
+  // transient on its rising edge. `quiet` (an episode is open, or this step
+  // already produced a tier 1/2 event) suppresses the report, not the feed.
+  void Transient(const StepRecord& r, double loss, bool quiet, StepOutcome* out) {
+    const size_t m = transient_short.size();
+    if (m == 0) return;
+    const int64_t idx = transient_records++;
+    if (transient_count == m) {
+      // The oldest of the short window moves into the baseline.
+      const double y = transient_short[transient_head].second;
+      transient_sum -= y;
+      transient_head = (transient_head + 1) % m;
+      --transient_count;
+      const double b = transient_base.Median();
+      if (transient_base.size() >= 8) transient_dev.Push(idx, std::fabs(y - b));
+      transient_base.Push(idx, y);
+    }
+    transient_short[(transient_head + transient_count) % m] = {r.step, loss};
+    ++transient_count;
+    transient_sum += loss;
+    const int64_t full = c.transient_baseline_records;
+    if (transient_count < m || static_cast<int64_t>(transient_base.size()) < full ||
+        static_cast<int64_t>(transient_dev.size()) < full / 2) {
+      return;
+    }
+    const double b = transient_base.Median();
+    const double sd = 1.4826 * transient_dev.Median();
+    const double excess = transient_sum / static_cast<double>(m) - b;
+    const bool cond = excess >= c.spike_delta_nats && excess >= c.transient_z * sd;
+    const bool edge = cond && !transient_active;
+    transient_active = cond;
+    if (!edge || quiet) return;
+    int64_t onset = r.step;
+    for (size_t i = 0; i < m; ++i) {
+      const auto& [step, x] = transient_short[(transient_head + i) % m];
+      if (x - b >= c.spike_delta_nats) {
+        onset = step;
+        break;
+      }
+    }
+    Event& e = NewEvent(out, r, 0, Action::kRecord, EventKind::kTransient, next_episode++, onset);
+    e.reason = absl::StrFormat(
+        "transient: the last %d loss records average %+.3f nats over the median %.3f of the "
+        "%d before them (%.1fx the local noise %.3f); recorded for inspection",
+        m, excess, b, c.transient_baseline_records, sd > 0 ? excess / sd : 0.0, sd);
+    CollectShards(onset, r.step, &e);
+    AddShardAction(RecommendedAction::Kind::kInspectShards, &e);
+    RecommendCheckpoint(&e);
+  }
 
   // Tier 3. Returns true when this step is a numerical failure.
   bool CheckNumerical(const StepRecord& r, bool warm, double ratio, double med,
@@ -494,7 +563,9 @@ size_t RuleEngine::MemoryBytes() const {
                  bucket_bytes(s.attn_hist) + bucket_bytes(s.act_hist) +
                  s.shard_ids.capacity() * sizeof(uint64_t) +
                  s.shard_steps.capacity() * sizeof(ShardEntry) +
-                 s.checkpoints.capacity() * sizeof(Checkpoint);
+                 s.checkpoints.capacity() * sizeof(Checkpoint) +
+                 s.transient_base.MemoryBytes() + s.transient_dev.MemoryBytes() +
+                 s.transient_short.capacity() * sizeof(std::pair<int64_t, double>);
   for (const auto& ck : s.checkpoints) bytes += ck.uri.capacity();
   return bytes;
 }
@@ -520,7 +591,15 @@ absl::Status RuleEngine::Observe(const StepRecord& r, StepOutcome* out) {
 
   // ---- the baseline, from previous steps only
   const double ema = s.ema.Value();
-  s.grad_median.EvictBefore(r.step - c.median_window_steps);
+  // The previous step's grad norm joins the window now, taking the slot of
+  // the one that leaves it.
+  if (s.pending_grad_step >= 0) {
+    s.grad_median.PushAndEvict(s.pending_grad_step, s.pending_grad,
+                               r.step - c.median_window_steps);
+    s.pending_grad_step = -1;
+  } else {
+    s.grad_median.EvictBefore(r.step - c.median_window_steps);
+  }
   const double med = s.grad_median.Median();
   const double loss = r.Get(Signal::kLoss);
   const double g = r.Get(Signal::kGradNorm);
@@ -758,6 +837,13 @@ absl::Status RuleEngine::Observe(const StepRecord& r, StepOutcome* out) {
       }
     }
 
+    // -- a short excursion the rules above did not explain
+    if (!skip) {
+      bool quiet = s.ep.active;
+      for (const Event& e : out->events) quiet |= e.tier >= 1;
+      s.Transient(r, loss, quiet, out);
+    }
+
     // -- the noise scale learns from calm steps only
     if (!s.ep.active && !skip) {
       double d = dev;
@@ -771,6 +857,7 @@ absl::Status RuleEngine::Observe(const StepRecord& r, StepOutcome* out) {
   } else if (has_loss) {
     // Warming up: learn the noise scale, decide nothing.
     s.smooth_loss.Add(r.step, loss);
+    s.Transient(r, loss, /*quiet=*/true, out);
     if (Finite(ema)) {
       const double dev = loss - ema;
       s.dev_mean.Add(r.step, dev);
@@ -783,7 +870,10 @@ absl::Status RuleEngine::Observe(const StepRecord& r, StepOutcome* out) {
     s.prev_loss_step = r.step;
     s.ema.Add(r.step, loss);
   }
-  if (Finite(g)) s.grad_median.Push(r.step, g);
+  if (Finite(g)) {
+    s.pending_grad_step = r.step;
+    s.pending_grad = g;
+  }
   if (Finite(med)) s.grad_hist.Add(r.step, med);
   const double attn = r.Get(Signal::kAttentionLogitP99);
   if (Finite(attn)) s.attn_hist.Add(r.step, attn);

@@ -140,9 +140,45 @@ void SlidingMedian::EvictBefore(int64_t min_step) {
   while (count_ > 0 && ring_[head_].step < min_step) PopOldest();
 }
 
+void SlidingMedian::ReplaceOldest(int64_t step, double value) {
+  // The new sample goes to the ring's tail and takes over the heap position
+  // of the oldest (the same slot when the ring is full).
+  const int32_t old = static_cast<int32_t>(head_);
+  const int32_t slot = static_cast<int32_t>((head_ + count_) % ring_.size());
+  const bool low = ring_[old].in_low;
+  if (slot != old) Place(low, static_cast<size_t>(ring_[old].pos), slot);
+  head_ = (head_ + 1) % ring_.size();
+  ring_[slot].value = value;
+  ring_[slot].step = step;
+  SiftUp(low, static_cast<size_t>(ring_[slot].pos));
+  SiftDown(low, static_cast<size_t>(ring_[slot].pos));
+  // Only the replaced value can break max(low) <= min(high); if it does, the
+  // two tops trade places and sink.
+  if (!low_.empty() && !high_.empty() && ring_[low_[0]].value > ring_[high_[0]].value) {
+    const int32_t a = low_[0], b = high_[0];
+    Place(true, 0, b);
+    Place(false, 0, a);
+    SiftDown(true, 0);
+    SiftDown(false, 0);
+  }
+}
+
+void SlidingMedian::PushAndEvict(int64_t step, double value, int64_t min_step) {
+  if (ring_.empty()) return;
+  if (count_ > 0 && (ring_[head_].step < min_step || count_ == ring_.size())) {
+    ReplaceOldest(step, value);
+  } else {
+    Push(step, value);
+  }
+  EvictBefore(min_step);
+}
+
 void SlidingMedian::Push(int64_t step, double value) {
   if (ring_.empty()) return;
-  if (count_ == ring_.size()) PopOldest();
+  if (count_ == ring_.size()) {
+    ReplaceOldest(step, value);
+    return;
+  }
   const size_t slot = (head_ + count_) % ring_.size();
   ring_[slot].value = value;
   ring_[slot].step = step;

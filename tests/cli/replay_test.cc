@@ -85,8 +85,7 @@ TEST_CASE("replay: bad input exits 2 with file; line; column and no output",
   };
   for (const Case& c : {
            Case{"empty.csv", "", ":1:1: empty file"},
-           Case{"nocol.csv", "step,loss,grad_norm,log_z\n1,2,1,8\n",
-                ":1:1: header lacks the column nan_frac"},
+           Case{"nocol.csv", "loss,grad_norm,log_z\n2,1,8\n", ":1:1: no step column"},
            Case{"nonnum.csv", good + "1,2.5,1,8,0\n2,2.5,one,8,0\n",
                 ":3:7: grad_norm \"one\" is not a number"},
            Case{"unsorted.csv", good + "1,2.5,1,8,0\n3,2.5,1,8,0\n2,2.5,1,8,0\n",
@@ -129,6 +128,28 @@ TEST_CASE("replay: usage errors and configuration", "[cli][replay]") {
   CHECK(bad.code == 2);
   CHECK(bad.err.find("bad_cfg.json:1:22: tier1_grad_ratio must be a finite number") !=
         std::string::npos);
+}
+
+TEST_CASE("replay: --format csv is strict and --map reaches the reader", "[cli][replay]") {
+  const std::string partial = TempFile("partial.csv", "step,loss,log_z\n1,2.5,8\n2,2.5,8\n");
+  const Run lenient = Replay({partial, "-o", "json"});
+  CHECK(lenient.code == 0);  // an export: grad_norm and nan_frac unknown
+  const Run strict = Replay({partial, "--format", "csv"});
+  CHECK(strict.code == 2);
+  CHECK(strict.out.empty());
+  CHECK(strict.err.find(partial + ":1:1: header lacks the columns grad_norm, nan_frac") !=
+        std::string::npos);
+  CHECK(Replay({partial, "--format", "yaml"}).code == 2);
+
+  const std::string wandb = TempFile("wandb.csv", "Step,my_loss\n1,2.5\n2,2.4\n");
+  const Run unmapped = Replay({wandb});
+  CHECK(unmapped.code == 2);
+  CHECK(unmapped.err.find("--map loss=") != std::string::npos);
+  const Run mapped = Replay({wandb, "--map", "loss=my_loss", "--summary"});
+  INFO(mapped.err);
+  CHECK(mapped.code == 0);
+  CHECK(mapped.out.find("records 2") != std::string::npos);
+  CHECK(Replay({wandb, "--map", "bogus=my_loss"}).code == 2);
 }
 
 TEST_CASE("replay --summary counts incidents per tier and skipped steps", "[cli][replay]") {

@@ -103,6 +103,28 @@ TEST_CASE("SlidingMedian equals the sorted window's median", "[core][median]") {
   }
 }
 
+TEST_CASE("SlidingMedian PushAndEvict equals the sorted window's median", "[core][median]") {
+  for (auto [window, max_gap] : {std::pair<int64_t, int>{1, 1}, {7, 1}, {64, 1}, {64, 5},
+                                 {300, 2}}) {
+    CAPTURE(window, max_gap);
+    const auto samples = RandomSamples(static_cast<uint64_t>(window * 7 + max_gap), 5000, max_gap);
+    SlidingMedian med(window);
+    std::deque<Sample> ref;
+    for (const Sample& s : samples) {
+      // The engine's order: the new sample enters as the window moves on.
+      med.PushAndEvict(s.step, s.value, s.step + 1 - window);
+      ref.push_back(s);
+      while (!ref.empty() && ref.front().step < s.step + 1 - window) ref.pop_front();
+      REQUIRE(med.size() == ref.size());
+      std::vector<double> v;
+      for (const Sample& x : ref) v.push_back(x.value);
+      std::sort(v.begin(), v.end());
+      const size_t m = v.size() / 2;
+      REQUIRE(med.Median() == (v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m])));
+    }
+  }
+}
+
 TEST_CASE("SlidingMedian holds at most its window and reports its memory", "[core][median]") {
   SlidingMedian med(5000);
   for (int64_t s = 0; s < 12000; ++s) med.Push(s, static_cast<double>(s % 10));

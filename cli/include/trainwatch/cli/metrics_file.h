@@ -1,13 +1,25 @@
-// Reading a run's exported metrics for `twctl replay`: CSV with a header, or
-// JSON lines, with the columns/keys step, loss, grad_norm, log_z, nan_frac
-// and optionally shard (ids separated by ';'), checkpoint (a uri on the steps
-// that saved one), lr, z_loss_alpha, activation_max, attention_logit_p99.
+// Reading a run's metrics for `twctl replay`, in the formats trainers
+// already write:
+//   csv       trainwatch's own CSV: a header naming step, loss, grad_norm,
+//             log_z, nan_frac (all five required) and optionally shard (ids
+//             separated by ';'), checkpoint (a uri on the steps that saved
+//             one), lr, z_loss_alpha, activation_max, attention_logit_p99;
+//   wandb-csv any CSV export with a header (W&B, TensorBoard): a step column
+//             and metric columns, found by name or mapped with --map;
+//             absent metric columns are unknown;
+//   jsonl     JSON lines with the keys of the CSV;
+//   llmc      llm.c's main.log: "s:STEP trl:LOSS lr:LR norm:GRADNORM" (the
+//             "s:STEP tel:VAL" validation lines are read past);
+//   steplog   "step:S/N train_loss:L ..." (modded-nanogpt and its family;
+//             val_loss-only lines are read past);
+//   megatron  Megatron-LM's "iteration N/ M | ... | lm loss: ... | grad norm:
+//             ... | learning rate: ... | number of nan iterations: ... |".
 //
-// Reading is all or nothing: malformed input is an error naming the file,
-// line and column, and no record is returned, so a replay never prints a
-// partial answer. A metric the file never reports with a finite value is
-// "unknown" for the whole run (not zero); a NaN in a metric the run does
-// report is kept, since it is a signal.
+// Reading is all or nothing: malformed input (a garbage number, a step out
+// of order) is an error naming the file, line and column, and no record is
+// returned, so a replay never prints a partial answer. A metric the run
+// never reports with a finite value is "unknown" for the whole run (not
+// zero); a NaN in a metric the run does report is kept, since it is a signal.
 
 #ifndef TRAINWATCH_CLI_METRICS_FILE_H_
 #define TRAINWATCH_CLI_METRICS_FILE_H_
@@ -15,6 +27,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -23,7 +36,23 @@
 
 namespace trainwatch::cli {
 
-enum class MetricsFormat { kAuto, kCsv, kJsonLines };
+enum class MetricsFormat { kAuto, kCsv, kGenericCsv, kJsonLines, kLlmc, kStepLog, kMegatron };
+
+// "auto", "csv", "wandb-csv", "jsonl", "llmc", "steplog", "megatron".
+absl::string_view FormatName(MetricsFormat f);
+bool ParseFormatName(absl::string_view name, MetricsFormat* out);
+
+// Which source column feeds which signal, for CSV exports whose names differ
+// from ours: {kLoss, "train/loss"}. Names match case-insensitively.
+using ColumnMap = std::vector<std::pair<core::Signal, std::string>>;
+
+// Parses "loss=train/loss,grad_norm=train/grad_norm".
+absl::StatusOr<ColumnMap> ParseColumnMap(absl::string_view spec);
+
+struct ReadOptions {
+  MetricsFormat format = MetricsFormat::kAuto;
+  ColumnMap column_map;
+};
 
 // A parsed file. Records are views into its storage: keep the Trace alive
 // while they are used.
@@ -36,6 +65,8 @@ class Trace {
   int line(size_t i) const { return rows_[i].line; }
   // Signals present in at least one row with a finite value.
   uint32_t reported() const { return reported_; }
+  // The format the content was read as (never kAuto).
+  MetricsFormat format() const { return format_; }
 
  private:
   friend class TraceBuilder;
@@ -52,15 +83,17 @@ class Trace {
   std::vector<uint64_t> shards_;
   std::vector<std::string> checkpoints_;
   uint32_t reported_ = 0;
+  MetricsFormat format_ = MetricsFormat::kCsv;
 };
 
-// Parses `content`; `source` names it in errors.
+// Parses `content`; `source` names it in errors. With kAuto the format is
+// detected from the content.
 absl::StatusOr<Trace> ParseMetrics(absl::string_view content, absl::string_view source,
-                                   MetricsFormat format = MetricsFormat::kAuto);
+                                   const ReadOptions& options = ReadOptions());
 
 // Reads and parses a file.
 absl::StatusOr<Trace> ReadMetricsFile(const std::string& path,
-                                      MetricsFormat format = MetricsFormat::kAuto);
+                                      const ReadOptions& options = ReadOptions());
 
 }  // namespace trainwatch::cli
 

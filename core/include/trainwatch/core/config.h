@@ -41,6 +41,17 @@ struct RuleConfig {
   // they neither end the spike nor count toward its length.
   int64_t spike_gap_records = 2;
 
+  // ---- transient: a short loss excursion (tier 0, recorded, never paged).
+  // The mean of the last 8 loss records sits above the median of the 64
+  // records before them by at least spike_delta and by transient_z times the
+  // local noise (1.4826 x the median absolute deviation). Measured against
+  // the local level, not the EMA: early in a run the 1,000-step EMA lags a
+  // falling loss by more than a real excursion's height. It is what a run
+  // without grad_norm can still say about a bad batch or two.
+  int64_t transient_window_records = 8;
+  int64_t transient_baseline_records = 64;
+  double transient_z = 2.5;
+
   // ---- tier 1: data anomaly, skip and continue
   double tier1_grad_ratio = 3.0;   // grad_norm > 3 x median, one step
   double tier1_loss_ratio = 1.5;   // ... and loss_ema_ratio > 1.5, or:

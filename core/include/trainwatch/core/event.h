@@ -43,6 +43,7 @@ enum class EventKind : uint8_t {
   kWarnGradMedian,       // early warning: grad-norm median rising steadily
   kWarnAttentionLogits,  // early warning: attention logit p99 rising
   kWarnActivations,      // early warning: activation max trending to the limit
+  kTransient,            // tier 0: a short loss excursion over its local level
 };
 
 absl::string_view DecisionName(Decision d);

@@ -66,6 +66,11 @@ class SlidingMedian {
   // REQUIRES: value is finite; step > the previous Push()'s step. When the
   // ring is full the oldest sample is dropped first.
   void Push(int64_t step, double value);
+  // Push() and EvictBefore(min_step) in one: when the oldest sample is due
+  // for eviction, the new one takes its slot and is sifted from there (one
+  // heap repair instead of a removal and an insertion: the steady state of a
+  // per-step stream).
+  void PushAndEvict(int64_t step, double value, int64_t min_step);
   // The median of the live samples (mean of the two middle ones for an even
   // count); NaN when empty.
   double Median() const;
@@ -83,6 +88,7 @@ class SlidingMedian {
   };
 
   void PopOldest();
+  void ReplaceOldest(int64_t step, double value);
   void Insert(int32_t slot);
   void Remove(int32_t slot);
   void Rebalance();

@@ -1,0 +1,252 @@
+// Readers for the logs trainers already write. Each reads its own metric
+// lines and reads past everything else (banners, configuration dumps,
+// warnings), but a metric line with a garbage value is an error that names
+// the line and column: a replay must never quietly drop a step it was given.
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "trace_builder.h"
+
+namespace trainwatch::cli {
+
+using core::Signal;
+
+namespace {
+
+struct Token {
+  absl::string_view key;
+  absl::string_view value;
+  int value_column;  // 1-based
+};
+
+// Splits "k1:v1 k2:v2 ..." on whitespace; tokens without ':' get an empty key.
+std::vector<Token> KeyValues(absl::string_view line) {
+  std::vector<Token> out;
+  size_t i = 0;
+  while (i < line.size()) {
+    while (i < line.size() && absl::ascii_isspace(static_cast<unsigned char>(line[i]))) ++i;
+    const size_t start = i;
+    while (i < line.size() && !absl::ascii_isspace(static_cast<unsigned char>(line[i]))) ++i;
+    if (i == start) break;
+    const absl::string_view tok = line.substr(start, i - start);
+    const size_t colon = tok.find(':');
+    if (colon == absl::string_view::npos) {
+      out.push_back({absl::string_view(), tok, static_cast<int>(start) + 1});
+    } else {
+      out.push_back({tok.substr(0, colon), tok.substr(colon + 1),
+                     static_cast<int>(start + colon) + 2});
+    }
+  }
+  return out;
+}
+
+// Iterates lines with their 1-based numbers.
+template <typename Fn>
+absl::Status ForEachLine(absl::string_view content, Fn fn) {
+  int line_no = 0;
+  size_t pos = 0;
+  while (pos < content.size()) {
+    size_t end = content.find('\n', pos);
+    if (end == absl::string_view::npos) end = content.size();
+    absl::string_view line = content.substr(pos, end - pos);
+    pos = end + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (absl::Status s = fn(line, line_no); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Number(absl::string_view source, int line, const Token& t, absl::string_view what,
+                    double* out) {
+  if (ParseDouble(t.value, out)) return absl::OkStatus();
+  return At(source, line, t.value_column,
+            absl::StrCat(what, " \"", t.value, "\" is not a number"));
+}
+
+// "S" or "S/N" -> S.
+absl::Status StepOf(absl::string_view source, int line, const Token& t, int64_t* step) {
+  absl::string_view v = t.value;
+  const size_t slash = v.find('/');
+  if (slash != absl::string_view::npos) v = v.substr(0, slash);
+  if (ParseInt64(v, step) && *step >= 0) return absl::OkStatus();
+  return At(source, line, t.value_column,
+            absl::StrCat("step \"", t.value, "\" is not a non-negative integer"));
+}
+
+absl::StatusOr<Trace> Finish(TraceBuilder& b, absl::string_view source, MetricsFormat f,
+                             absl::string_view what) {
+  if (b.rows() == 0) {
+    return At(source, 1, 1, absl::StrCat("no ", what, " lines: nothing to replay"));
+  }
+  return b.Finish(f);
+}
+
+}  // namespace
+
+absl::StatusOr<Trace> ParseLlmcLog(absl::string_view content, absl::string_view source) {
+  TraceBuilder b(source);
+  absl::Status st = ForEachLine(content, [&](absl::string_view line, int n) -> absl::Status {
+    const std::vector<Token> toks = KeyValues(line);
+    if (toks.empty() || toks[0].key != "s") return absl::OkStatus();
+    bool train = false;
+    for (const Token& t : toks) train |= t.key == "trl";
+    if (!train) return absl::OkStatus();  // "s:S tel:VAL": validation
+    int64_t step;
+    if (absl::Status s = StepOf(source, n, toks[0], &step); !s.ok()) return s;
+    auto& row = b.NewRow(n);
+    if (absl::Status s = b.SetStep(row, step, toks[0].value_column); !s.ok()) return s;
+    for (const Token& t : toks) {
+      double v;
+      Signal sig;
+      if (t.key == "trl") {
+        sig = Signal::kLoss;
+      } else if (t.key == "norm") {
+        sig = Signal::kGradNorm;
+      } else if (t.key == "lr") {
+        sig = Signal::kLearningRate;
+      } else {
+        continue;
+      }
+      if (absl::Status s = Number(source, n, t, t.key, &v); !s.ok()) return s;
+      b.SetValue(row, sig, v);
+    }
+    return absl::OkStatus();
+  });
+  if (!st.ok()) return st;
+  return Finish(b, source, MetricsFormat::kLlmc, "llm.c \"s:STEP trl:LOSS\"");
+}
+
+absl::StatusOr<Trace> ParseStepLog(absl::string_view content, absl::string_view source) {
+  TraceBuilder b(source);
+  absl::Status st = ForEachLine(content, [&](absl::string_view line, int n) -> absl::Status {
+    const std::vector<Token> toks = KeyValues(line);
+    if (toks.empty() || toks[0].key != "step") return absl::OkStatus();
+    bool train = false;
+    for (const Token& t : toks) train |= t.key == "train_loss";
+    if (!train) return absl::OkStatus();  // "step:S/N val_loss:...": validation
+    int64_t step;
+    if (absl::Status s = StepOf(source, n, toks[0], &step); !s.ok()) return s;
+    auto& row = b.NewRow(n);
+    if (absl::Status s = b.SetStep(row, step, toks[0].value_column); !s.ok()) return s;
+    for (const Token& t : toks) {
+      double v;
+      Signal sig;
+      if (t.key == "train_loss") {
+        sig = Signal::kLoss;
+      } else if (t.key == "grad_norm" || t.key == "norm") {
+        sig = Signal::kGradNorm;
+      } else if (t.key == "lr") {
+        sig = Signal::kLearningRate;
+      } else {
+        continue;  // val_loss, train_time, step_avg, seq_len, ...
+      }
+      if (absl::Status s = Number(source, n, t, t.key, &v); !s.ok()) return s;
+      b.SetValue(row, sig, v);
+    }
+    return absl::OkStatus();
+  });
+  if (!st.ok()) return st;
+  return Finish(b, source, MetricsFormat::kStepLog, "\"step:S/N train_loss:L\"");
+}
+
+absl::StatusOr<Trace> ParseMegatronLog(absl::string_view content, absl::string_view source) {
+  TraceBuilder b(source);
+  int64_t prev_step = -1;
+  absl::Status st = ForEachLine(content, [&](absl::string_view line, int n) -> absl::Status {
+    const size_t it = line.find("iteration");
+    if (it == absl::string_view::npos || line.find('|') == absl::string_view::npos) {
+      return absl::OkStatus();
+    }
+    size_t i = it + 9;
+    while (i < line.size() && line[i] == ' ') ++i;
+    const size_t digits = i;
+    while (i < line.size() && absl::ascii_isdigit(static_cast<unsigned char>(line[i]))) ++i;
+    if (i == digits || i >= line.size() || line[i] != '/') return absl::OkStatus();
+    int64_t step;
+    if (!ParseInt64(line.substr(digits, i - digits), &step)) {
+      return At(source, n, static_cast<int>(digits) + 1, "iteration number out of range");
+    }
+    auto& row = b.NewRow(n);
+    if (absl::Status s = b.SetStep(row, step, static_cast<int>(digits) + 1); !s.ok()) return s;
+    // " key: value |" segments after the iteration counter.
+    size_t seg = line.find('|', i);
+    while (seg != absl::string_view::npos) {
+      const size_t next = line.find('|', seg + 1);
+      const size_t end = next == absl::string_view::npos ? line.size() : next;
+      const absl::string_view part = line.substr(seg + 1, end - seg - 1);
+      seg = next;
+      const size_t colon = part.find(':');
+      if (colon == absl::string_view::npos) continue;
+      const std::string key =
+          absl::AsciiStrToLower(absl::StripAsciiWhitespace(part.substr(0, colon)));
+      const absl::string_view raw = part.substr(colon + 1);
+      const absl::string_view value = absl::StripAsciiWhitespace(raw);
+      const int column = static_cast<int>((value.data() - line.data())) + 1;
+      Signal sig;
+      if (key == "lm loss") {
+        sig = Signal::kLoss;
+      } else if (key == "grad norm") {
+        sig = Signal::kGradNorm;
+      } else if (key == "learning rate") {
+        sig = Signal::kLearningRate;
+      } else if (key == "number of nan iterations") {
+        double count;
+        if (!ParseDouble(value, &count) || count < 0) {
+          return At(source, n, column, absl::StrCat(key, " \"", value, "\" is not a count"));
+        }
+        // Megatron counts NaN iterations per logging interval; as nan_frac
+        // this is the fraction of the interval's iterations that had one.
+        const double interval = prev_step >= 0 ? static_cast<double>(step - prev_step) : 1.0;
+        b.SetValue(row, Signal::kNanFrac, count / std::max(1.0, interval));
+        continue;
+      } else {
+        continue;
+      }
+      double v;
+      if (!ParseDouble(value, &v)) {
+        return At(source, n, column, absl::StrCat(key, " \"", value, "\" is not a number"));
+      }
+      b.SetValue(row, sig, v);
+    }
+    prev_step = step;
+    return absl::OkStatus();
+  });
+  if (!st.ok()) return st;
+  return Finish(b, source, MetricsFormat::kMegatron, "Megatron-LM \"iteration N/ M |\"");
+}
+
+MetricsFormat DetectFormat(absl::string_view content) {
+  int seen = 0;
+  size_t pos = 0;
+  while (pos < content.size() && seen < 500) {
+    size_t end = content.find('\n', pos);
+    if (end == absl::string_view::npos) end = content.size();
+    const absl::string_view line = absl::StripAsciiWhitespace(content.substr(pos, end - pos));
+    pos = end + 1;
+    if (line.empty()) continue;
+    ++seen;
+    if (seen == 1 && line.front() == '{') return MetricsFormat::kJsonLines;
+    if (absl::StartsWith(line, "s:") &&
+        (absl::StrContains(line, " trl:") || absl::StrContains(line, " tel:"))) {
+      return MetricsFormat::kLlmc;
+    }
+    if (absl::StartsWith(line, "step:") && absl::StrContains(line.substr(0, 32), "/")) {
+      return MetricsFormat::kStepLog;
+    }
+    if (absl::StrContains(line, "iteration") && absl::StrContains(line, "|") &&
+        (absl::StrContains(line, "lm loss:") || absl::StrContains(line, "learning rate:"))) {
+      return MetricsFormat::kMegatron;
+    }
+  }
+  // No log line among the first 500: a CSV with a header.
+  return MetricsFormat::kCsv;
+}
+
+}  // namespace trainwatch::cli

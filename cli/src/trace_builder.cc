@@ -1,0 +1,140 @@
+#include "trace_builder.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace trainwatch::cli {
+
+using core::Signal;
+
+
+
+absl::Status At(absl::string_view source, int line, int column, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrFormat("%s:%d:%d: %s", source, line, column, what));
+}
+
+bool SignalByName(absl::string_view name, Signal* out) {
+  for (int s = 0; s < core::kNumSignals; ++s) {
+    if (core::SignalName(static_cast<Signal>(s)) == name) {
+      *out = static_cast<Signal>(s);
+      return true;
+    }
+  }
+  return false;
+}
+
+bool ParseDouble(absl::string_view text, double* out) {
+  if (text.empty()) return false;
+  if (text.front() == '+') text.remove_prefix(1);
+  const auto res = std::from_chars(text.data(), text.data() + text.size(), *out);
+  if (res.ec == std::errc::result_out_of_range && res.ptr == text.data() + text.size()) {
+    *out = std::strtod(std::string(text).c_str(), nullptr);
+    return true;
+  }
+  return res.ec == std::errc() && res.ptr == text.data() + text.size();
+}
+
+namespace {
+
+template <typename Int>
+bool ParseInt(absl::string_view text, Int* out) {
+  if (text.empty()) return false;
+  const auto res = std::from_chars(text.data(), text.data() + text.size(), *out);
+  return res.ec == std::errc() && res.ptr == text.data() + text.size();
+}
+
+// Shard ids separated by ';' (spaces allowed around them).
+absl::Status ParseShards(absl::string_view text, absl::string_view source, int line,
+                         int column, std::vector<uint64_t>* out) {
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t end = text.find(';', pos);
+    if (end == absl::string_view::npos) end = text.size();
+    const absl::string_view id = absl::StripAsciiWhitespace(text.substr(pos, end - pos));
+    uint64_t v;
+    if (!id.empty()) {
+      if (!ParseInt(id, &v)) {
+        return At(source, line, column + static_cast<int>(pos),
+                  absl::StrCat("shard id \"", id, "\" is not a non-negative integer"));
+      }
+      out->push_back(v);
+    }
+    pos = end + 1;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool ParseInt64(absl::string_view text, int64_t* out) { return ParseInt(text, out); }
+bool ParseUint64(absl::string_view text, uint64_t* out) { return ParseInt(text, out); }
+
+
+TraceBuilder::Row& TraceBuilder::NewRow(int line) {
+  trace_.rows_.emplace_back();
+  Trace::Row& r = trace_.rows_.back();
+  r.step = 0;
+  r.values.fill(0.0);
+  r.present = 0;
+  r.shard_begin = static_cast<uint32_t>(trace_.shards_.size());
+  r.shard_count = 0;
+  r.checkpoint = -1;
+  r.line = line;
+  return r;
+}
+
+absl::Status TraceBuilder::SetStep(Row& r, int64_t step, int column) {
+  if (step < 0) return At(source_, r.line, column, "step must be >= 0");
+  if (have_last_ && step <= last_step_) {
+    return At(source_, r.line, column,
+              absl::StrFormat("step %d %s step %d on line %d: steps must strictly increase",
+                              step, step == last_step_ ? "repeats" : "comes after",
+                              last_step_, last_line_));
+  }
+  r.step = step;
+  have_last_ = true;
+  last_step_ = step;
+  last_line_ = r.line;
+  return absl::OkStatus();
+}
+
+void TraceBuilder::SetValue(Row& r, Signal s, double v) {
+  r.values[static_cast<int>(s)] = v;
+  r.present |= core::Bit(s);
+  if (std::isfinite(v)) trace_.reported_ |= core::Bit(s);
+}
+
+absl::Status TraceBuilder::AddShards(Row& r, absl::string_view text, int column) {
+  absl::Status s = ParseShards(text, source_, r.line, column, &trace_.shards_);
+  r.shard_count = static_cast<uint32_t>(trace_.shards_.size() - r.shard_begin);
+  return s;
+}
+void TraceBuilder::AddShard(Row& r, uint64_t id) {
+  trace_.shards_.push_back(id);
+  r.shard_count = static_cast<uint32_t>(trace_.shards_.size() - r.shard_begin);
+}
+
+void TraceBuilder::SetCheckpoint(Row& r, absl::string_view uri) {
+  if (uri.empty()) return;
+  r.checkpoint = static_cast<int32_t>(trace_.checkpoints_.size());
+  trace_.checkpoints_.emplace_back(uri);
+}
+
+absl::StatusOr<Trace> TraceBuilder::Finish(MetricsFormat format) {
+  trace_.format_ = format;
+  if (trace_.rows_.empty()) {
+    return At(source_, 1, 1, "no records: the file holds no step");
+  }
+  // A signal never reported with a finite value is unknown, not a failure.
+  const uint32_t unknown = ~trace_.reported_;
+  for (Trace::Row& r : trace_.rows_) r.present &= ~unknown;
+  return std::move(trace_);
+}
+
+}  // namespace trainwatch::cli

@@ -7,8 +7,9 @@ packages=(
   cmake g++ make pkg-config
   libabsl-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libsqlite3-dev
+  libsqlite3-dev prometheus-cpp-dev
   catch2 libbenchmark-dev
+  prometheus openssl
 )
 
 missing=()

@@ -184,7 +184,15 @@ struct RuleEngine::State {
   }
 
   void AddCheckpoint(int64_t step, absl::string_view uri) {
-    checkpoints.push_back(Checkpoint{step, std::string(uri)});
+    // Kept in step order; a repeated notice for a step replaces its uri.
+    auto it = std::lower_bound(
+        checkpoints.begin(), checkpoints.end(), step,
+        [](const Checkpoint& c, int64_t s) { return c.step < s; });
+    if (it != checkpoints.end() && it->step == step) {
+      it->uri = std::string(uri);
+      return;
+    }
+    checkpoints.insert(it, Checkpoint{step, std::string(uri)});
     if (checkpoints.size() > static_cast<size_t>(c.checkpoints_retained)) {
       checkpoints.erase(checkpoints.begin());
     }
@@ -549,6 +557,10 @@ RuleEngine::RuleEngine(const RuleConfig& config)
 RuleEngine::~RuleEngine() = default;
 
 const RuleConfig& RuleEngine::config() const { return s_->c; }
+
+void RuleEngine::NoteCheckpoint(int64_t step, absl::string_view uri) {
+  s_->AddCheckpoint(step, uri);
+}
 int64_t RuleEngine::last_step() const { return s_->last_step; }
 
 size_t RuleEngine::MemoryBytes() const {
@@ -822,6 +834,7 @@ absl::Status RuleEngine::Observe(const StepRecord& r, StepOutcome* out) {
                              r.step - s.ep.tier1_step, s.ep.tier1_step, ex, s.ep.peak_excess);
         s.RecommendCheckpoint(&e);
         if (recovered) {
+          e.closes_episode = true;
           s.ep.active = false;
           s.above_start = -1;
         }
@@ -832,6 +845,7 @@ absl::Status RuleEngine::Observe(const StepRecord& r, StepOutcome* out) {
             "recovered: the smoothed loss %.3f is back within %.2f nats of its pre-spike "
             "level %.3f after %d steps",
             sl, c.spike_delta_nats, s.ep.pre_level, r.step - s.ep.onset);
+        e.closes_episode = true;
         s.ep.active = false;
         s.above_start = -1;
       }

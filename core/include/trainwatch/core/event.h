@@ -81,6 +81,9 @@ struct Event {
   int64_t recommended_checkpoint_step = -1;  // -1: none retained qualifies
   std::string recommended_checkpoint_uri;
   std::vector<RecommendedAction> recommended_actions;
+  // True on the event that ends its episode (recovered, or a tier 1
+  // confirmed with the loss back at baseline): the incident can resolve.
+  bool closes_episode = false;
   // Core signals (see kCoreSignals) this run never reported, so the rules
   // that need them could not take part in this decision.
   uint32_t lacked_signals = 0;

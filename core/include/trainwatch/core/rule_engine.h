@@ -56,6 +56,11 @@ class RuleEngine {
   // was. `out` is cleared and filled.
   absl::Status Observe(const StepRecord& record, StepOutcome* out);
 
+  // Records a checkpoint the trainer saved at `step`, for recommendations
+  // (the last `checkpoints_retained` are kept). For notices that arrive
+  // apart from the step records; a record's checkpoint_uri does the same.
+  void NoteCheckpoint(int64_t step, absl::string_view uri);
+
   const RuleConfig& config() const;
   // Last step observed, -1 before the first.
   int64_t last_step() const;

@@ -1,0 +1,159 @@
+// The write path of trainwatchd. Streams hand every agent message to
+// Submit() without waiting; one writer thread takes them in batches, keeps
+// each run's state (the rule engine, per-rank aggregation, the incidents of
+// its episodes), writes the batch to the store in one transaction, and only
+// then tells the streams which steps are durable.
+//
+// Per-run modes, fixed by the run's first step report:
+//   global: rank 0 streams the reduced record (REPORT_SCOPE_GLOBAL); other
+//           ranks' reports are rank-specific extras, stored but not merged.
+//   ranks:  every rank streams its own record (REPORT_SCOPE_RANK); a step
+//           completes when all world_size ranks reported or after the
+//           aggregation timeout, and the missing ranks are named.
+// Aggregation: loss and log_z are means, grad_norm the maximum (a rank whose
+// gradients explode shows), nonfinite and element counts sums (nan_frac is
+// their ratio), shard ids the union.
+//
+// Thread-safety: Submit(), Snapshot(), Stats() and Flush() from any thread;
+// everything else is the writer thread's.
+
+#ifndef TRAINWATCH_SERVER_INGEST_H_
+#define TRAINWATCH_SERVER_INGEST_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "trainwatch/core/config.h"
+#include "trainwatch/server/clock.h"
+#include "trainwatch/server/store.h"
+#include "trainwatch/v1/agent.pb.h"
+
+namespace trainwatch::server {
+
+struct IngestItem {
+  uint64_t stream_id = 0;
+  int64_t received_ms = 0;
+  trainwatch::v1::AgentMessage message;
+};
+
+// Told about durable steps and incident changes, on the writer thread. An
+// implementation must not block.
+class IngestListener {
+ public:
+  virtual ~IngestListener() = default;
+  // Every step report from `stream_id` for (run, rank) up to `step` is durable.
+  virtual void OnDurable(uint64_t stream_id, const std::string& run_id, int32_t rank,
+                         int64_t step) = 0;
+  virtual void OnIncident(const IncidentRow& incident, bool opened) = 0;
+};
+
+// What the exporter and the operator API read about a run.
+struct RunSnapshot {
+  RunRow row;
+  bool rank_mode = false;
+  StoredStep latest;  // the last evaluated global step
+  bool has_latest = false;
+  int64_t skipped_total = 0;
+  int64_t incidents_total[4] = {0, 0, 0, 0};  // by tier
+  int64_t open_incidents[4] = {0, 0, 0, 0};
+  int64_t missing_rank_steps_total = 0;
+};
+
+struct IngestStats {
+  int64_t records_total = 0;      // step reports taken
+  int64_t duplicates_total = 0;   // step reports already stored
+  int64_t late_total = 0;         // stored, not evaluated
+  int64_t rejected_total = 0;     // malformed, dropped with a log line
+  int64_t batches_total = 0;
+  int64_t queue_depth = 0;
+  int64_t store_errors_total = 0;
+  double last_commit_seconds = 0;
+  double commit_seconds_sum = 0;
+  int64_t last_lag_ms = 0;        // receipt to durable, last batch
+};
+
+struct IngestOptions {
+  core::RuleConfig rules;
+  int64_t aggregation_timeout_ms = 30'000;
+  // Upper bound on one batch, to keep commits short under a flood.
+  size_t max_batch_items = 50'000;
+};
+
+class Ingestor {
+ public:
+  Ingestor(Store* store, const IngestOptions& options, Clock* clock);
+  ~Ingestor();
+  Ingestor(const Ingestor&) = delete;
+  Ingestor& operator=(const Ingestor&) = delete;
+
+  // Rebuilds every run's state from the store: the rule engine by feeding it
+  // the stored records again (deterministic, so windows and episodes come
+  // back exactly), open incidents by episode, pending per-rank steps.
+  // REQUIRES: before Start().
+  absl::Status Recover();
+
+  // REQUIRES: listener outlives the Ingestor; set before Start().
+  void SetListener(IngestListener* listener) { listener_ = listener; }
+  void Start();
+  // Drains what was submitted, writes it, and joins the writer.
+  void Stop();
+
+  // Never blocks on the store.
+  void Submit(IngestItem item);
+  // Waits until everything submitted before the call is durable (tests,
+  // shutdown).
+  void Flush();
+
+  std::vector<RunSnapshot> Snapshot() const;
+  IngestStats Stats() const;
+
+ private:
+  struct RunState;
+  void Loop();
+  void ProcessBatch(std::vector<IngestItem>& items);
+  RunState* RunFor(const std::string& run_id, int32_t world_size, int64_t now);
+  void Handle(IngestItem& item, int64_t now);
+  void HandleStep(RunState& run, const trainwatch::v1::StepReport& r, uint64_t stream,
+                  int64_t now);
+  void Evaluate(RunState& run, StoredStep step, int64_t now);
+  void CompletePending(RunState& run, int64_t now, bool force);
+  void RecordEvents(RunState& run, const std::vector<core::Event>& events, int64_t now);
+  void PublishSnapshot();
+
+  Store* store_;
+  IngestOptions options_;
+  Clock* clock_;
+  IngestListener* listener_ = nullptr;
+
+  mutable absl::Mutex mu_;
+  std::vector<IngestItem> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t submitted_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t done_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread writer_;
+
+  // Writer thread only.
+  std::map<std::string, std::unique_ptr<RunState>> runs_;
+  int64_t next_incident_id_ = 1;
+  WriteBatch batch_;
+  // (stream, run, rank) -> highest step in this batch, for acks.
+  std::map<std::tuple<uint64_t, std::string, int32_t>, int64_t> acks_;
+  std::vector<IncidentRow> changed_incidents_;
+  std::vector<bool> changed_opened_;
+
+  mutable absl::Mutex snap_mu_;
+  std::vector<RunSnapshot> snapshot_ ABSL_GUARDED_BY(snap_mu_);
+  IngestStats stats_ ABSL_GUARDED_BY(snap_mu_);
+};
+
+}  // namespace trainwatch::server
+
+#endif  // TRAINWATCH_SERVER_INGEST_H_

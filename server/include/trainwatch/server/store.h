@@ -1,0 +1,216 @@
+// The system of record: one SQLite file (WAL, synchronous=FULL) holding
+// every run, every step record, every event and incident, the shards they
+// flagged, checkpoints, commands and their acknowledgements, decisions (the
+// audit log) and the pager's outbox.
+//
+// Writes come in batches, one transaction each, from a single writer (the
+// ingest thread): a batch is durable when Write() returns, and only then is
+// anything acknowledged to an agent. Reads may come from any thread; they
+// use their own connection (WAL readers do not block the writer).
+//
+// Thread-safety: Write() and the Load*() rebuild readers are for the writer
+// thread; the query methods marked "any thread" serialise on their own
+// connection.
+
+#ifndef TRAINWATCH_SERVER_STORE_H_
+#define TRAINWATCH_SERVER_STORE_H_
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "trainwatch/core/event.h"
+#include "trainwatch/core/step_record.h"
+
+struct sqlite3;
+
+namespace trainwatch::server {
+
+// One global step record of a run, owned.
+struct StoredStep {
+  int64_t step = 0;
+  std::array<double, core::kNumSignals> values{};
+  uint32_t present = 0;
+  double loss_ema_ratio = 0.0;  // NaN when unknown
+  int64_t nonfinite = -1;       // -1: not reported
+  int64_t elements = -1;
+  int decision = 0;             // core::Decision
+  std::vector<uint64_t> shards;
+  std::string missing_ranks;    // "3,7" when a step completed by timeout
+  bool late = false;            // arrived after later steps: stored, not evaluated
+  int64_t received_ms = 0;
+
+  void Set(core::Signal s, double v) {
+    values[static_cast<int>(s)] = v;
+    present |= core::Bit(s);
+  }
+  bool Has(core::Signal s) const { return (present & core::Bit(s)) != 0; }
+  double Get(core::Signal s) const;
+  // A view for the rule engine; valid while this object lives.
+  core::StepRecord View() const;
+};
+
+struct RunRow {
+  std::string run_id;
+  int32_t world_size = 1;
+  int64_t attempt = 0;     // bumped by each rollback
+  int64_t last_step = -1;  // last global step evaluated
+  int64_t created_ms = 0;
+  int64_t last_seen_ms = 0;
+};
+
+enum class IncidentState : int {
+  kOpen = 1,
+  kAcknowledged = 2,
+  kAwaitingDecision = 3,
+  kRollingBack = 4,
+  kResolved = 5,
+  kDismissed = 6,
+};
+
+struct IncidentRow {
+  int64_t id = 0;
+  std::string run_id;
+  uint64_t episode = 0;
+  int tier = 0;
+  IncidentState state = IncidentState::kOpen;
+  core::EventKind kind = core::EventKind::kSpike;  // the event that opened it
+  std::string title;
+  int64_t onset_step = 0;
+  int64_t detection_step = 0;
+  int64_t recommended_checkpoint_step = -1;
+  std::string recommended_checkpoint_uri;
+  std::vector<uint64_t> shards;
+  std::string actions_json;  // recommended actions, as replay prints them
+  int64_t opened_ms = 0;
+  int64_t updated_ms = 0;
+  int64_t closed_ms = 0;     // 0 while open
+
+  // "I-42": short enough to type.
+  std::string public_id() const { return "I-" + std::to_string(id); }
+};
+
+struct CheckpointRow {
+  std::string run_id;
+  int64_t step = 0;
+  std::string uri;
+  int64_t reported_ms = 0;
+};
+
+struct EventRow {
+  std::string run_id;
+  int64_t incident_id = 0;
+  core::Event event;
+  int64_t created_ms = 0;
+};
+
+struct RankStepRow {
+  std::string run_id;
+  int64_t attempt = 0;
+  int32_t rank = 0;
+  int64_t step = 0;
+  std::string report;  // the serialized StepReport, as received
+};
+
+struct CommandAckRow {
+  std::string command_id;
+  std::string run_id;
+  int32_t rank = 0;
+  int status = 0;
+  std::string message;
+  int64_t resumed_step = -1;
+  int64_t at_ms = 0;
+};
+
+// Everything one ingest cycle writes, in one transaction.
+struct WriteBatch {
+  std::vector<RunRow> runs;  // upserts
+  struct Step {
+    std::string run_id;
+    int64_t attempt = 0;
+    StoredStep step;
+  };
+  std::vector<Step> steps;
+  std::vector<RankStepRow> rank_steps;
+  std::vector<CheckpointRow> checkpoints;
+  std::vector<EventRow> events;
+  std::vector<IncidentRow> incidents;  // upserts by id
+  std::vector<CommandAckRow> command_acks;
+
+  bool empty() const {
+    return runs.empty() && steps.empty() && rank_steps.empty() && checkpoints.empty() &&
+           events.empty() && incidents.empty() && command_acks.empty();
+  }
+  void clear();
+};
+
+struct IncidentFilter {
+  std::string run_id;  // empty: every run
+  bool open_only = false;
+  int tier = -1;       // -1: every tier
+  int64_t after_id = 0;  // paging: ids greater than this
+  int limit = 100;
+};
+
+class Store {
+ public:
+  // Opens (creating if needed) and migrates the database at `path`.
+  static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path);
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  // Writes the batch in one transaction; durable when it returns OK. A
+  // repeated step (same run, attempt and step) or rank record is ignored:
+  // this is where (run, rank, step) deduplication becomes durable.
+  absl::Status Write(const WriteBatch& batch);
+
+  // ---- rebuild on start (writer thread)
+  absl::StatusOr<std::vector<RunRow>> LoadRuns();
+  // Every step of the run's attempt in step order, with the checkpoint uri
+  // reported at that step (empty if none).
+  absl::Status ForEachStep(const std::string& run_id, int64_t attempt,
+                           const std::function<void(const StoredStep&, const std::string&)>& fn);
+  absl::StatusOr<std::vector<RankStepRow>> LoadRankStepsAfter(const std::string& run_id,
+                                                              int64_t attempt, int64_t step);
+  absl::StatusOr<int64_t> MaxIncidentId();
+
+  // ---- queries (any thread)
+  absl::StatusOr<std::vector<IncidentRow>> ListIncidents(const IncidentFilter& filter);
+  absl::StatusOr<std::optional<IncidentRow>> GetIncident(int64_t id);
+  absl::StatusOr<std::vector<EventRow>> EventsOfIncident(int64_t id);
+  // The last `limit` steps of the run's current attempt, oldest first.
+  absl::StatusOr<std::vector<StoredStep>> RecentSteps(const std::string& run_id, int64_t attempt,
+                                                      int limit);
+  absl::StatusOr<std::vector<StoredStep>> StepsBetween(const std::string& run_id,
+                                                       int64_t attempt, int64_t first,
+                                                       int64_t last);
+  absl::StatusOr<std::vector<CheckpointRow>> Checkpoints(const std::string& run_id);
+  absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> FlaggedShards(
+      const std::string& run_id);  // (shard, incident id)
+  absl::StatusOr<int64_t> CountSteps(const std::string& run_id);
+
+  // Schema version after migrations.
+  int schema_version() const { return schema_version_; }
+
+ private:
+  Store() = default;
+  absl::Status Migrate();
+
+  sqlite3* db_ = nullptr;  // the writer's connection
+  absl::Mutex read_mu_;
+  sqlite3* read_db_ ABSL_GUARDED_BY(read_mu_) = nullptr;
+  int schema_version_ = 0;
+};
+
+}  // namespace trainwatch::server
+
+#endif  // TRAINWATCH_SERVER_STORE_H_

@@ -1,0 +1,608 @@
+#include "trainwatch/server/ingest.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <set>
+#include <utility>
+
+#include "log.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "trainwatch/core/json.h"
+#include "trainwatch/core/rule_engine.h"
+
+namespace trainwatch::server {
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+using core::Signal;
+using trainwatch::v1::StepReport;
+
+// Per-rank records of one step, merged as they arrive.
+struct Pending {
+  int64_t first_ms = 0;
+  std::vector<bool> seen;
+  int32_t count = 0;
+  double loss_sum = 0, logz_sum = 0;
+  int loss_n = 0, logz_n = 0;
+  bool loss_nonfinite = false, logz_nonfinite = false;
+  double grad_max = -1;
+  bool grad_seen = false, grad_nonfinite = false;
+  int64_t nonfinite = 0, elements = 0;
+  bool counts_seen = false;
+  double nan_frac_max = -1;
+  StoredStep extras;  // lr, z-loss, activation max, attention p99
+  std::set<uint64_t> shards;
+};
+
+void Merge(Pending& p, const StepReport& r) {
+  const auto& m = r.metrics();
+  if (m.has_loss()) {
+    if (std::isfinite(m.loss())) {
+      p.loss_sum += m.loss();
+      ++p.loss_n;
+    } else {
+      p.loss_nonfinite = true;
+    }
+  }
+  if (m.has_log_z()) {
+    if (std::isfinite(m.log_z())) {
+      p.logz_sum += m.log_z();
+      ++p.logz_n;
+    } else {
+      p.logz_nonfinite = true;
+    }
+  }
+  if (m.has_grad_norm()) {
+    p.grad_seen = true;
+    if (std::isfinite(m.grad_norm())) {
+      p.grad_max = std::max(p.grad_max, m.grad_norm());
+    } else {
+      p.grad_nonfinite = true;
+    }
+  }
+  if (r.element_count() > 0) {
+    p.counts_seen = true;
+    p.nonfinite += static_cast<int64_t>(r.nonfinite_count());
+    p.elements += static_cast<int64_t>(r.element_count());
+  } else if (m.has_nan_frac()) {
+    p.nan_frac_max = std::isfinite(m.nan_frac()) ? std::max(p.nan_frac_max, m.nan_frac()) : 1.0;
+  }
+  if (r.has_learning_rate()) p.extras.Set(Signal::kLearningRate, r.learning_rate());
+  if (r.has_z_loss_alpha()) p.extras.Set(Signal::kZLossAlpha, r.z_loss_alpha());
+  if (r.has_activation_max()) {
+    const double prev = p.extras.Has(Signal::kActivationMax)
+                            ? p.extras.Get(Signal::kActivationMax)
+                            : -std::numeric_limits<double>::infinity();
+    p.extras.Set(Signal::kActivationMax, std::max(prev, r.activation_max()));
+  }
+  for (double v : r.attention_logit_p99()) {
+    const double prev = p.extras.Has(Signal::kAttentionLogitP99)
+                            ? p.extras.Get(Signal::kAttentionLogitP99)
+                            : -std::numeric_limits<double>::infinity();
+    p.extras.Set(Signal::kAttentionLogitP99, std::isfinite(v) ? std::max(prev, v) : v);
+  }
+  for (uint64_t s : r.shard_ids()) p.shards.insert(s);
+}
+
+StoredStep FromPending(int64_t step, const Pending& p, int32_t world_size) {
+  StoredStep s = p.extras;
+  s.step = step;
+  if (p.loss_nonfinite) {
+    s.Set(Signal::kLoss, kNaN);
+  } else if (p.loss_n > 0) {
+    s.Set(Signal::kLoss, p.loss_sum / p.loss_n);
+  }
+  if (p.logz_nonfinite) {
+    s.Set(Signal::kLogZ, kNaN);
+  } else if (p.logz_n > 0) {
+    s.Set(Signal::kLogZ, p.logz_sum / p.logz_n);
+  }
+  if (p.grad_seen) s.Set(Signal::kGradNorm, p.grad_nonfinite ? kNaN : p.grad_max);
+  if (p.counts_seen) {
+    s.nonfinite = p.nonfinite;
+    s.elements = p.elements;
+    s.Set(Signal::kNanFrac,
+          p.elements > 0 ? static_cast<double>(p.nonfinite) / static_cast<double>(p.elements)
+                         : 0.0);
+  } else if (p.nan_frac_max >= 0) {
+    s.Set(Signal::kNanFrac, p.nan_frac_max);
+  }
+  s.shards.assign(p.shards.begin(), p.shards.end());
+  std::vector<int32_t> missing;
+  for (int32_t r = 0; r < world_size; ++r) {
+    if (r >= static_cast<int32_t>(p.seen.size()) || !p.seen[r]) missing.push_back(r);
+  }
+  s.missing_ranks = absl::StrJoin(missing, ",");
+  return s;
+}
+
+StoredStep FromReport(const StepReport& r) {
+  Pending p;
+  Merge(p, r);
+  StoredStep s = FromPending(r.step(), p, 0);
+  // A global record carries nan_frac as reported when it has no counts.
+  if (r.element_count() == 0 && r.metrics().has_nan_frac()) {
+    s.Set(Signal::kNanFrac, r.metrics().nan_frac());
+  }
+  return s;
+}
+
+std::string ActionsJson(const core::Event& e) {
+  std::string out = "[";
+  for (size_t i = 0; i < e.recommended_actions.size(); ++i) {
+    const auto& a = e.recommended_actions[i];
+    if (i) out += ",";
+    out += "{\"kind\":";
+    core::AppendJsonString(&out, core::RecommendedActionKindName(a.kind));
+    absl::StrAppend(&out, ",\"shard_first\":", a.shard_first, ",\"shard_last\":", a.shard_last,
+                    ",\"z_loss_alpha\":");
+    core::AppendJsonNumber(&out, a.z_loss_alpha);
+    out += ",\"tensor\":";
+    core::AppendJsonString(&out, a.tensor);
+    out += ",\"text\":";
+    core::AppendJsonString(&out, a.text);
+    out += "}";
+  }
+  return out + "]";
+}
+
+IncidentState InitialState(const core::Event& e) {
+  if (e.action == core::Action::kPage || e.action == core::Action::kHalt) {
+    return IncidentState::kAwaitingDecision;
+  }
+  // A transient is over when it is reported: a record, not a open matter.
+  if (e.kind == core::EventKind::kTransient) return IncidentState::kResolved;
+  return IncidentState::kOpen;
+}
+
+bool IsClosed(IncidentState s) {
+  return s == IncidentState::kResolved || s == IncidentState::kDismissed;
+}
+
+}  // namespace
+
+struct Ingestor::RunState {
+  RunRow row;
+  bool mode_known = false;
+  bool rank_mode = false;
+  std::unique_ptr<core::RuleEngine> engine;
+  core::StepOutcome out;
+  std::map<int64_t, Pending> pending;
+  std::map<uint64_t, IncidentRow> incidents;  // by episode
+  StoredStep latest;
+  bool has_latest = false;
+  bool row_dirty = false;
+  int64_t skipped_total = 0;
+  int64_t incidents_total[4] = {0, 0, 0, 0};
+  int64_t missing_rank_steps_total = 0;
+};
+
+Ingestor::Ingestor(Store* store, const IngestOptions& options, Clock* clock)
+    : store_(store), options_(options), clock_(clock) {}
+
+Ingestor::~Ingestor() { Stop(); }
+
+Ingestor::RunState* Ingestor::RunFor(const std::string& run_id, int32_t world_size,
+                                     int64_t now) {
+  auto it = runs_.find(run_id);
+  if (it == runs_.end()) {
+    auto rs = std::make_unique<RunState>();
+    rs->row.run_id = run_id;
+    rs->row.world_size = std::max(1, world_size);
+    rs->row.created_ms = now;
+    rs->row.last_seen_ms = now;
+    rs->engine = std::make_unique<core::RuleEngine>(options_.rules);
+    rs->row_dirty = true;
+    it = runs_.emplace(run_id, std::move(rs)).first;
+  }
+  RunState& r = *it->second;
+  if (world_size > r.row.world_size) {
+    r.row.world_size = world_size;
+    r.row_dirty = true;
+  }
+  r.row.last_seen_ms = now;
+  return &r;
+}
+
+absl::Status Ingestor::Recover() {
+  absl::StatusOr<std::vector<RunRow>> runs = store_->LoadRuns();
+  if (!runs.ok()) return runs.status();
+  absl::StatusOr<int64_t> max_id = store_->MaxIncidentId();
+  if (!max_id.ok()) return max_id.status();
+  next_incident_id_ = *max_id + 1;
+  for (const RunRow& row : *runs) {
+    auto rs = std::make_unique<RunState>();
+    rs->row = row;
+    rs->engine = std::make_unique<core::RuleEngine>(options_.rules);
+    RunState& r = *rs;
+    int64_t steps = 0;
+    absl::Status st = store_->ForEachStep(
+        row.run_id, row.attempt, [&](const StoredStep& s, const std::string& ckpt) {
+          core::StepRecord rec = s.View();
+          rec.checkpoint_uri = ckpt;
+          // Events were stored the first time; this only rebuilds state.
+          if (r.engine->Observe(rec, &r.out).ok()) {
+            r.latest = s;
+            r.has_latest = true;
+            r.skipped_total += s.decision == static_cast<int>(core::Decision::kSkipUpdate);
+            ++steps;
+          }
+        });
+    if (!st.ok()) return st;
+    // Checkpoints reported apart from steps (and after the last one).
+    absl::StatusOr<std::vector<CheckpointRow>> cks = store_->Checkpoints(row.run_id);
+    if (!cks.ok()) return cks.status();
+    for (const CheckpointRow& c : *cks) r.engine->NoteCheckpoint(c.step, c.uri);
+    IncidentFilter f;
+    f.run_id = row.run_id;
+    f.limit = 1 << 30;
+    absl::StatusOr<std::vector<IncidentRow>> inc = store_->ListIncidents(f);
+    if (!inc.ok()) return inc.status();
+    for (IncidentRow& i : *inc) {
+      r.incidents_total[std::clamp(i.tier, 0, 3)]++;
+      if (!IsClosed(i.state)) r.incidents[i.episode] = std::move(i);
+    }
+    // Per-rank records of steps not yet completed.
+    absl::StatusOr<std::vector<RankStepRow>> ranks =
+        store_->LoadRankStepsAfter(row.run_id, row.attempt, row.last_step);
+    if (!ranks.ok()) return ranks.status();
+    for (const RankStepRow& rk : *ranks) {
+      StepReport rep;
+      if (!rep.ParseFromString(rk.report)) continue;
+      r.mode_known = true;
+      r.rank_mode = true;
+      Pending& p = r.pending[rk.step];
+      if (p.first_ms == 0) p.first_ms = clock_->NowMs();
+      if (static_cast<int32_t>(p.seen.size()) < row.world_size) p.seen.resize(row.world_size);
+      if (rk.rank < row.world_size && !p.seen[rk.rank]) {
+        p.seen[rk.rank] = true;
+        ++p.count;
+        Merge(p, rep);
+      }
+    }
+    if (!r.mode_known && steps > 0) r.mode_known = true;
+    LOG(INFO) << "recovered run " << row.run_id << ": " << steps << " steps, "
+              << r.incidents.size() << " open incidents, " << r.pending.size()
+              << " pending steps";
+    runs_.emplace(row.run_id, std::move(rs));
+  }
+  PublishSnapshot();
+  return absl::OkStatus();
+}
+
+void Ingestor::Start() {
+  writer_ = std::thread([this] { Loop(); });
+}
+
+void Ingestor::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return;
+    stop_ = true;
+  }
+  if (writer_.joinable()) writer_.join();
+}
+
+void Ingestor::Submit(IngestItem item) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(item));
+  ++submitted_;
+}
+
+void Ingestor::Flush() {
+  absl::MutexLock lock(&mu_);
+  const uint64_t target = submitted_;
+  auto done = [this, target]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return done_ >= target || (stop_ && !writer_.joinable());
+  };
+  mu_.Await(absl::Condition(&done));
+}
+
+void Ingestor::Loop() {
+  std::vector<IngestItem> items;
+  for (;;) {
+    bool stopping;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !queue_.empty() || stop_; };
+      // Wake at least every 50 ms for aggregation timeouts.
+      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(50));
+      stopping = stop_;
+      if (queue_.size() <= options_.max_batch_items) {
+        items.swap(queue_);
+      } else {
+        items.assign(std::make_move_iterator(queue_.begin()),
+                     std::make_move_iterator(queue_.begin() + options_.max_batch_items));
+        queue_.erase(queue_.begin(), queue_.begin() + options_.max_batch_items);
+      }
+    }
+    const size_t n = items.size();
+    ProcessBatch(items);
+    items.clear();
+    {
+      absl::MutexLock lock(&mu_);
+      done_ += n;
+      if (stopping && queue_.empty()) break;
+    }
+  }
+}
+
+void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
+  const int64_t now = clock_->NowMs();
+  int64_t oldest_ms = now;
+  for (IngestItem& item : items) {
+    oldest_ms = std::min(oldest_ms, item.received_ms);
+    Handle(item, now);
+  }
+  for (auto& [id, run] : runs_) CompletePending(*run, now, /*force=*/false);
+  for (auto& [id, run] : runs_) {
+    if (run->row_dirty) {
+      batch_.runs.push_back(run->row);
+      run->row_dirty = false;
+    }
+  }
+  if (batch_.empty() && acks_.empty()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status st = store_->Write(batch_);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  {
+    absl::MutexLock lock(&snap_mu_);
+    stats_.batches_total++;
+    stats_.last_commit_seconds = seconds;
+    stats_.commit_seconds_sum += seconds;
+    stats_.last_lag_ms = clock_->NowMs() - oldest_ms;
+    if (!st.ok()) stats_.store_errors_total++;
+  }
+  batch_.clear();
+  if (!st.ok()) {
+    // Nothing of this batch is acknowledged: agents keep the records and send
+    // them again after a reconnect.
+    LOG(ERROR) << "store write failed, batch not acknowledged: " << st;
+    acks_.clear();
+    changed_incidents_.clear();
+    changed_opened_.clear();
+    return;
+  }
+  if (listener_ != nullptr) {
+    for (const auto& [key, step] : acks_) {
+      listener_->OnDurable(std::get<0>(key), std::get<1>(key), std::get<2>(key), step);
+    }
+    for (size_t i = 0; i < changed_incidents_.size(); ++i) {
+      listener_->OnIncident(changed_incidents_[i], changed_opened_[i]);
+    }
+  }
+  acks_.clear();
+  changed_incidents_.clear();
+  changed_opened_.clear();
+  PublishSnapshot();
+}
+
+void Ingestor::Handle(IngestItem& item, int64_t now) {
+  const auto& m = item.message;
+  switch (m.kind_case()) {
+    case trainwatch::v1::AgentMessage::kHello: {
+      if (m.hello().run_id().empty()) break;
+      RunFor(m.hello().run_id(), m.hello().world_size(), now);
+      break;
+    }
+    case trainwatch::v1::AgentMessage::kStepReport: {
+      const StepReport& r = m.step_report();
+      RunState* run = RunFor(r.run_id(), r.world_size(), now);
+      HandleStep(*run, r, item.stream_id, now);
+      break;
+    }
+    case trainwatch::v1::AgentMessage::kCheckpoint: {
+      const auto& c = m.checkpoint();
+      RunState* run = RunFor(c.run_id(), 0, now);
+      run->engine->NoteCheckpoint(c.step(), c.uri());
+      batch_.checkpoints.push_back({c.run_id(), c.step(), c.uri(), now});
+      break;
+    }
+    case trainwatch::v1::AgentMessage::kCommandAck: {
+      const auto& a = m.command_ack();
+      batch_.command_acks.push_back({a.command_id(), a.run_id(), a.rank(),
+                                     static_cast<int>(a.status()), a.message(),
+                                     a.has_resumed_step() ? a.resumed_step() : -1, now});
+      break;
+    }
+    case trainwatch::v1::AgentMessage::kHeartbeat:
+    case trainwatch::v1::AgentMessage::KIND_NOT_SET:
+      break;
+  }
+}
+
+void Ingestor::HandleStep(RunState& run, const StepReport& r, uint64_t stream, int64_t now) {
+  {
+    absl::MutexLock lock(&snap_mu_);
+    stats_.records_total++;
+  }
+  auto& ack = acks_[{stream, r.run_id(), r.rank()}];
+  ack = std::max(ack, r.step());
+  const bool rank_scope = r.scope() == trainwatch::v1::REPORT_SCOPE_RANK;
+  if (!run.mode_known) {
+    run.mode_known = true;
+    run.rank_mode = rank_scope;
+  }
+  if (rank_scope) {
+    // Durable on its own (dedup by run, attempt, step, rank in the store).
+    batch_.rank_steps.push_back(
+        {run.row.run_id, run.row.attempt, r.rank(), r.step(), r.SerializeAsString()});
+    if (!run.rank_mode) return;  // a rank-specific extra next to the global record
+    if (r.step() <= run.row.last_step) {
+      absl::MutexLock lock(&snap_mu_);
+      stats_.duplicates_total++;
+      return;
+    }
+    if (r.rank() < 0 || r.rank() >= run.row.world_size) {
+      LOG(WARNING) << "run " << run.row.run_id << ": rank " << r.rank()
+                   << " outside world size " << run.row.world_size << "; record stored only";
+      absl::MutexLock lock(&snap_mu_);
+      stats_.rejected_total++;
+      return;
+    }
+    Pending& p = run.pending[r.step()];
+    if (p.first_ms == 0) p.first_ms = now;
+    if (static_cast<int32_t>(p.seen.size()) < run.row.world_size) {
+      p.seen.resize(run.row.world_size);
+    }
+    if (p.seen[r.rank()]) {
+      absl::MutexLock lock(&snap_mu_);
+      stats_.duplicates_total++;
+      return;
+    }
+    p.seen[r.rank()] = true;
+    ++p.count;
+    Merge(p, r);
+    return;
+  }
+  StoredStep s = FromReport(r);
+  s.received_ms = now;
+  if (r.step() <= run.row.last_step) {
+    // Already evaluated: a re-send after a reconnect (ignored by the store)
+    // or a record that arrived after later ones (stored, not evaluated).
+    s.late = true;
+    s.decision = r.update_skipped() ? static_cast<int>(core::Decision::kSkipUpdate) : 0;
+    batch_.steps.push_back({run.row.run_id, run.row.attempt, std::move(s)});
+    absl::MutexLock lock(&snap_mu_);
+    stats_.duplicates_total++;
+    return;
+  }
+  Evaluate(run, std::move(s), now);
+}
+
+void Ingestor::CompletePending(RunState& run, int64_t now, bool force) {
+  while (!run.pending.empty()) {
+    auto it = run.pending.begin();
+    const Pending& p = it->second;
+    const bool complete = p.count >= run.row.world_size;
+    const bool timed_out = now - p.first_ms >= options_.aggregation_timeout_ms;
+    if (!complete && !timed_out && !force) break;
+    StoredStep s = FromPending(it->first, p, run.row.world_size);
+    s.received_ms = now;
+    if (!s.missing_ranks.empty()) {
+      ++run.missing_rank_steps_total;
+      LOG(WARNING) << "run " << run.row.run_id << " step " << it->first
+                   << " completed without ranks " << s.missing_ranks;
+    }
+    run.pending.erase(it);
+    Evaluate(run, std::move(s), now);
+  }
+}
+
+void Ingestor::Evaluate(RunState& run, StoredStep s, int64_t now) {
+  core::StepRecord rec = s.View();
+  if (absl::Status st = run.engine->Observe(rec, &run.out); !st.ok()) {
+    LOG(WARNING) << "run " << run.row.run_id << ": " << st;
+    return;
+  }
+  s.loss_ema_ratio = run.out.loss_ema_ratio;
+  s.decision = static_cast<int>(run.out.verdict.decision);
+  if (run.out.verdict.decision == core::Decision::kSkipUpdate) ++run.skipped_total;
+  run.row.last_step = s.step;
+  run.row_dirty = true;
+  run.latest = s;
+  run.has_latest = true;
+  batch_.steps.push_back({run.row.run_id, run.row.attempt, std::move(s)});
+  if (!run.out.events.empty()) RecordEvents(run, run.out.events, now);
+}
+
+void Ingestor::RecordEvents(RunState& run, const std::vector<core::Event>& events,
+                            int64_t now) {
+  for (const core::Event& e : events) {
+    auto it = run.incidents.find(e.episode);
+    bool opened = false;
+    if (it == run.incidents.end()) {
+      if (e.action == core::Action::kNone) {
+        // A note about an episode whose incident already closed.
+        batch_.events.push_back({run.row.run_id, 0, e, now});
+        continue;
+      }
+      IncidentRow inc;
+      inc.id = next_incident_id_++;
+      inc.run_id = run.row.run_id;
+      inc.episode = e.episode;
+      inc.tier = e.tier;
+      inc.state = InitialState(e);
+      inc.kind = e.kind;
+      inc.onset_step = e.onset_step;
+      inc.opened_ms = now;
+      if (IsClosed(inc.state)) inc.closed_ms = now;
+      it = run.incidents.emplace(e.episode, std::move(inc)).first;
+      run.incidents_total[std::clamp(e.tier, 0, 3)]++;
+      opened = true;
+    }
+    IncidentRow& inc = it->second;
+    if (e.action != core::Action::kNone && (opened || e.tier >= inc.tier)) {
+      // The event with the highest tier so far defines the incident.
+      if (e.tier > inc.tier) run.incidents_total[std::clamp(e.tier, 0, 3)]++;
+      inc.tier = e.tier;
+      inc.kind = e.kind;
+      inc.title = absl::StrFormat("tier %d %s at step %d: %s", e.tier,
+                                  core::EventKindName(e.kind), e.step, e.reason);
+      if (inc.title.size() > 240) inc.title = inc.title.substr(0, 237) + "...";
+      inc.onset_step = std::min(inc.onset_step, e.onset_step);
+      inc.detection_step = e.step;
+      inc.recommended_checkpoint_step = e.recommended_checkpoint_step;
+      inc.recommended_checkpoint_uri = e.recommended_checkpoint_uri;
+      if (!e.shards.empty()) inc.shards = e.shards;
+      inc.actions_json = ActionsJson(e);
+      if (!opened && (e.action == core::Action::kPage || e.action == core::Action::kHalt) &&
+          !IsClosed(inc.state) && inc.state != IncidentState::kRollingBack) {
+        inc.state = IncidentState::kAwaitingDecision;
+      }
+    }
+    if (e.closes_episode && !IsClosed(inc.state) && inc.state != IncidentState::kRollingBack) {
+      inc.state = IncidentState::kResolved;
+      inc.closed_ms = now;
+    }
+    inc.updated_ms = now;
+    batch_.events.push_back({run.row.run_id, inc.id, e, now});
+    batch_.incidents.push_back(inc);
+    changed_incidents_.push_back(inc);
+    changed_opened_.push_back(opened);
+    if (IsClosed(inc.state)) run.incidents.erase(it);
+  }
+}
+
+void Ingestor::PublishSnapshot() {
+  std::vector<RunSnapshot> snap;
+  snap.reserve(runs_.size());
+  for (const auto& [id, r] : runs_) {
+    RunSnapshot s;
+    s.row = r->row;
+    s.rank_mode = r->rank_mode;
+    s.latest = r->latest;
+    s.has_latest = r->has_latest;
+    s.skipped_total = r->skipped_total;
+    s.missing_rank_steps_total = r->missing_rank_steps_total;
+    for (int t = 0; t < 4; ++t) s.incidents_total[t] = r->incidents_total[t];
+    for (const auto& [ep, inc] : r->incidents) s.open_incidents[std::clamp(inc.tier, 0, 3)]++;
+    snap.push_back(std::move(s));
+  }
+  absl::MutexLock lock(&snap_mu_);
+  snapshot_ = std::move(snap);
+}
+
+std::vector<RunSnapshot> Ingestor::Snapshot() const {
+  absl::MutexLock lock(&snap_mu_);
+  return snapshot_;
+}
+
+IngestStats Ingestor::Stats() const {
+  IngestStats s;
+  {
+    absl::MutexLock lock(&snap_mu_);
+    s = stats_;
+  }
+  absl::MutexLock lock(&mu_);
+  s.queue_depth = static_cast<int64_t>(queue_.size());
+  return s;
+}
+
+}  // namespace trainwatch::server

@@ -1,0 +1,119 @@
+// The store: migrations, one-transaction batches, deduplication, reads.
+
+#include <sqlite3.h>
+
+#include <cmath>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include "test_util.h"
+#include "trainwatch/server/store.h"
+
+namespace trainwatch::server {
+namespace {
+
+using testing::TempDir;
+
+StoredStep MakeStep(int64_t step, double loss) {
+  StoredStep s;
+  s.step = step;
+  s.Set(core::Signal::kLoss, loss);
+  s.Set(core::Signal::kGradNorm, 1.0);
+  s.loss_ema_ratio = 1.0;
+  s.shards = {7, static_cast<uint64_t>(step)};
+  s.received_ms = 1000 + step;
+  return s;
+}
+
+TEST_CASE("store: migrates, writes a batch, deduplicates and reads back", "[server][store]") {
+  TempDir dir;
+  const std::string db = dir.File("tw.db");
+  {
+    auto store = Store::Open(db);
+    REQUIRE(store.ok());
+    CHECK((*store)->schema_version() == 1);
+    WriteBatch b;
+    b.runs.push_back({"run-a", 4, 0, 2, 1, 2});
+    for (int64_t s = 0; s < 3; ++s) b.steps.push_back({"run-a", 0, MakeStep(s, 2.5 - 0.1 * s)});
+    StoredStep nan_step = MakeStep(3, 0);
+    nan_step.Set(core::Signal::kLoss, std::nan(""));
+    b.steps.push_back({"run-a", 0, nan_step});
+    b.checkpoints.push_back({"run-a", 2, "ckpt://a/2", 5});
+    IncidentRow inc;
+    inc.id = 1;
+    inc.run_id = "run-a";
+    inc.episode = 3;
+    inc.tier = 2;
+    inc.state = IncidentState::kAwaitingDecision;
+    inc.title = "tier 2";
+    inc.shards = {10, 11};
+    inc.actions_json = "[]";
+    b.incidents.push_back(inc);
+    REQUIRE((*store)->Write(b).ok());
+    // The same steps again (a re-send): ignored, not an error.
+    WriteBatch again;
+    again.steps.push_back({"run-a", 0, MakeStep(1, 9.9)});
+    REQUIRE((*store)->Write(again).ok());
+    auto count = (*store)->CountSteps("run-a");
+    REQUIRE(count.ok());
+    CHECK(*count == 4);
+  }
+  auto store = Store::Open(db);  // reopen: no migration twice
+  REQUIRE(store.ok());
+  auto runs = (*store)->LoadRuns();
+  REQUIRE(runs.ok());
+  REQUIRE(runs->size() == 1);
+  CHECK((*runs)[0].world_size == 4);
+  std::vector<StoredStep> seen;
+  std::vector<std::string> ckpts;
+  REQUIRE((*store)
+              ->ForEachStep("run-a", 0,
+                            [&](const StoredStep& s, const std::string& c) {
+                              seen.push_back(s);
+                              ckpts.push_back(c);
+                            })
+              .ok());
+  REQUIRE(seen.size() == 4);
+  CHECK(seen[1].Get(core::Signal::kLoss) == Approx(2.4));  // the first write won
+  CHECK(seen[1].shards == std::vector<uint64_t>{7, 1});
+  CHECK(ckpts[2] == "ckpt://a/2");
+  CHECK(seen[3].Has(core::Signal::kLoss));  // a reported NaN stays reported
+  CHECK(std::isnan(seen[3].Get(core::Signal::kLoss)));
+  CHECK_FALSE(seen[0].Has(core::Signal::kLogZ));
+  auto inc = (*store)->GetIncident(1);
+  REQUIRE(inc.ok());
+  REQUIRE(inc->has_value());
+  CHECK((*inc)->state == IncidentState::kAwaitingDecision);
+  auto flagged = (*store)->FlaggedShards("run-a");
+  REQUIRE(flagged.ok());
+  CHECK(flagged->size() == 2);
+  IncidentFilter open;
+  open.open_only = true;
+  auto list = (*store)->ListIncidents(open);
+  REQUIRE(list.ok());
+  CHECK(list->size() == 1);
+}
+
+TEST_CASE("store: refuses a database from a newer version", "[server][store]") {
+  TempDir dir;
+  const std::string path = dir.File("tw.db");
+  REQUIRE(Store::Open(path).ok());
+  sqlite3* db = nullptr;
+  REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
+  REQUIRE(sqlite3_exec(db, "PRAGMA user_version=99", nullptr, nullptr, nullptr) == SQLITE_OK);
+  sqlite3_close(db);
+  auto again = Store::Open(path);
+  REQUIRE_FALSE(again.ok());
+  CHECK(std::string(again.status().message()).find("newer than this trainwatchd") !=
+        std::string::npos);
+}
+
+TEST_CASE("store: a path that cannot be opened is a clear error", "[server][store]") {
+  auto s = Store::Open("/nonexistent/dir/tw.db");
+  REQUIRE_FALSE(s.ok());
+  CHECK(std::string(s.status().message()).find("cannot open database") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace trainwatch::server

@@ -1,0 +1,126 @@
+#include "test_util.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+namespace trainwatch::testing {
+
+TempDir::TempDir() {
+  char tmpl[] = "/tmp/trainwatch_test_XXXXXX";
+  path_ = mkdtemp(tmpl);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+v1::AgentMessage Hello(const std::string& run, int32_t rank, int32_t world) {
+  v1::AgentMessage m;
+  auto* h = m.mutable_hello();
+  h->set_run_id(run);
+  h->set_rank(rank);
+  h->set_world_size(world);
+  h->set_agent_version("test");
+  h->set_host_name("localhost");
+  return m;
+}
+
+v1::AgentMessage Step(const std::string& run, int32_t rank, int32_t world, int64_t step,
+                      double loss, double grad_norm, double log_z, v1::ReportScope scope) {
+  v1::AgentMessage m;
+  auto* r = m.mutable_step_report();
+  r->set_run_id(run);
+  r->set_rank(rank);
+  r->set_world_size(world);
+  r->set_step(step);
+  r->set_scope(scope);
+  r->mutable_metrics()->set_loss(loss);
+  r->mutable_metrics()->set_grad_norm(grad_norm);
+  r->mutable_metrics()->set_log_z(log_z);
+  r->mutable_metrics()->set_nan_frac(0.0);
+  r->add_shard_ids(1000000 + static_cast<uint64_t>(step));
+  return m;
+}
+
+TestAgent::TestAgent(const std::shared_ptr<grpc::Channel>& channel, const std::string& token,
+                     std::chrono::seconds deadline)
+    : stub_(v1::AgentService::NewStub(channel)) {
+  if (!token.empty()) ctx_.AddMetadata("authorization", "Bearer " + token);
+  ctx_.set_deadline(std::chrono::system_clock::now() + deadline);
+  stream_ = stub_->Stream(&ctx_);
+}
+
+int64_t TestAgent::durable(int32_t rank) const {
+  return rank < static_cast<int32_t>(durable_.size()) ? durable_[rank] : -1;
+}
+
+bool TestAgent::WaitDurable(int32_t rank, int64_t step) {
+  v1::ServerMessage m;
+  while (durable(rank) < step) {
+    if (!stream_->Read(&m)) return false;
+    if (!m.has_durability_ack()) continue;
+    for (const auto& [r, s] : m.durability_ack().durable_step()) {
+      if (r >= static_cast<int32_t>(durable_.size())) durable_.resize(r + 1, -1);
+      durable_[r] = std::max(durable_[r], s);
+    }
+  }
+  return true;
+}
+
+grpc::Status TestAgent::Close() {
+  stream_->WritesDone();
+  v1::ServerMessage m;
+  while (stream_->Read(&m)) {
+  }
+  return stream_->Finish();
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string body;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[8192];
+      ssize_t n;
+      std::string resp;
+      while ((n = read(fd, buf, sizeof buf)) > 0) resp.append(buf, static_cast<size_t>(n));
+      const size_t split = resp.find("\r\n\r\n");
+      if (split != std::string::npos) body = resp.substr(split + 4);
+    }
+  }
+  close(fd);
+  return body;
+}
+
+int RunCommand(const std::string& command, const std::string& input, std::string* output) {
+  char tmpl[] = "/tmp/trainwatch_cmd_XXXXXX";
+  const int fd = mkstemp(tmpl);
+  if (fd < 0) return -1;
+  close(fd);
+  const std::string in_path = std::string(tmpl) + ".in";
+  std::ofstream(in_path, std::ios::binary) << input;
+  const std::string full = "( " + command + " ) < " + in_path + " > " + tmpl + " 2>&1";
+  const int status = std::system(full.c_str());
+  std::ifstream out(tmpl, std::ios::binary);
+  output->assign(std::istreambuf_iterator<char>(out), std::istreambuf_iterator<char>());
+  std::remove(tmpl);
+  std::remove(in_path.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace trainwatch::testing

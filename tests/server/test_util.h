@@ -1,0 +1,67 @@
+// Helpers for server tests: temporary folders, a synchronous test agent,
+// message builders, an HTTP GET for /metrics, and running a command.
+
+#ifndef TRAINWATCH_TESTS_SERVER_TEST_UTIL_H_
+#define TRAINWATCH_TESTS_SERVER_TEST_UTIL_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainwatch/v1/agent.grpc.pb.h"
+#include "trainwatch/v1/operator.grpc.pb.h"
+
+namespace trainwatch::testing {
+
+// A fresh folder under /tmp, removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+v1::AgentMessage Hello(const std::string& run, int32_t rank, int32_t world);
+v1::AgentMessage Step(const std::string& run, int32_t rank, int32_t world, int64_t step,
+                      double loss, double grad_norm, double log_z = 8.0,
+                      v1::ReportScope scope = v1::REPORT_SCOPE_GLOBAL);
+
+// One agent stream, driven synchronously.
+class TestAgent {
+ public:
+  explicit TestAgent(const std::shared_ptr<grpc::Channel>& channel,
+                     const std::string& token = "",
+                     std::chrono::seconds deadline = std::chrono::seconds(60));
+  bool Send(const v1::AgentMessage& m) { return stream_->Write(m); }
+  // Reads server messages until `rank`'s durable step reaches `step`;
+  // false if the stream ended first.
+  bool WaitDurable(int32_t rank, int64_t step);
+  int64_t durable(int32_t rank) const;
+  // Half-closes, drains and returns the final status.
+  grpc::Status Close();
+
+ private:
+  grpc::ClientContext ctx_;
+  std::unique_ptr<v1::AgentService::Stub> stub_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::AgentMessage, v1::ServerMessage>> stream_;
+  std::vector<int64_t> durable_;
+};
+
+// GET http://127.0.0.1:port/path; the body, or empty on failure.
+std::string HttpGet(int port, const std::string& path);
+
+// Runs a shell command, feeding `input` to its stdin; returns the exit
+// code, with everything it printed in *output.
+int RunCommand(const std::string& command, const std::string& input, std::string* output);
+
+}  // namespace trainwatch::testing
+
+#endif  // TRAINWATCH_TESTS_SERVER_TEST_UTIL_H_

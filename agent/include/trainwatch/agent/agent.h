@@ -1,0 +1,158 @@
+// The in-process agent a trainer links: one call per step, before
+// optimizer.step(), returns continue / skip_update / halt, decided by the
+// shared rule engine on statistics reduced across ranks, identically on
+// every rank. Everything else (streaming to trainwatchd, reconnects,
+// spilling to disk, commands from the server) happens on background threads
+// and never makes the step wait on the network.
+//
+//   trainwatch::agent::AgentConfig cfg = *AgentConfig::FromEnvironment();
+//   auto agent = *Agent::Create(cfg, std::make_unique<SingleProcessReducer>());
+//   StepInput in;  in.step = step;  in.loss = loss;  in.grads = stats;  ...
+//   Verdict v = agent->Step(in);
+//   if (v.decision == Decision::kHalt) stop();
+//   else if (v.decision != Decision::kSkipUpdate) optimizer.step();
+//
+// Thread-safety: Step() and ReportCheckpoint() from the training thread
+// only (the per-step path is single-producer); the rest from any thread.
+
+#ifndef TRAINWATCH_AGENT_AGENT_H_
+#define TRAINWATCH_AGENT_AGENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "trainwatch/agent/reducer.h"
+#include "trainwatch/core/config.h"
+#include "trainwatch/core/rule_engine.h"
+
+namespace trainwatch::agent {
+
+using core::Decision;
+using core::Verdict;
+
+struct AgentConfig {
+  // trainwatchd's address ("127.0.0.1:7070"); empty: no server, local
+  // decisions only. Env: TRAINWATCH_SERVER.
+  std::string server_address;
+  std::string run_id = "default";  // Env: TRAINWATCH_RUN_ID
+  std::string token;               // Env: TRAINWATCH_TOKEN
+  std::string ca_file;             // TLS to the server; Env: TRAINWATCH_CA_FILE
+  core::RuleConfig rules;
+  // Records waiting for a durable ack, in memory; past this they spill.
+  size_t memory_records = 16384;
+  // Spill folder (Env: TRAINWATCH_SPILL_DIR); empty: no spilling, the
+  // oldest unacknowledged records are dropped past memory_records.
+  std::string spill_dir;
+  size_t spill_max_bytes = 64u << 20;
+  // The lock-free hand-off between the step and the sender thread.
+  size_t ring_records = 4096;
+  int reconnect_initial_ms = 100;
+  int reconnect_max_ms = 30'000;
+  int heartbeat_ms = 5000;
+  std::string host_name;  // reported in hello; default: gethostname()
+
+  // Overrides the fields above from TRAINWATCH_* variables (and RANK /
+  // WORLD_SIZE are the reducer's business, not the config's). Bad values
+  // are errors naming the variable.
+  static absl::StatusOr<AgentConfig> FromEnvironment(AgentConfig defaults);
+  static absl::StatusOr<AgentConfig> FromEnvironment();
+};
+
+// This rank's statistics of one step. Every field is optional: a NaN loss is
+// "reported NaN", an unset one unknown.
+struct StepInput {
+  int64_t step = 0;
+  std::optional<double> loss;
+  // Gradient statistics of this rank's gradients before clipping: sum of
+  // squares over finite elements, nonfinite count, element count (from the
+  // statistics kernels, or the trainer's own).
+  std::optional<double> grad_sum_squares;
+  int64_t grad_nonfinite = 0;
+  int64_t grad_elements = 0;
+  // Sum and count of per-row log Z (so ranks with different row counts
+  // reduce to the true mean); or a ready mean with count 1.
+  double log_z_sum = 0.0;
+  int64_t log_z_rows = 0;
+  std::optional<double> learning_rate;
+  std::optional<double> z_loss_alpha;
+  std::optional<double> activation_max;
+  std::optional<double> attention_logit_p99;
+  absl::Span<const uint64_t> shards;
+};
+
+struct Command {
+  enum class Kind { kRollback, kHalt, kResume };
+  Kind kind = Kind::kHalt;
+  std::string command_id;
+  std::string incident_id;
+  int64_t target_step = -1;
+  std::string checkpoint_uri;
+  std::vector<std::pair<uint64_t, uint64_t>> quarantine;  // inclusive ranges
+  std::optional<double> z_loss_alpha;
+  std::string reason;
+};
+
+enum class AckStatus { kReceived = 1, kApplied = 2, kFailed = 3 };
+
+struct AgentStats {
+  int64_t steps = 0;
+  int64_t records_queued = 0;      // handed to the sender
+  int64_t records_acked = 0;       // durable at the server
+  int64_t records_spilled = 0;
+  int64_t records_dropped = 0;     // lost: memory and spill full, or ring full
+  int64_t reconnects = 0;
+  int64_t durable_step = -1;
+  bool connected = false;
+  size_t unacked = 0;
+  size_t spill_bytes = 0;
+};
+
+class Agent {
+ public:
+  static absl::StatusOr<std::unique_ptr<Agent>> Create(const AgentConfig& config,
+                                                       std::unique_ptr<Reducer> reducer);
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  // Reduces this rank's statistics across ranks, runs the rule engine and
+  // queues the record for the server. Never waits on the network. A failed
+  // collective or a rejected step (not increasing) returns kHalt with the
+  // error in *error, if given: a rank that cannot agree must not train on.
+  Verdict Step(const StepInput& input, std::string* error = nullptr);
+
+  // The trainer saved a checkpoint at `step`.
+  void ReportCheckpoint(int64_t step, const std::string& uri);
+
+  // Commands from the server: by callback (called on a background thread)
+  // and by poll. Each command is delivered once either way.
+  void SetCommandCallback(std::function<void(const Command&)> callback);
+  std::optional<Command> PollCommand();
+  void Acknowledge(const std::string& command_id, AckStatus status,
+                   const std::string& message = "", int64_t resumed_step = -1);
+  // The run's quarantined shard ranges, for the data loader.
+  std::vector<std::pair<uint64_t, uint64_t>> QuarantinedShards() const;
+
+  // The last step's derived numbers (what was reported).
+  const core::StepOutcome& last_outcome() const;
+  AgentStats Stats() const;
+  // Waits up to `timeout_ms` for every record to be durable, then stops the
+  // background threads. Records not acknowledged stay in the spill folder.
+  void Close(int timeout_ms = 5000);
+
+ private:
+  struct Impl;
+  explicit Agent(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trainwatch::agent
+
+#endif  // TRAINWATCH_AGENT_AGENT_H_

@@ -1,0 +1,110 @@
+// Every rank reaches the same verdict: several ranks as threads of one
+// process, each with its own agent and its own local numbers, reduced
+// through one collective per step.
+
+#include <cmath>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "trainwatch/agent/agent.h"
+
+namespace trainwatch::agent {
+namespace {
+
+TEST_CASE("ranks: identical verdicts from different local numbers", "[agent][ranks]") {
+  constexpr int kRanks = 4;
+  constexpr int kSteps = 3000;
+  InProcessGroup group(kRanks);
+  std::vector<std::vector<Decision>> decisions(kRanks);
+  std::vector<std::vector<double>> ratios(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      AgentConfig cfg;  // no server: local decisions only
+      auto agent = Agent::Create(cfg, group.ReducerFor(r));
+      REQUIRE(agent.ok());
+      std::mt19937_64 rng(100 + r);  // each rank sees different batches
+      std::normal_distribution<double> n(0.0, 1.0);
+      for (int64_t s = 0; s < kSteps; ++s) {
+        StepInput in;
+        in.step = s;
+        in.loss = 2.5 + 0.02 * n(rng);
+        in.grad_sum_squares = 0.25 * std::exp(0.1 * n(rng));  // 4 ranks: norm ~1
+        in.grad_elements = 1000;
+        in.log_z_sum = 8.0 * 16 + n(rng);
+        in.log_z_rows = 16;
+        if (s == 2000 && r == 1) {  // one rank's batch is bad: its grads blow up
+          in.loss = 6.0;
+          in.grad_sum_squares = 40.0;
+        }
+        if (s == 2800 && r == 3) in.grad_nonfinite = 3;  // one rank's NaN
+        const Verdict v = (*agent)->Step(in);
+        decisions[r].push_back(v.decision);
+        ratios[r].push_back((*agent)->last_outcome().loss_ema_ratio);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 1; r < kRanks; ++r) {
+    REQUIRE(decisions[r] == decisions[0]);
+    for (int64_t s = 0; s < kSteps; ++s) {
+      // Bit-identical, NaN included.
+      REQUIRE(std::memcmp(&ratios[r][s], &ratios[0][s], sizeof(double)) == 0);
+    }
+  }
+  CHECK(decisions[0][2000] == Decision::kSkipUpdate);  // every rank skips rank 1's batch
+  CHECK(decisions[0][1999] == Decision::kContinue);
+  CHECK(decisions[0][2800] == Decision::kHalt);        // every rank halts on rank 3's NaN
+}
+
+TEST_CASE("ranks: a failed collective halts instead of guessing", "[agent][ranks]") {
+  auto reducer = std::make_unique<CallbackReducer>(
+      0, 2, [](absl::Span<double>, absl::Span<double>) {
+        return absl::UnavailableError("peer gone");
+      });
+  auto agent = Agent::Create(AgentConfig(), std::move(reducer));
+  REQUIRE(agent.ok());
+  StepInput in;
+  in.step = 1;
+  in.loss = 2.0;
+  std::string error;
+  CHECK((*agent)->Step(in, &error).decision == Decision::kHalt);
+  CHECK(error == "cross-rank reduction failed: peer gone");
+}
+
+TEST_CASE("ranks: steps must increase", "[agent][ranks]") {
+  auto agent = Agent::Create(AgentConfig(), std::make_unique<SingleProcessReducer>());
+  REQUIRE(agent.ok());
+  StepInput in;
+  in.step = 5;
+  in.loss = 2.0;
+  CHECK((*agent)->Step(in).decision == Decision::kContinue);
+  std::string error;
+  CHECK((*agent)->Step(in, &error).decision == Decision::kHalt);
+  CHECK(error.find("strictly increase") != std::string::npos);
+}
+
+TEST_CASE("config: from the environment, with clear errors", "[agent][config]") {
+  setenv("TRAINWATCH_SERVER", "127.0.0.1:9", 1);
+  setenv("TRAINWATCH_RUN_ID", "run-env", 1);
+  setenv("TRAINWATCH_MEMORY_RECORDS", "123", 1);
+  auto c = AgentConfig::FromEnvironment();
+  REQUIRE(c.ok());
+  CHECK(c->server_address == "127.0.0.1:9");
+  CHECK(c->run_id == "run-env");
+  CHECK(c->memory_records == 123);
+  setenv("TRAINWATCH_MEMORY_RECORDS", "lots", 1);
+  auto bad = AgentConfig::FromEnvironment();
+  REQUIRE_FALSE(bad.ok());
+  CHECK(std::string(bad.status().message()) ==
+        "TRAINWATCH_MEMORY_RECORDS=lots is not a positive integer");
+  unsetenv("TRAINWATCH_SERVER");
+  unsetenv("TRAINWATCH_RUN_ID");
+  unsetenv("TRAINWATCH_MEMORY_RECORDS");
+}
+
+}  // namespace
+}  // namespace trainwatch::agent

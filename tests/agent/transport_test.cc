@@ -1,0 +1,337 @@
+// The agent's transport against a fake trainwatchd that is down at start,
+// dies mid-run, is slow, repeats acks, or accepts connections and never
+// reads; with spilling to disk and its bound; and commands coming back.
+
+#include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+#include "trainwatch/agent/agent.h"
+#include "trainwatch/v1/agent.grpc.pb.h"
+
+namespace trainwatch::agent {
+namespace {
+
+namespace v1 = trainwatch::v1;
+using Clock = std::chrono::steady_clock;
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// A fake trainwatchd: keeps the distinct steps it saw and acks them.
+class FakeServer final : public v1::AgentService::Service {
+ public:
+  std::atomic<int> ack_delay_ms{0};
+  std::atomic<bool> repeat_acks{false};
+  std::atomic<bool> send_command{false};
+
+  grpc::Status Stream(grpc::ServerContext* ctx,
+                      grpc::ServerReaderWriter<v1::ServerMessage, v1::AgentMessage>* s) override {
+    v1::AgentMessage m;
+    int64_t best = -1;
+    while (s->Read(&m)) {
+      if (m.has_hello() && send_command) {
+        v1::ServerMessage c;
+        c.mutable_command()->set_command_id("cmd-1");
+        auto* rb = c.mutable_command()->mutable_rollback();
+        rb->set_incident_id("I-7");
+        rb->set_target_step(3000);
+        rb->set_checkpoint_uri("ckpt://3000");
+        auto* range = rb->mutable_quarantine()->add_ranges();
+        range->set_first(10);
+        range->set_last(20);
+        rb->add_settings()->set_z_loss_alpha(1e-4);
+        s->Write(c);
+      }
+      if (m.has_command_ack()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        acks_.push_back(m.command_ack());
+      }
+      if (!m.has_step_report()) continue;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        const auto [it, fresh] = steps_.insert(m.step_report().step());
+        if (!fresh) ++duplicates_;
+        ++received_;
+      }
+      best = std::max(best, m.step_report().step());
+      if (ack_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ack_delay_ms));
+      v1::ServerMessage ack;
+      ack.mutable_durability_ack()->set_run_id(m.step_report().run_id());
+      (*ack.mutable_durability_ack()->mutable_durable_step())[m.step_report().rank()] = best;
+      if (!s->Write(ack)) break;
+      if (repeat_acks) {
+        s->Write(ack);
+        (*ack.mutable_durability_ack()->mutable_durable_step())[0] = best - 5;  // stale
+        s->Write(ack);
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+  std::set<int64_t> steps() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return steps_;
+  }
+  std::vector<v1::CommandAck> command_acks() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return acks_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::set<int64_t> steps_;
+  int64_t duplicates_ = 0, received_ = 0;
+  std::vector<v1::CommandAck> acks_;
+};
+
+class Running {
+ public:
+  Running(FakeServer* service, int port) {
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:" + std::to_string(port), grpc::InsecureServerCredentials());
+    b.RegisterService(service);
+    server_ = b.BuildAndStart();
+    REQUIRE(server_ != nullptr);
+  }
+  ~Running() { Stop(); }
+  void Stop() {
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+    server_.reset();
+  }
+
+ private:
+  std::unique_ptr<grpc::Server> server_;
+};
+
+AgentConfig Config(int port) {
+  AgentConfig c;
+  c.server_address = "127.0.0.1:" + std::to_string(port);
+  c.run_id = "run-t";
+  c.reconnect_initial_ms = 20;
+  c.reconnect_max_ms = 200;
+  return c;
+}
+
+// Feeds steps [from, to) and returns the slowest Step() call, in ms.
+double Feed(Agent& a, int64_t from, int64_t to) {
+  double worst = 0;
+  for (int64_t s = from; s < to; ++s) {
+    StepInput in;
+    in.step = s;
+    in.loss = 2.5;
+    in.grad_sum_squares = 1.0;
+    in.grad_elements = 100;
+    const auto t0 = Clock::now();
+    a.Step(in);
+    worst = std::max(worst, std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  return worst;
+}
+
+bool WaitDurable(Agent& a, int64_t step, int seconds = 20) {
+  const auto end = Clock::now() + std::chrono::seconds(seconds);
+  while (Clock::now() < end) {
+    if (a.Stats().durable_step >= step) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+std::set<int64_t> Range(int64_t from, int64_t to) {
+  std::set<int64_t> s;
+  for (int64_t i = from; i < to; ++i) s.insert(i);
+  return s;
+}
+
+TEST_CASE("transport: server down at start, then up: nothing lost", "[agent][transport]") {
+  const int port = FreePort();
+  FakeServer fake;
+  auto agent = Agent::Create(Config(port), std::make_unique<SingleProcessReducer>());
+  REQUIRE(agent.ok());
+  const double worst = Feed(**agent, 0, 500);
+  CHECK(worst < 50.0);  // never waits on the network
+  CHECK_FALSE((*agent)->Stats().connected);
+  Running server(&fake, port);
+  REQUIRE(WaitDurable(**agent, 499));
+  CHECK(fake.steps() == Range(0, 500));
+  CHECK((*agent)->Stats().records_dropped == 0);
+  CHECK((*agent)->Stats().unacked == 0);
+  (*agent)->Close();
+}
+
+TEST_CASE("transport: server dies mid-run and comes back: re-sent, deduplicated",
+          "[agent][transport]") {
+  const int port = FreePort();
+  FakeServer fake;
+  auto agent = Agent::Create(Config(port), std::make_unique<SingleProcessReducer>());
+  REQUIRE(agent.ok());
+  {
+    Running server(&fake, port);
+    Feed(**agent, 0, 300);
+    REQUIRE(WaitDurable(**agent, 299));
+  }  // dies
+  Feed(**agent, 300, 600);
+  CHECK((*agent)->Stats().durable_step < 600);
+  Running again(&fake, port);
+  REQUIRE(WaitDurable(**agent, 599));
+  CHECK(fake.steps() == Range(0, 600));
+  CHECK((*agent)->Stats().reconnects >= 1);
+  (*agent)->Close();
+}
+
+TEST_CASE("transport: slow acks and repeated or stale acks", "[agent][transport]") {
+  const int port = FreePort();
+  FakeServer fake;
+  fake.ack_delay_ms = 2;
+  fake.repeat_acks = true;
+  Running server(&fake, port);
+  auto agent = Agent::Create(Config(port), std::make_unique<SingleProcessReducer>());
+  REQUIRE(agent.ok());
+  const double worst = Feed(**agent, 0, 400);
+  CHECK(worst < 50.0);
+  REQUIRE(WaitDurable(**agent, 399));
+  const AgentStats s = (*agent)->Stats();
+  CHECK(s.durable_step == 399);  // a stale ack never moves it back
+  CHECK(s.records_acked == 400);
+  CHECK(s.unacked == 0);
+  (*agent)->Close();
+}
+
+TEST_CASE("transport: records spill to disk while the server is away, then drain",
+          "[agent][transport][spill]") {
+  const int port = FreePort();
+  const std::string dir = "/tmp/tw_spill_" + std::to_string(port);
+  std::filesystem::remove_all(dir);
+  AgentConfig cfg = Config(port);
+  cfg.memory_records = 50;
+  cfg.spill_dir = dir;
+  FakeServer fake;
+  auto agent = Agent::Create(cfg, std::make_unique<SingleProcessReducer>());
+  REQUIRE(agent.ok());
+  Feed(**agent, 0, 1000);
+  // Let the pump move everything out of the ring.
+  for (int i = 0; i < 100 && (*agent)->Stats().records_spilled < 900; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  AgentStats s = (*agent)->Stats();
+  CHECK(s.records_spilled >= 900);
+  CHECK(s.records_dropped == 0);
+  CHECK(s.spill_bytes > 0);
+  Running server(&fake, port);
+  REQUIRE(WaitDurable(**agent, 999));
+  CHECK(fake.steps() == Range(0, 1000));
+  s = (*agent)->Stats();
+  CHECK(s.spill_bytes == 0);  // acknowledged segments are deleted
+  (*agent)->Close();
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("transport: a full spill drops the oldest records and counts them",
+          "[agent][transport][spill]") {
+  const int port = FreePort();
+  const std::string dir = "/tmp/tw_spillfull_" + std::to_string(port);
+  std::filesystem::remove_all(dir);
+  AgentConfig cfg = Config(port);
+  cfg.memory_records = 20;
+  cfg.spill_dir = dir;
+  cfg.spill_max_bytes = 16 * 1024;
+  FakeServer fake;
+  auto agent = Agent::Create(cfg, std::make_unique<SingleProcessReducer>());
+  REQUIRE(agent.ok());
+  Feed(**agent, 0, 2000);
+  for (int i = 0; i < 100 && (*agent)->Stats().records_dropped == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const AgentStats s = (*agent)->Stats();
+  CHECK(s.records_dropped > 0);
+  CHECK(s.spill_bytes <= 16 * 1024);
+  Running server(&fake, port);
+  REQUIRE(WaitDurable(**agent, 1999));
+  const std::set<int64_t> got = fake.steps();
+  // The newest survived; what was lost is exactly what was counted, oldest first.
+  CHECK(got.count(1999) == 1);
+  CHECK(got.count(0) == 0);
+  CHECK(static_cast<int64_t>(got.size()) + (*agent)->Stats().records_dropped == 2000);
+  (*agent)->Close();
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("transport: a black-holed server (accepts, never reads) does not slow the step",
+          "[agent][transport]") {
+  // A listener whose connections are accepted by the kernel and never read.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(listen(fd, 16) == 0);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  auto agent = Agent::Create(Config(ntohs(a.sin_port)), std::make_unique<SingleProcessReducer>());
+  REQUIRE(agent.ok());
+  const double worst = Feed(**agent, 0, 5000);
+  CHECK(worst < 50.0);
+  CHECK((*agent)->Stats().durable_step == -1);
+  const auto t0 = Clock::now();
+  (*agent)->Close(100);
+  CHECK(Clock::now() - t0 < std::chrono::seconds(5));  // closes despite the hole
+  close(fd);
+}
+
+TEST_CASE("transport: commands reach the trainer by callback and poll; acks go back",
+          "[agent][transport][commands]") {
+  const int port = FreePort();
+  FakeServer fake;
+  fake.send_command = true;
+  Running server(&fake, port);
+  auto agent = Agent::Create(Config(port), std::make_unique<SingleProcessReducer>());
+  REQUIRE(agent.ok());
+  Feed(**agent, 0, 10);
+  std::optional<Command> cmd;
+  for (int i = 0; i < 300 && !cmd; ++i) {
+    cmd = (*agent)->PollCommand();
+    if (!cmd) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(cmd.has_value());
+  CHECK(cmd->kind == Command::Kind::kRollback);
+  CHECK(cmd->command_id == "cmd-1");
+  CHECK(cmd->target_step == 3000);
+  CHECK(cmd->checkpoint_uri == "ckpt://3000");
+  REQUIRE(cmd->quarantine.size() == 1);
+  CHECK(cmd->quarantine[0] == std::make_pair<uint64_t, uint64_t>(10, 20));
+  CHECK(cmd->z_loss_alpha.value_or(0) == 1e-4);
+  (*agent)->Acknowledge("cmd-1", AckStatus::kApplied, "loaded ckpt://3000", 3000);
+  for (int i = 0; i < 300 && fake.command_acks().empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(fake.command_acks().size() == 1);
+  CHECK(fake.command_acks()[0].status() == v1::ACK_STATUS_APPLIED);
+  CHECK(fake.command_acks()[0].resumed_step() == 3000);
+  (*agent)->Close();
+}
+
+}  // namespace
+}  // namespace trainwatch::agent

@@ -81,8 +81,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   // Machine-readable, for scripts and tests that ask for port 0.
-  std::printf("listening on 127.0.0.1:%d metrics 127.0.0.1:%d\n", (*server)->port(),
-              (*server)->metrics_port());
+  std::printf("metrics on 127.0.0.1:%d\nlistening on 127.0.0.1:%d\n", (*server)->metrics_port(),
+              (*server)->port());
   std::fflush(stdout);
   stop.WaitForNotification();
   std::fprintf(stderr, "trainwatchd: signal received, draining\n");

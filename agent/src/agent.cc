@@ -471,6 +471,11 @@ struct Agent::Impl {
     put(in.z_loss_alpha, kZLoss, kHasZLoss);
     put(in.activation_max, kActMax, kHasAct);
     put(in.attention_logit_p99, kAttnP99, kHasAttn);
+    // A max over NaN is not defined the same way by every collective (NCCL's
+    // is not): a nonfinite value travels as +inf, still nonfinite, still seen.
+    for (double& m : maxes) {
+      if (std::isnan(m)) m = std::numeric_limits<double>::infinity();
+    }
     const bool local_nonfinite = in.grad_nonfinite > 0;
     if (absl::Status s = reducer->AllReduce(absl::MakeSpan(sums), absl::MakeSpan(maxes));
         !s.ok()) {

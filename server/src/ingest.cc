@@ -180,7 +180,33 @@ struct Ingestor::RunState {
   int64_t skipped_total = 0;
   int64_t incidents_total[4] = {0, 0, 0, 0};
   int64_t missing_rank_steps_total = 0;
+  // The approved rollback being carried out, until every rank applied it.
+  struct ActiveCommand {
+    std::string id;
+    std::string message;  // the serialized ServerMessage
+    int64_t incident_id = 0;
+    int64_t target_step = 0;
+    std::set<int32_t> applied, failed;
+  };
+  std::optional<ActiveCommand> command;
+  // After a completed rollback: the incident resolves once the run passes
+  // `until_step` without a new tier 2 or 3 event, and re-opens otherwise.
+  struct Watch {
+    int64_t incident_id = 0;
+    uint64_t episode_key = 0;
+    int64_t until_step = 0;
+  };
+  std::optional<Watch> watch;
+  std::vector<std::pair<uint64_t, uint64_t>> quarantined;
 };
+
+namespace {
+// Episode numbers restart with each attempt's fresh engine; incidents are
+// keyed by both.
+uint64_t EpisodeKey(int64_t attempt, uint64_t episode) {
+  return (static_cast<uint64_t>(attempt) << 40) | episode;
+}
+}  // namespace
 
 Ingestor::Ingestor(Store* store, const IngestOptions& options, Clock* clock)
     : store_(store), options_(options), clock_(clock) {}
@@ -215,6 +241,9 @@ absl::Status Ingestor::Recover() {
   absl::StatusOr<int64_t> max_id = store_->MaxIncidentId();
   if (!max_id.ok()) return max_id.status();
   next_incident_id_ = *max_id + 1;
+  absl::StatusOr<int64_t> max_decision = store_->MaxDecisionId();
+  if (!max_decision.ok()) return max_decision.status();
+  next_decision_id_ = *max_decision + 1;
   for (const RunRow& row : *runs) {
     auto rs = std::make_unique<RunState>();
     rs->row = row;
@@ -245,8 +274,36 @@ absl::Status Ingestor::Recover() {
     if (!inc.ok()) return inc.status();
     for (IncidentRow& i : *inc) {
       r.incidents_total[std::clamp(i.tier, 0, 3)]++;
-      if (!IsClosed(i.state)) r.incidents[i.episode] = std::move(i);
+      if (!IsClosed(i.state)) r.incidents[i.episode] = std::move(i);  // episode holds the key
     }
+    // A rollback under way or completed and being watched.
+    for (auto& [key, inc] : r.incidents) {
+      if (inc.state != IncidentState::kRollingBack) continue;
+      absl::StatusOr<std::optional<CommandRow>> cmd = store_->LatestCommand(inc.id);
+      if (!cmd.ok()) return cmd.status();
+      if (!cmd->has_value()) continue;
+      trainwatch::v1::ServerMessage msg;
+      msg.mutable_command()->ParseFromString((*cmd)->payload);
+      RunState::ActiveCommand ac;
+      ac.id = (*cmd)->id;
+      ac.message = msg.SerializeAsString();
+      ac.incident_id = inc.id;
+      ac.target_step = msg.command().rollback().target_step();
+      absl::StatusOr<std::vector<CommandAckRow>> acks = store_->CommandAcks(ac.id);
+      if (!acks.ok()) return acks.status();
+      for (const CommandAckRow& a : *acks) {
+        if (a.status == trainwatch::v1::ACK_STATUS_APPLIED) ac.applied.insert(a.rank);
+        if (a.status == trainwatch::v1::ACK_STATUS_FAILED) ac.failed.insert(a.rank);
+      }
+      if (static_cast<int32_t>(ac.applied.size()) >= row.world_size) {
+        r.watch = RunState::Watch{inc.id, key, inc.detection_step};
+      } else {
+        r.command = std::move(ac);
+      }
+    }
+    absl::StatusOr<std::vector<QuarantineRow>> q = store_->Quarantines(row.run_id);
+    if (!q.ok()) return q.status();
+    for (const QuarantineRow& qr : *q) r.quarantined.emplace_back(qr.first, qr.last);
     // Per-rank records of steps not yet completed.
     absl::StatusOr<std::vector<RankStepRow>> ranks =
         store_->LoadRankStepsAfter(row.run_id, row.attempt, row.last_step);
@@ -305,14 +362,18 @@ void Ingestor::Flush() {
 
 void Ingestor::Loop() {
   std::vector<IngestItem> items;
+  std::vector<Task> tasks;
   for (;;) {
     bool stopping;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !queue_.empty() || stop_; };
+      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return !queue_.empty() || !tasks_.empty() || stop_;
+      };
       // Wake at least every 50 ms for aggregation timeouts.
       mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(50));
       stopping = stop_;
+      tasks.swap(tasks_);
       if (queue_.size() <= options_.max_batch_items) {
         items.swap(queue_);
       } else {
@@ -324,10 +385,22 @@ void Ingestor::Loop() {
     const size_t n = items.size();
     ProcessBatch(items);
     items.clear();
+    if (!tasks.empty()) {
+      // Decisions commit in a batch of their own, after the records that
+      // arrived before them.
+      const int64_t now = clock_->NowMs();
+      for (Task& t : tasks) {
+        DecisionOutcome out = RunDecision(t.request, now);
+        answers_.emplace_back(std::move(t.done), std::move(out));
+      }
+      tasks.clear();
+      std::vector<IngestItem> none;
+      ProcessBatch(none);
+    }
     {
       absl::MutexLock lock(&mu_);
       done_ += n;
-      if (stopping && queue_.empty()) break;
+      if (stopping && queue_.empty() && tasks_.empty()) break;
     }
   }
 }
@@ -346,7 +419,7 @@ void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
       run->row_dirty = false;
     }
   }
-  if (batch_.empty() && acks_.empty()) return;
+  if (batch_.empty() && acks_.empty() && answers_.empty() && outgoing_.empty()) return;
   const auto t0 = std::chrono::steady_clock::now();
   absl::Status st = store_->Write(batch_);
   const double seconds =
@@ -367,8 +440,23 @@ void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
     acks_.clear();
     changed_incidents_.clear();
     changed_opened_.clear();
+    outgoing_.clear();
+    for (auto& [done, out] : answers_) {
+      out.status = absl::UnavailableError(
+          absl::StrCat("the decision could not be recorded: ", st.message()));
+      done(out);
+    }
+    answers_.clear();
     return;
   }
+  for (auto& [done, out] : answers_) done(out);
+  answers_.clear();
+  if (listener_ != nullptr) {
+    for (const auto& [run, stream, bytes] : outgoing_) {
+      listener_->OnServerMessage(run, stream, bytes);
+    }
+  }
+  outgoing_.clear();
   if (listener_ != nullptr) {
     for (const auto& [key, step] : acks_) {
       listener_->OnDurable(std::get<0>(key), std::get<1>(key), std::get<2>(key), step);
@@ -388,7 +476,12 @@ void Ingestor::Handle(IngestItem& item, int64_t now) {
   switch (m.kind_case()) {
     case trainwatch::v1::AgentMessage::kHello: {
       if (m.hello().run_id().empty()) break;
-      RunFor(m.hello().run_id(), m.hello().world_size(), now);
+      RunState* run = RunFor(m.hello().run_id(), m.hello().world_size(), now);
+      // A (re)connected rank gets what it has not applied yet.
+      if (!run->quarantined.empty()) {
+        outgoing_.emplace_back(run->row.run_id, item.stream_id, QuarantineMessage(*run));
+      }
+      SendPendingCommand(*run, item.stream_id, m.hello().rank());
       break;
     }
     case trainwatch::v1::AgentMessage::kStepReport: {
@@ -409,6 +502,7 @@ void Ingestor::Handle(IngestItem& item, int64_t now) {
       batch_.command_acks.push_back({a.command_id(), a.run_id(), a.rank(),
                                      static_cast<int>(a.status()), a.message(),
                                      a.has_resumed_step() ? a.resumed_step() : -1, now});
+      HandleCommandAck(*RunFor(a.run_id(), 0, now), a, now);
       break;
     }
     case trainwatch::v1::AgentMessage::kHeartbeat:
@@ -510,12 +604,120 @@ void Ingestor::Evaluate(RunState& run, StoredStep s, int64_t now) {
   run.has_latest = true;
   batch_.steps.push_back({run.row.run_id, run.row.attempt, std::move(s)});
   if (!run.out.events.empty()) RecordEvents(run, run.out.events, now);
+  if (run.watch && run.row.last_step >= run.watch->until_step) {
+    auto w = run.incidents.find(run.watch->episode_key);
+    if (w != run.incidents.end()) {
+      IncidentRow inc = w->second;
+      inc.state = IncidentState::kResolved;
+      inc.closed_ms = now;
+      inc.updated_ms = now;
+      batch_.incidents.push_back(inc);
+      changed_incidents_.push_back(inc);
+      changed_opened_.push_back(false);
+      run.incidents.erase(w);
+    }
+    run.watch.reset();
+  }
+}
+
+std::string Ingestor::QuarantineMessage(const RunState& run) const {
+  trainwatch::v1::ServerMessage m;
+  auto* q = m.mutable_quarantined_shards();
+  q->set_run_id(run.row.run_id);
+  q->set_version(static_cast<int64_t>(run.quarantined.size()));
+  for (const auto& [first, last] : run.quarantined) {
+    auto* r = q->mutable_shards()->add_ranges();
+    r->set_first(first);
+    r->set_last(last);
+  }
+  return m.SerializeAsString();
+}
+
+void Ingestor::SendPendingCommand(RunState& run, uint64_t stream, int32_t rank) {
+  if (!run.command || run.command->applied.count(rank) > 0) return;
+  outgoing_.emplace_back(run.row.run_id, stream, run.command->message);
+}
+
+void Ingestor::HandleCommandAck(RunState& run, const trainwatch::v1::CommandAck& a,
+                                int64_t now) {
+  if (!run.command || a.command_id() != run.command->id) return;
+  if (a.status() == trainwatch::v1::ACK_STATUS_APPLIED) {
+    run.command->applied.insert(a.rank());
+    run.command->failed.erase(a.rank());
+  } else if (a.status() == trainwatch::v1::ACK_STATUS_FAILED) {
+    run.command->failed.insert(a.rank());
+    LOG(WARNING) << "run " << run.row.run_id << ": rank " << a.rank() << " failed command "
+                 << a.command_id() << ": " << a.message();
+  }
+  if (static_cast<int32_t>(run.command->applied.size()) >= run.row.world_size) {
+    CompleteRollback(run, now);
+  }
+}
+
+void Ingestor::CompleteRollback(RunState& run, int64_t now) {
+  const RunState::ActiveCommand cmd = *run.command;
+  run.command.reset();
+  const int64_t old_attempt = run.row.attempt;
+  const int64_t target = cmd.target_step;
+  // A new attempt: its history is the old one's up to the checkpoint, and
+  // the engine is rebuilt from exactly that.
+  batch_.attempt_copies.push_back({run.row.run_id, old_attempt, old_attempt + 1, target});
+  run.engine = std::make_unique<core::RuleEngine>(options_.rules);
+  run.has_latest = false;
+  int64_t fed = 0;
+  absl::Status st = store_->ForEachStep(
+      run.row.run_id, old_attempt, [&](const StoredStep& s, const std::string& ckpt) {
+        if (s.step > target) return;
+        core::StepRecord rec = s.View();
+        rec.checkpoint_uri = ckpt;
+        if (run.engine->Observe(rec, &run.out).ok()) {
+          run.latest = s;
+          run.has_latest = true;
+          ++fed;
+        }
+      });
+  if (!st.ok()) LOG(ERROR) << "run " << run.row.run_id << ": rebuilding after rollback: " << st;
+  absl::StatusOr<std::vector<CheckpointRow>> cks = store_->Checkpoints(run.row.run_id);
+  if (cks.ok()) {
+    for (const CheckpointRow& c : *cks) {
+      if (c.step <= target) run.engine->NoteCheckpoint(c.step, c.uri);
+    }
+  }
+  run.row.attempt = old_attempt + 1;
+  run.row.last_step = target;
+  run.row_dirty = true;
+  run.pending.clear();
+  for (auto& [key, inc] : run.incidents) {
+    if (inc.id != cmd.incident_id) continue;
+    inc.updated_ms = now;
+    batch_.incidents.push_back(inc);
+    changed_incidents_.push_back(inc);
+    changed_opened_.push_back(false);
+    run.watch = RunState::Watch{inc.id, key, inc.detection_step};
+  }
+  LOG(INFO) << "run " << run.row.run_id << ": rollback " << cmd.id << " applied by all "
+            << run.row.world_size << " ranks; attempt " << run.row.attempt << " resumes after step "
+            << target << " (" << fed << " steps of history)";
 }
 
 void Ingestor::RecordEvents(RunState& run, const std::vector<core::Event>& events,
                             int64_t now) {
   for (const core::Event& e : events) {
-    auto it = run.incidents.find(e.episode);
+    const uint64_t key = EpisodeKey(run.row.attempt, e.episode);
+    if (run.watch && e.tier >= 2 && e.action != core::Action::kNone) {
+      // The failure came back after the rollback: the incident re-opens.
+      auto w = run.incidents.find(run.watch->episode_key);
+      if (w != run.incidents.end()) {
+        w->second.state = IncidentState::kAwaitingDecision;
+        w->second.updated_ms = now;
+        w->second.title = absl::StrCat("recurred after rollback: ", w->second.title);
+        batch_.incidents.push_back(w->second);
+        changed_incidents_.push_back(w->second);
+        changed_opened_.push_back(false);
+      }
+      run.watch.reset();
+    }
+    auto it = run.incidents.find(key);
     bool opened = false;
     if (it == run.incidents.end()) {
       if (e.action == core::Action::kNone) {
@@ -526,14 +728,14 @@ void Ingestor::RecordEvents(RunState& run, const std::vector<core::Event>& event
       IncidentRow inc;
       inc.id = next_incident_id_++;
       inc.run_id = run.row.run_id;
-      inc.episode = e.episode;
+      inc.episode = key;
       inc.tier = e.tier;
       inc.state = InitialState(e);
       inc.kind = e.kind;
       inc.onset_step = e.onset_step;
       inc.opened_ms = now;
       if (IsClosed(inc.state)) inc.closed_ms = now;
-      it = run.incidents.emplace(e.episode, std::move(inc)).first;
+      it = run.incidents.emplace(key, std::move(inc)).first;
       run.incidents_total[std::clamp(e.tier, 0, 3)]++;
       opened = true;
     }
@@ -603,6 +805,248 @@ IngestStats Ingestor::Stats() const {
   absl::MutexLock lock(&mu_);
   s.queue_depth = static_cast<int64_t>(queue_.size());
   return s;
+}
+
+}  // namespace trainwatch::server
+
+namespace trainwatch::server {
+
+void Ingestor::Decide(DecisionRequest request, std::function<void(DecisionOutcome)> done) {
+  absl::MutexLock lock(&mu_);
+  tasks_.push_back({std::move(request), std::move(done)});
+}
+
+namespace {
+
+const char* StateWord(IncidentState s) {
+  switch (s) {
+    case IncidentState::kOpen: return "open";
+    case IncidentState::kAcknowledged: return "acknowledged";
+    case IncidentState::kAwaitingDecision: return "awaiting a decision";
+    case IncidentState::kRollingBack: return "rolling back";
+    case IncidentState::kResolved: return "resolved";
+    case IncidentState::kDismissed: return "dismissed";
+  }
+  return "?";
+}
+
+}  // namespace
+
+DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
+  namespace v1 = trainwatch::v1;
+  DecisionOutcome out;
+  const std::string pub = absl::StrCat("I-", r.incident_id);
+  // A repeated request (same idempotency key) gets the first answer.
+  if (!r.idempotency_key.empty()) {
+    absl::StatusOr<std::optional<DecisionRow>> prior = store_->FindDecisionByKey(r.idempotency_key);
+    if (!prior.ok()) {
+      out.status = prior.status();
+      return out;
+    }
+    if (prior->has_value()) {
+      if ((*prior)->incident_id != r.incident_id) {
+        out.status = absl::InvalidArgumentError(absl::StrCat(
+            "idempotency key '", r.idempotency_key, "' was used for I-", (*prior)->incident_id));
+        return out;
+      }
+      out.decision = (*prior)->payload;
+      out.replayed = true;
+      absl::StatusOr<std::optional<IncidentRow>> inc = store_->GetIncident(r.incident_id);
+      if (inc.ok() && inc->has_value()) out.state = (*inc)->state;
+      return out;
+    }
+  }
+  // Find the incident: in memory while open, else in the store.
+  RunState* run = nullptr;
+  IncidentRow* live = nullptr;
+  for (auto& [id, rs] : runs_) {
+    for (auto& [key, inc] : rs->incidents) {
+      if (inc.id == r.incident_id) {
+        run = rs.get();
+        live = &inc;
+      }
+    }
+  }
+  IncidentRow stored;
+  if (live == nullptr) {
+    absl::StatusOr<std::optional<IncidentRow>> inc = store_->GetIncident(r.incident_id);
+    if (!inc.ok()) {
+      out.status = inc.status();
+      return out;
+    }
+    if (!inc->has_value()) {
+      out.status = absl::NotFoundError(absl::StrCat("no incident ", pub));
+      return out;
+    }
+    stored = **inc;
+  }
+  const IncidentRow& inc = live != nullptr ? *live : stored;
+  out.state = inc.state;
+  // What was decided before, for refusals that say who and when.
+  absl::StatusOr<std::vector<DecisionRow>> prior = store_->DecisionsOfIncident(inc.id);
+  std::string earlier;
+  if (prior.ok() && !prior->empty()) {
+    const DecisionRow& d = prior->back();
+    earlier = absl::StrFormat(" (%s by %s, D-%d: \"%s\")",
+                              d.kind == "approve_rollback" ? "approved" : "rejected", d.actor,
+                              d.id, d.comment);
+  }
+  if (r.approve && inc.tier < 2) {
+    out.status = absl::FailedPreconditionError(absl::StrCat(
+        pub, " is tier ", inc.tier, " (", StateWord(inc.state),
+        "): tier 0 and 1 incidents are handled in place and need no rollback"));
+    return out;
+  }
+  if (inc.state == IncidentState::kDismissed) {
+    out.status = absl::FailedPreconditionError(
+        absl::StrCat(pub, " was rejected", earlier, ": ", r.approve ? "approving" : "rejecting",
+                     " it again changes nothing"));
+    return out;
+  }
+  if (inc.state == IncidentState::kRollingBack) {
+    out.status = absl::FailedPreconditionError(absl::StrCat(
+        pub, " is already rolling back", earlier, ": a second decision changes nothing"));
+    return out;
+  }
+  if (inc.state == IncidentState::kResolved) {
+    out.status = absl::FailedPreconditionError(
+        absl::StrCat(pub, " is resolved", earlier, ": nothing to decide"));
+    return out;
+  }
+  if (run == nullptr) {
+    out.status = absl::FailedPreconditionError(absl::StrCat(pub, " is not open"));
+    return out;
+  }
+  const int64_t decision_id = next_decision_id_;
+  v1::Decision d;
+  d.set_decision_id(absl::StrCat("D-", decision_id));
+  d.set_incident_id(pub);
+  d.set_run_id(inc.run_id);
+  d.set_kind(r.approve ? v1::DECISION_KIND_APPROVE_ROLLBACK : v1::DECISION_KIND_REJECT_ROLLBACK);
+  d.mutable_actor()->set_kind(v1::ACTOR_KIND_HUMAN);
+  d.mutable_actor()->set_id(r.actor);
+  d.mutable_actor()->set_via("twctl");
+  d.mutable_decided_at()->set_seconds(now / 1000);
+  d.set_comment(r.comment);
+  d.set_dry_run(r.dry_run);
+  d.set_idempotency_key(r.idempotency_key);
+  std::vector<std::pair<uint64_t, uint64_t>> quarantine;
+  std::optional<double> z_loss;
+  if (r.approve) {
+    // The checkpoint: the operator's, which must be one the run still
+    // retains, or the recommendation.
+    absl::StatusOr<std::vector<CheckpointRow>> cks = store_->Checkpoints(inc.run_id);
+    if (!cks.ok()) {
+      out.status = cks.status();
+      return out;
+    }
+    const size_t keep = static_cast<size_t>(options_.rules.checkpoints_retained);
+    std::vector<CheckpointRow> retained(
+        cks->size() > keep ? cks->end() - static_cast<std::ptrdiff_t>(keep) : cks->begin(),
+        cks->end());
+    const int64_t target = r.to_step.value_or(inc.recommended_checkpoint_step);
+    const CheckpointRow* ck = nullptr;
+    for (const CheckpointRow& c : retained) {
+      if (c.step == target) ck = &c;
+    }
+    if (ck == nullptr) {
+      std::vector<int64_t> steps;
+      for (const CheckpointRow& c : retained) steps.push_back(c.step);
+      out.status = (r.to_step ? absl::InvalidArgumentError("") : absl::FailedPreconditionError(""));
+      out.status = absl::Status(
+          out.status.code(),
+          absl::StrCat(r.to_step ? absl::StrCat("step ", target, " is not")
+                                 : absl::StrCat(pub, " has no recommended checkpoint that is"),
+                       " a retained checkpoint of run ", inc.run_id, " (retained: ",
+                       steps.empty() ? "none" : absl::StrJoin(steps, ", "),
+                       "); pass --to-step with one of them"));
+      return out;
+    }
+    // Quarantine and settings: the operator's, or the recommendation.
+    absl::StatusOr<core::JsonValue> actions = core::ParseJson(inc.actions_json, "actions");
+    if (r.quarantine) {
+      quarantine = *r.quarantine;
+    } else if (actions.ok()) {
+      for (const core::JsonValue& a : actions->array) {
+        const core::JsonValue* k = a.Find("kind");
+        if (k != nullptr && k->string == "quarantine_shards") {
+          quarantine.emplace_back(static_cast<uint64_t>(a.Find("shard_first")->number),
+                                  static_cast<uint64_t>(a.Find("shard_last")->number));
+        }
+      }
+    }
+    if (r.z_loss_alpha) {
+      z_loss = r.z_loss_alpha;
+    } else if (actions.ok()) {
+      for (const core::JsonValue& a : actions->array) {
+        const core::JsonValue* k = a.Find("kind");
+        if (k != nullptr && k->string == "set_z_loss_alpha") z_loss = a.Find("z_loss_alpha")->number;
+      }
+    }
+    auto* plan = d.mutable_plan();
+    plan->set_incident_id(pub);
+    plan->set_target_step(ck->step);
+    plan->set_checkpoint_uri(ck->uri);
+    for (const auto& [first, last] : quarantine) {
+      auto* range = plan->mutable_quarantine()->add_ranges();
+      range->set_first(first);
+      range->set_last(last);
+    }
+    if (z_loss) plan->add_settings()->set_z_loss_alpha(*z_loss);
+    d.set_command_id(absl::StrCat("C-", decision_id));
+  }
+  out.decision = d.SerializeAsString();
+  if (r.dry_run) return out;  // what would happen; nothing recorded
+
+  ++next_decision_id_;
+  batch_.decisions.push_back({decision_id, inc.id, inc.run_id, r.actor,
+                              r.approve ? "approve_rollback" : "reject_rollback", r.comment,
+                              out.decision, r.idempotency_key, now});
+  IncidentRow updated = inc;
+  updated.updated_ms = now;
+  if (r.approve) {
+    updated.state = IncidentState::kRollingBack;
+    v1::ServerMessage msg;
+    v1::Command* c = msg.mutable_command();
+    c->set_command_id(d.command_id());
+    c->set_run_id(inc.run_id);
+    c->mutable_issued_at()->set_seconds(now / 1000);
+    *c->mutable_rollback() = d.plan();
+    batch_.commands.push_back(
+        {d.command_id(), inc.run_id, inc.id, "rollback", c->SerializeAsString(), now});
+    for (const auto& [first, last] : quarantine) {
+      batch_.quarantines.push_back({inc.run_id, first, last, inc.id, decision_id, now});
+      run->quarantined.emplace_back(first, last);
+    }
+    RunState::ActiveCommand ac;
+    ac.id = d.command_id();
+    ac.message = msg.SerializeAsString();
+    ac.incident_id = inc.id;
+    ac.target_step = d.plan().target_step();
+    run->command = ac;
+    outgoing_.emplace_back(inc.run_id, 0, ac.message);
+    if (!quarantine.empty()) outgoing_.emplace_back(inc.run_id, 0, QuarantineMessage(*run));
+  } else {
+    updated.state = IncidentState::kDismissed;
+    updated.closed_ms = now;
+  }
+  out.state = updated.state;
+  batch_.incidents.push_back(updated);
+  changed_incidents_.push_back(updated);
+  changed_opened_.push_back(false);
+  if (live != nullptr) {
+    if (IsClosed(updated.state)) {
+      for (auto it = run->incidents.begin(); it != run->incidents.end(); ++it) {
+        if (it->second.id == inc.id) {
+          run->incidents.erase(it);
+          break;
+        }
+      }
+    } else {
+      *live = updated;
+    }
+  }
+  return out;
 }
 
 }  // namespace trainwatch::server

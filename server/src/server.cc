@@ -72,6 +72,8 @@ struct Session {
   grpc::Status finish_status ABSL_GUARDED_BY(mu);
   // Highest durable step per (run, rank) not yet sent: acks coalesce.
   std::map<std::pair<std::string, int32_t>, int64_t> acks ABSL_GUARDED_BY(mu);
+  // Commands and quarantine lists, sent before acks, in order.
+  std::deque<std::string> outgoing ABSL_GUARDED_BY(mu);
   v1::ServerMessage out ABSL_GUARDED_BY(mu);
   // For run status.
   std::string run_id ABSL_GUARDED_BY(mu);
@@ -167,6 +169,24 @@ class ServiceState : public IngestListener {
     AgentStream::Deliver(s);
   }
   void OnIncident(const IncidentRow& incident, bool opened) override;
+  void OnServerMessage(const std::string& run_id, uint64_t stream_id,
+                       const std::string& serialized) override {
+    std::vector<std::shared_ptr<Session>> targets;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [id, s] : sessions_) {
+        if (stream_id == 0 || id == stream_id) targets.push_back(s);
+      }
+    }
+    for (const auto& s : targets) {
+      {
+        absl::MutexLock lock(&s->mu);
+        if (s->run_id != run_id || s->done) continue;
+        s->outgoing.push_back(serialized);
+      }
+      AgentStream::Deliver(s);
+    }
+  }
 
   // Watchers of incident changes.
   class Watcher;
@@ -297,6 +317,20 @@ void AgentStream::OnReadDone(bool ok) {
 
 void AgentStream::Deliver(const std::shared_ptr<Session>& s) {
   AgentStream* reactor = nullptr;
+  {
+    absl::MutexLock lock(&s->mu);
+    if (s->done || s->writing || s->finish_pending) return;
+    if (!s->outgoing.empty()) {
+      s->out.ParseFromString(s->outgoing.front());
+      s->outgoing.pop_front();
+      s->writing = true;
+      reactor = s->reactor;
+    }
+  }
+  if (reactor != nullptr) {
+    reactor->StartWrite(&s->out);
+    return;
+  }
   {
     absl::MutexLock lock(&s->mu);
     if (s->done || s->writing || s->finish_pending || s->acks.empty()) return;
@@ -609,25 +643,51 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
       }
       v1::Incident* out = resp->mutable_incident();
       IncidentToProto(**row, out);
+      absl::StatusOr<std::vector<DecisionRow>> decisions =
+          state_->store()->DecisionsOfIncident(id);
+      if (!decisions.ok()) return decisions.status();
+      for (const DecisionRow& d : *decisions) out->add_decisions()->ParseFromString(d.payload);
       return FillSummary(**row, out->mutable_summary());
     });
   }
 
   grpc::ServerUnaryReactor* ApproveRollback(grpc::CallbackServerContext* ctx,
-                                            const v1::ApproveRollbackRequest*,
-                                            v1::ApproveRollbackResponse*) override {
-    return Unary(ctx, Access::kDecide, [] {
-      return absl::UnimplementedError(
-          "rollback approval is not in this server version: the decision was not recorded");
+                                            const v1::ApproveRollbackRequest* req,
+                                            v1::ApproveRollbackResponse* resp) override {
+    DecisionRequest d;
+    d.approve = true;
+    if (req->has_to_step()) d.to_step = req->to_step();
+    if (req->has_quarantine_shards()) {
+      std::vector<std::pair<uint64_t, uint64_t>> q;
+      for (const auto& r : req->quarantine_shards().ranges()) q.emplace_back(r.first(), r.last());
+      for (uint64_t id : req->quarantine_shards().shard_ids()) q.emplace_back(id, id);
+      d.quarantine = std::move(q);
+    }
+    if (req->has_z_loss_alpha()) d.z_loss_alpha = req->z_loss_alpha();
+    for (const auto& s : req->settings()) {
+      if (s.has_z_loss_alpha()) d.z_loss_alpha = s.z_loss_alpha();
+    }
+    d.comment = req->comment();
+    d.dry_run = req->dry_run();
+    d.idempotency_key = req->idempotency_key();
+    return Decide(ctx, req->incident_id(), std::move(d), [resp](const DecisionOutcome& o) {
+      resp->mutable_decision()->ParseFromString(o.decision);
+      resp->set_replayed(o.replayed);
+      resp->set_incident_state(static_cast<v1::IncidentState>(static_cast<int>(o.state)));
     });
   }
 
   grpc::ServerUnaryReactor* RejectRollback(grpc::CallbackServerContext* ctx,
-                                           const v1::RejectRollbackRequest*,
-                                           v1::RejectRollbackResponse*) override {
-    return Unary(ctx, Access::kDecide, [] {
-      return absl::UnimplementedError(
-          "rollback rejection is not in this server version: the decision was not recorded");
+                                           const v1::RejectRollbackRequest* req,
+                                           v1::RejectRollbackResponse* resp) override {
+    DecisionRequest d;
+    d.approve = false;
+    d.comment = req->comment();
+    d.idempotency_key = req->idempotency_key();
+    return Decide(ctx, req->incident_id(), std::move(d), [resp](const DecisionOutcome& o) {
+      resp->mutable_decision()->ParseFromString(o.decision);
+      resp->set_replayed(o.replayed);
+      resp->set_incident_state(static_cast<v1::IncidentState>(static_cast<int>(o.state)));
     });
   }
 
@@ -637,9 +697,21 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
     return Unary(ctx, Access::kRead, [&]() -> absl::Status {
       if (req->run_id().empty()) return absl::InvalidArgumentError("run_id is required");
       resp->set_run_id(req->run_id());
-      // Quarantines come from approved rollbacks; none exist before a
-      // decision, so the set is empty and its version 0.
-      resp->set_version(0);
+      absl::StatusOr<std::vector<QuarantineRow>> rows = state_->store()->Quarantines(req->run_id());
+      if (!rows.ok()) return rows.status();
+      for (const QuarantineRow& q : *rows) {
+        auto* r = resp->mutable_shards()->add_ranges();
+        r->set_first(q.first);
+        r->set_last(q.last);
+        v1::QuarantineEntry* e = resp->add_entries();
+        auto* er = e->mutable_shards()->add_ranges();
+        er->set_first(q.first);
+        er->set_last(q.last);
+        e->set_incident_id(absl::StrCat("I-", q.incident_id));
+        e->set_decision_id(absl::StrCat("D-", q.decision_id));
+        SetTime(q.created_ms, e->mutable_added_at());
+      }
+      resp->set_version(static_cast<int64_t>(rows->size()));
       return absl::OkStatus();
     });
   }
@@ -653,6 +725,41 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
   }
 
  private:
+  // Hands the decision to the writer thread and finishes the call when it is
+  // durable (or refused): no gRPC thread waits on the store.
+  template <typename Fill>
+  grpc::ServerUnaryReactor* Decide(grpc::CallbackServerContext* ctx, const std::string& id_text,
+                                   DecisionRequest d, Fill fill) {
+    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    absl::StatusOr<Principal> p = state_->auth().Check(AuthorizationOf(ctx), Access::kDecide);
+    if (!p.ok()) {
+      r->Finish(ToGrpc(p.status()));
+      return r;
+    }
+    absl::string_view text = id_text;
+    if (absl::StartsWithIgnoreCase(text, "I-")) text.remove_prefix(2);
+    if (!absl::SimpleAtoi(text, &d.incident_id)) {
+      r->Finish(grpc::Status(grpc::INVALID_ARGUMENT,
+                             absl::StrCat("incident id '", id_text, "' is not of the form I-<n>")));
+      return r;
+    }
+    if (!d.approve && d.comment.empty()) {
+      r->Finish(grpc::Status(grpc::INVALID_ARGUMENT,
+                             "a rejection needs a comment: it goes in the audit log"));
+      return r;
+    }
+    d.actor = p->name;
+    state_->ingestor()->Decide(std::move(d), [r, fill](DecisionOutcome o) {
+      if (!o.status.ok()) {
+        r->Finish(ToGrpc(o.status));
+        return;
+      }
+      fill(o);
+      r->Finish(grpc::Status::OK);
+    });
+    return r;
+  }
+
   template <typename Fn>
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, Access access, Fn fn) {
     grpc::ServerUnaryReactor* r = ctx->DefaultReactor();

@@ -359,6 +359,10 @@ void WriteBatch::clear() {
   events.clear();
   incidents.clear();
   command_acks.clear();
+  decisions.clear();
+  commands.clear();
+  quarantines.clear();
+  attempt_copies.clear();
 }
 
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
@@ -525,8 +529,154 @@ absl::Status Store::Write(const WriteBatch& b) {
       if (absl::Status s = q.Run(); !s.ok()) return fail(s);
     }
   }
+  for (const AttemptCopy& a : b.attempt_copies) {
+    Stmt q(db_, absl::StrCat("INSERT OR IGNORE INTO steps (run_id, attempt, ", kStepColumns,
+                             ") SELECT run_id, ?2, ", kStepColumns,
+                             " FROM steps WHERE run_id = ?1 AND attempt = ?3 AND step <= ?4")
+                    .c_str());
+    if (!q.status().ok()) return fail(q.status());
+    q.Bind(1, a.run_id).Bind(2, a.to_attempt).Bind(3, a.from_attempt).Bind(4, a.up_to_step);
+    if (absl::Status s = q.Run(); !s.ok()) return fail(s);
+  }
+  if (!b.decisions.empty()) {
+    Stmt q(db_,
+           "INSERT INTO decisions (id, incident_id, run_id, actor, kind, comment, payload, "
+           "idempotency_key, at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
+    if (!q.status().ok()) return fail(q.status());
+    for (const DecisionRow& d : b.decisions) {
+      q.Bind(1, d.id).Bind(2, d.incident_id).Bind(3, d.run_id).Bind(4, d.actor);
+      q.Bind(5, d.kind).Bind(6, d.comment).BindBlob(7, d.payload);
+      if (d.idempotency_key.empty()) q.BindNull(8); else q.Bind(8, d.idempotency_key);
+      q.Bind(9, d.at_ms);
+      if (absl::Status s = q.Run(); !s.ok()) return fail(s);
+    }
+  }
+  if (!b.commands.empty()) {
+    Stmt q(db_,
+           "INSERT OR IGNORE INTO commands (id, run_id, incident_id, kind, payload, created_ms) "
+           "VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
+    if (!q.status().ok()) return fail(q.status());
+    for (const CommandRow& c : b.commands) {
+      q.Bind(1, c.id).Bind(2, c.run_id).Bind(3, c.incident_id).Bind(4, c.kind);
+      q.BindBlob(5, c.payload).Bind(6, c.created_ms);
+      if (absl::Status s = q.Run(); !s.ok()) return fail(s);
+    }
+  }
+  if (!b.quarantines.empty()) {
+    Stmt q(db_,
+           "INSERT INTO quarantined_shards (run_id, first_shard, last_shard, incident_id, "
+           "decision_id, created_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
+    if (!q.status().ok()) return fail(q.status());
+    for (const QuarantineRow& r : b.quarantines) {
+      q.Bind(1, r.run_id).Bind(2, static_cast<int64_t>(r.first));
+      q.Bind(3, static_cast<int64_t>(r.last)).Bind(4, r.incident_id).Bind(5, r.decision_id);
+      q.Bind(6, r.created_ms);
+      if (absl::Status s = q.Run(); !s.ok()) return fail(s);
+    }
+  }
   if (absl::Status s = Exec(db_, "COMMIT"); !s.ok()) return fail(s);
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Store::MaxDecisionId() {
+  Stmt q(db_, "SELECT COALESCE(MAX(id), 0) FROM decisions");
+  absl::Status st;
+  int64_t v = 0;
+  if (q.Next(&st)) v = q.Int(0);
+  if (!st.ok()) return st;
+  return v;
+}
+
+namespace {
+constexpr char kDecisionColumns[] =
+    "id, incident_id, run_id, actor, kind, comment, payload, COALESCE(idempotency_key, ''), "
+    "at_ms";
+DecisionRow ReadDecision(const Stmt& q) {
+  DecisionRow d;
+  d.id = q.Int(0);
+  d.incident_id = q.Int(1);
+  d.run_id = q.Text(2);
+  d.actor = q.Text(3);
+  d.kind = q.Text(4);
+  d.comment = q.Text(5);
+  d.payload = q.Blob(6);
+  d.idempotency_key = q.Text(7);
+  d.at_ms = q.Int(8);
+  return d;
+}
+}  // namespace
+
+absl::StatusOr<std::optional<DecisionRow>> Store::FindDecisionByKey(const std::string& key) {
+  Stmt q(db_, absl::StrCat("SELECT ", kDecisionColumns,
+                           " FROM decisions WHERE idempotency_key = ?1").c_str());
+  if (!q.status().ok()) return q.status();
+  q.Bind(1, key);
+  absl::Status st;
+  std::optional<DecisionRow> out;
+  if (q.Next(&st)) out = ReadDecision(q);
+  if (!st.ok()) return st;
+  return out;
+}
+
+absl::StatusOr<std::vector<DecisionRow>> Store::DecisionsOfIncident(int64_t incident_id) {
+  absl::MutexLock lock(&read_mu_);
+  Stmt q(read_db_, absl::StrCat("SELECT ", kDecisionColumns,
+                                " FROM decisions WHERE incident_id = ?1 ORDER BY id").c_str());
+  if (!q.status().ok()) return q.status();
+  q.Bind(1, incident_id);
+  std::vector<DecisionRow> out;
+  absl::Status st;
+  while (q.Next(&st)) out.push_back(ReadDecision(q));
+  if (!st.ok()) return st;
+  return out;
+}
+
+absl::StatusOr<std::optional<CommandRow>> Store::LatestCommand(int64_t incident_id) {
+  Stmt q(db_,
+         "SELECT id, run_id, incident_id, kind, payload, created_ms FROM commands WHERE "
+         "incident_id = ?1 ORDER BY created_ms DESC, id DESC LIMIT 1");
+  if (!q.status().ok()) return q.status();
+  q.Bind(1, incident_id);
+  absl::Status st;
+  std::optional<CommandRow> out;
+  if (q.Next(&st)) {
+    out = CommandRow{q.Text(0), q.Text(1), q.Int(2), q.Text(3), q.Blob(4), q.Int(5)};
+  }
+  if (!st.ok()) return st;
+  return out;
+}
+
+absl::StatusOr<std::vector<CommandAckRow>> Store::CommandAcks(const std::string& command_id) {
+  Stmt q(db_,
+         "SELECT command_id, run_id, rank, status, message, resumed_step, at_ms FROM "
+         "command_acks WHERE command_id = ?1 ORDER BY at_ms");
+  if (!q.status().ok()) return q.status();
+  q.Bind(1, command_id);
+  std::vector<CommandAckRow> out;
+  absl::Status st;
+  while (q.Next(&st)) {
+    out.push_back({q.Text(0), q.Text(1), static_cast<int32_t>(q.Int(2)),
+                   static_cast<int>(q.Int(3)), q.Text(4), q.Int(5), q.Int(6)});
+  }
+  if (!st.ok()) return st;
+  return out;
+}
+
+absl::StatusOr<std::vector<QuarantineRow>> Store::Quarantines(const std::string& run_id) {
+  absl::MutexLock lock(&read_mu_);
+  Stmt q(read_db_,
+         "SELECT first_shard, last_shard, incident_id, decision_id, created_ms FROM "
+         "quarantined_shards WHERE run_id = ?1 ORDER BY id");
+  if (!q.status().ok()) return q.status();
+  q.Bind(1, run_id);
+  std::vector<QuarantineRow> out;
+  absl::Status st;
+  while (q.Next(&st)) {
+    out.push_back({run_id, static_cast<uint64_t>(q.Int(0)), static_cast<uint64_t>(q.Int(1)),
+                   q.Int(2), q.Int(3), q.Int(4)});
+  }
+  if (!st.ok()) return st;
+  return out;
 }
 
 absl::StatusOr<std::vector<RunRow>> Store::LoadRuns() {

@@ -63,16 +63,33 @@ int64_t TestAgent::durable(int32_t rank) const {
   return rank < static_cast<int32_t>(durable_.size()) ? durable_[rank] : -1;
 }
 
+void TestAgent::Absorb(const v1::ServerMessage& m) {
+  if (m.has_command()) commands_.push_back(m.command());
+  if (m.has_quarantined_shards()) quarantine_ = m.quarantined_shards();
+  if (!m.has_durability_ack()) return;
+  for (const auto& [r, s] : m.durability_ack().durable_step()) {
+    if (r >= static_cast<int32_t>(durable_.size())) durable_.resize(r + 1, -1);
+    durable_[r] = std::max(durable_[r], s);
+  }
+}
+
 bool TestAgent::WaitDurable(int32_t rank, int64_t step) {
   v1::ServerMessage m;
   while (durable(rank) < step) {
     if (!stream_->Read(&m)) return false;
-    if (!m.has_durability_ack()) continue;
-    for (const auto& [r, s] : m.durability_ack().durable_step()) {
-      if (r >= static_cast<int32_t>(durable_.size())) durable_.resize(r + 1, -1);
-      durable_[r] = std::max(durable_[r], s);
-    }
+    Absorb(m);
   }
+  return true;
+}
+
+bool TestAgent::WaitCommand(v1::Command* out) {
+  v1::ServerMessage m;
+  while (commands_.empty()) {
+    if (!stream_->Read(&m)) return false;
+    Absorb(m);
+  }
+  *out = commands_.front();
+  commands_.erase(commands_.begin());
   return true;
 }
 

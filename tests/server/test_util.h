@@ -45,6 +45,10 @@ class TestAgent {
   // false if the stream ended first.
   bool WaitDurable(int32_t rank, int64_t step);
   int64_t durable(int32_t rank) const;
+  // Reads until a command arrives; false if the stream ended first.
+  bool WaitCommand(v1::Command* out);
+  // The last quarantine list received (while waiting for anything).
+  const v1::QuarantinedShards& quarantine() const { return quarantine_; }
   // Half-closes, drains and returns the final status.
   grpc::Status Close();
 
@@ -52,7 +56,10 @@ class TestAgent {
   grpc::ClientContext ctx_;
   std::unique_ptr<v1::AgentService::Stub> stub_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::AgentMessage, v1::ServerMessage>> stream_;
+  void Absorb(const v1::ServerMessage& m);
   std::vector<int64_t> durable_;
+  std::vector<v1::Command> commands_;
+  v1::QuarantinedShards quarantine_;
 };
 
 // GET http://127.0.0.1:port/path; the body, or empty on failure.

@@ -22,7 +22,9 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -53,6 +55,34 @@ class IngestListener {
   virtual void OnDurable(uint64_t stream_id, const std::string& run_id, int32_t rank,
                          int64_t step) = 0;
   virtual void OnIncident(const IncidentRow& incident, bool opened) = 0;
+  // A server message (a command, the quarantine list) for every stream of
+  // `run_id`, or only for `stream_id` when it is not 0.
+  virtual void OnServerMessage(const std::string& run_id, uint64_t stream_id,
+                               const std::string& serialized) = 0;
+};
+
+// An operator's decision on an incident, carried out on the writer thread
+// so that decisions and ingest never race.
+struct DecisionRequest {
+  bool approve = true;
+  int64_t incident_id = 0;
+  std::optional<int64_t> to_step;
+  // Ranges to quarantine; unset: the incident's recommendation.
+  std::optional<std::vector<std::pair<uint64_t, uint64_t>>> quarantine;
+  std::optional<double> z_loss_alpha;
+  std::string comment;
+  std::string idempotency_key;
+  std::string actor;  // from the caller's authentication
+  bool dry_run = false;
+};
+
+struct DecisionOutcome {
+  // OK; FAILED_PRECONDITION when the incident's state refuses the decision
+  // (the message says why); NOT_FOUND; INVALID_ARGUMENT.
+  absl::Status status;
+  std::string decision;  // the serialized trainwatch.v1.Decision
+  bool replayed = false;
+  IncidentState state = IncidentState::kOpen;
 };
 
 // What the exporter and the operator API read about a run.
@@ -115,6 +145,10 @@ class Ingestor {
   std::vector<RunSnapshot> Snapshot() const;
   IngestStats Stats() const;
 
+  // Queues a decision; `done` runs on the writer thread once it is durable
+  // (or refused). Never blocks.
+  void Decide(DecisionRequest request, std::function<void(DecisionOutcome)> done);
+
  private:
   struct RunState;
   void Loop();
@@ -127,6 +161,11 @@ class Ingestor {
   void CompletePending(RunState& run, int64_t now, bool force);
   void RecordEvents(RunState& run, const std::vector<core::Event>& events, int64_t now);
   void PublishSnapshot();
+  DecisionOutcome RunDecision(const DecisionRequest& r, int64_t now);
+  void HandleCommandAck(RunState& run, const trainwatch::v1::CommandAck& a, int64_t now);
+  void CompleteRollback(RunState& run, int64_t now);
+  void SendPendingCommand(RunState& run, uint64_t stream, int32_t rank);
+  std::string QuarantineMessage(const RunState& run) const;
 
   Store* store_;
   IngestOptions options_;
@@ -135,6 +174,11 @@ class Ingestor {
 
   mutable absl::Mutex mu_;
   std::vector<IngestItem> queue_ ABSL_GUARDED_BY(mu_);
+  struct Task {
+    DecisionRequest request;
+    std::function<void(DecisionOutcome)> done;
+  };
+  std::vector<Task> tasks_ ABSL_GUARDED_BY(mu_);
   uint64_t submitted_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t done_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -143,6 +187,9 @@ class Ingestor {
   // Writer thread only.
   std::map<std::string, std::unique_ptr<RunState>> runs_;
   int64_t next_incident_id_ = 1;
+  int64_t next_decision_id_ = 1;
+  std::vector<std::pair<std::function<void(DecisionOutcome)>, DecisionOutcome>> answers_;
+  std::vector<std::tuple<std::string, uint64_t, std::string>> outgoing_;  // after commit
   WriteBatch batch_;
   // (stream, run, rank) -> highest step in this batch, for acks.
   std::map<std::tuple<uint64_t, std::string, int32_t>, int64_t> acks_;

@@ -130,6 +130,45 @@ struct CommandAckRow {
   int64_t at_ms = 0;
 };
 
+struct DecisionRow {
+  int64_t id = 0;
+  int64_t incident_id = 0;
+  std::string run_id;
+  std::string actor;
+  std::string kind;     // "approve_rollback" | "reject_rollback"
+  std::string comment;
+  std::string payload;  // the serialized trainwatch.v1.Decision
+  std::string idempotency_key;  // empty: none
+  int64_t at_ms = 0;
+};
+
+struct CommandRow {
+  std::string id;
+  std::string run_id;
+  int64_t incident_id = 0;
+  std::string kind;     // "rollback"
+  std::string payload;  // the serialized trainwatch.v1.Command
+  int64_t created_ms = 0;
+};
+
+struct QuarantineRow {
+  std::string run_id;
+  uint64_t first = 0;
+  uint64_t last = 0;
+  int64_t incident_id = 0;
+  int64_t decision_id = 0;
+  int64_t created_ms = 0;
+};
+
+// Starts a new attempt of a run after a rollback: its steps up to the
+// checkpoint are carried over, so the new attempt's history is complete.
+struct AttemptCopy {
+  std::string run_id;
+  int64_t from_attempt = 0;
+  int64_t to_attempt = 0;
+  int64_t up_to_step = 0;
+};
+
 // Everything one ingest cycle writes, in one transaction.
 struct WriteBatch {
   std::vector<RunRow> runs;  // upserts
@@ -144,10 +183,15 @@ struct WriteBatch {
   std::vector<EventRow> events;
   std::vector<IncidentRow> incidents;  // upserts by id
   std::vector<CommandAckRow> command_acks;
+  std::vector<DecisionRow> decisions;
+  std::vector<CommandRow> commands;
+  std::vector<QuarantineRow> quarantines;
+  std::vector<AttemptCopy> attempt_copies;  // run before the steps of this batch
 
   bool empty() const {
     return runs.empty() && steps.empty() && rank_steps.empty() && checkpoints.empty() &&
-           events.empty() && incidents.empty() && command_acks.empty();
+           events.empty() && incidents.empty() && command_acks.empty() && decisions.empty() &&
+           commands.empty() && quarantines.empty() && attempt_copies.empty();
   }
   void clear();
 };
@@ -182,6 +226,13 @@ class Store {
   absl::StatusOr<std::vector<RankStepRow>> LoadRankStepsAfter(const std::string& run_id,
                                                               int64_t attempt, int64_t step);
   absl::StatusOr<int64_t> MaxIncidentId();
+  absl::StatusOr<int64_t> MaxDecisionId();
+  // The decision recorded under an idempotency key, if any.
+  absl::StatusOr<std::optional<DecisionRow>> FindDecisionByKey(const std::string& key);
+  // The latest rollback command of an incident, and every acknowledgement
+  // of it: (rank, status, resumed step).
+  absl::StatusOr<std::optional<CommandRow>> LatestCommand(int64_t incident_id);
+  absl::StatusOr<std::vector<CommandAckRow>> CommandAcks(const std::string& command_id);
 
   // ---- queries (any thread)
   absl::StatusOr<std::vector<IncidentRow>> ListIncidents(const IncidentFilter& filter);
@@ -197,6 +248,8 @@ class Store {
   absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> FlaggedShards(
       const std::string& run_id);  // (shard, incident id)
   absl::StatusOr<int64_t> CountSteps(const std::string& run_id);
+  absl::StatusOr<std::vector<DecisionRow>> DecisionsOfIncident(int64_t incident_id);
+  absl::StatusOr<std::vector<QuarantineRow>> Quarantines(const std::string& run_id);
 
   // Schema version after migrations.
   int schema_version() const { return schema_version_; }

@@ -10,6 +10,7 @@ packages=(
   libsqlite3-dev prometheus-cpp-dev
   catch2 libbenchmark-dev
   prometheus openssl
+  pybind11-dev python3-dev python3-numpy python3-torch
 )
 
 missing=()

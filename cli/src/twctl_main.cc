@@ -3,9 +3,11 @@
 
 #include <cstdio>
 #include <iostream>
+#include <iostream>
 #include <string>
 #include <vector>
 
+#include "trainwatch/cli/operator_commands.h"
 #include "trainwatch/cli/replay.h"
 
 namespace {
@@ -13,8 +15,14 @@ namespace {
 constexpr char kUsage[] =
     "usage: twctl COMMAND [ARGS]\n"
     "commands:\n"
+    "  runs | status RUN | incidents | incident show ID | shards RUN\n"
+    "  rollback approve ID [--to-step N] [--quarantine-shards A..B] [--z-loss-alpha X]\n"
+    "                      [--comment TEXT] [--yes] [--dry-run]\n"
+    "  rollback reject ID --comment TEXT\n"
     "  replay FILE   replay exported metrics through the rule engine (backtesting)\n"
     "  help          this text\n"
+    "Connection: --server/--token, TRAINWATCH_SERVER/TRAINWATCH_TOKEN, or\n"
+    "~/.config/trainwatch/twctl.json; output: -o table|json.\n"
     "Run 'twctl COMMAND --help' for a command's flags.\n"
     "Exit codes: 0 ok, 1 error, 2 usage or malformed input, 3 refused by the server's state.\n";
 
@@ -31,6 +39,17 @@ int main(int argc, char** argv) {
   int code;
   if (command == "replay") {
     code = trainwatch::cli::ReplayCommand(args, &out, &err);
+  } else if (command == "runs" || command == "status" || command == "incidents" ||
+             command == "incident" || command == "rollback" || command == "shards") {
+    code = trainwatch::cli::OperatorCommand(
+        command, args,
+        [](const std::string& question) {
+          std::fputs(question.c_str(), stderr);
+          std::string answer;
+          if (!std::getline(std::cin, answer)) return false;
+          return answer == "y" || answer == "Y" || answer == "yes";
+        },
+        &out, &err);
   } else if (command == "help" || command == "--help" || command == "-h") {
     out = kUsage;
     code = 0;

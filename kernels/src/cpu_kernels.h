@@ -7,9 +7,11 @@
 //     element; the last piece may be shorter.
 //   - Within a piece squares are summed in fp32 lanes; lanes are folded into
 //     an fp64 piece sum in a fixed order; piece sums are added in order.
+//   - A piece is first reduced by a fast pass that assumes finite values;
+//     when the piece's max magnitude shows a NaN or an inf, the piece is
+//     reduced again by a masked pass, which detects nonfinite elements on
+//     their stored bits, counts them and leaves them out of sum and max.
 //   - A piece whose fp32 lanes overflow is summed again in fp64.
-//   - Nonfinite elements are detected on the stored bits and contribute
-//     neither to the sum nor to the max.
 
 #ifndef TRAINWATCH_KERNELS_SRC_CPU_KERNELS_H_
 #define TRAINWATCH_KERNELS_SRC_CPU_KERNELS_H_
@@ -35,7 +37,7 @@ struct RangeStats {
 // Statistics of `n` contiguous elements.
 using GradRangeFn = RangeStats (*)(const void* data, int64_t n);
 
-GradRangeFn ScalarGradRange(DType dtype);
+GradRangeFn PortableGradRange(DType dtype);
 // Null when the AVX2 code is not compiled in (non-x86 builds).
 GradRangeFn Avx2GradRange(DType dtype);
 
@@ -54,17 +56,12 @@ struct RowLse {
 using RowLseFn = RowLse (*)(const void* row, int64_t vocab);
 constexpr int64_t kLogitChunkElems = 2048;
 
-RowLseFn ScalarRowLse(DType dtype);
+RowLseFn PortableRowLse(DType dtype);
 RowLseFn Avx2RowLse(DType dtype);
 
 // True when the processor and this build support the AVX2 path (AVX2, FMA
 // and F16C).
 bool CpuHasAvx2();
-
-// Bit-level classification shared by the scalar code of every path.
-inline bool Fp32NonfiniteBits(uint32_t b) { return (b & 0x7fffffffu) >= 0x7f800000u; }
-inline bool Bf16NonfiniteBits(uint16_t b) { return (b & 0x7fffu) >= 0x7f80u; }
-inline bool Fp16NonfiniteBits(uint16_t b) { return (b & 0x7fffu) >= 0x7c00u; }
 
 // |x| of element i as float, and whether x is finite.
 template <DType D>

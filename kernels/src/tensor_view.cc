@@ -32,7 +32,7 @@ bool IsValidDType(DType dtype) { return DTypeSize(dtype) != 0; }
 bool CpuPathSupported(CpuPath path) {
   switch (path) {
     case CpuPath::kAuto:
-    case CpuPath::kScalar:
+    case CpuPath::kPortable:
       return true;
     case CpuPath::kAvx2:
       return internal::CpuHasAvx2();
@@ -41,15 +41,15 @@ bool CpuPathSupported(CpuPath path) {
 }
 
 CpuPath BestCpuPath() {
-  return internal::CpuHasAvx2() ? CpuPath::kAvx2 : CpuPath::kScalar;
+  return internal::CpuHasAvx2() ? CpuPath::kAvx2 : CpuPath::kPortable;
 }
 
 const char* CpuPathName(CpuPath path) {
   switch (path) {
     case CpuPath::kAuto:
       return "auto";
-    case CpuPath::kScalar:
-      return "scalar";
+    case CpuPath::kPortable:
+      return "portable";
     case CpuPath::kAvx2:
       return "avx2";
   }

@@ -47,8 +47,8 @@ struct GradStatsOptions {
 struct GradStats {
   double sum_squares = 0.0;  // over finite elements
   int64_t nonfinite = 0;
-  int64_t numel = 0;         // all elements, finite or not
-  double max_abs = 0.0;      // over finite elements; 0 when none
+  int64_t numel = 0;     // all elements, finite or not
+  double max_abs = 0.0;  // over finite elements; 0 when none
   // One entry per input tensor when GradStatsOptions::per_tensor, else empty.
   std::vector<double> tensor_sum_squares;
   std::vector<int64_t> tensor_nonfinite;
@@ -56,9 +56,9 @@ struct GradStats {
 
   double norm() const { return std::sqrt(sum_squares); }
   double nonfinite_fraction() const {
-    return numel == 0 ? 0.0
-                      : static_cast<double>(nonfinite) /
-                            static_cast<double>(numel);
+    return numel == 0
+               ? 0.0
+               : static_cast<double>(nonfinite) / static_cast<double>(numel);
   }
 };
 

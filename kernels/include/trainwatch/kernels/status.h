@@ -65,10 +65,10 @@ const char* StatusCodeName(StatusCode code);
 }  // namespace trainwatch::kernels
 
 // Returns from the enclosing function when `expr` is not OK.
-#define TRAINWATCH_KERNELS_RETURN_IF_ERROR(expr)         \
-  do {                                                   \
-    ::trainwatch::kernels::Status tw_status_ = (expr);   \
-    if (!tw_status_.ok()) return tw_status_;             \
+#define TRAINWATCH_KERNELS_RETURN_IF_ERROR(expr)       \
+  do {                                                 \
+    ::trainwatch::kernels::Status tw_status_ = (expr); \
+    if (!tw_status_.ok()) return tw_status_;           \
   } while (0)
 
 #endif  // TRAINWATCH_KERNELS_STATUS_H_

@@ -46,15 +46,17 @@ struct LogitsView {
 };
 
 // Which CPU code path runs. kAuto picks the fastest one the processor
-// supports; the others exist so that tests and benchmarks can pin a path.
-// Asking for a path the processor lacks is an error, not a silent fallback.
+// supports. kPortable is plain C++ with the compiler's vector extensions
+// (SSE2 on any x86-64, NEON on AArch64) and runs everywhere; kAvx2 needs
+// AVX2, FMA and F16C. Pinning a path is for tests and benchmarks; asking for
+// one the processor lacks is an error, not a silent fallback.
 enum class CpuPath : int32_t {
   kAuto = 0,
-  kScalar = 1,
+  kPortable = 1,
   kAvx2 = 2,
 };
 
-// Whether this process can run `path` (kAuto and kScalar: always).
+// Whether this process can run `path` (kAuto and kPortable: always).
 bool CpuPathSupported(CpuPath path);
 // The path kAuto resolves to on this processor.
 CpuPath BestCpuPath();

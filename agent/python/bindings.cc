@@ -1,0 +1,355 @@
+// The Python module `trainwatch._trainwatch`: the agent, with gradients and
+// logits read in place through DLPack (no copy, no libtorch), statistics
+// computed by the CPU kernels. The pure-Python package around it
+// (trainwatch/__init__.py, trainwatch/torch.py) is what users import.
+
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dlpack_view.h"
+#include "trainwatch/agent/agent.h"
+#include "trainwatch/core/config.h"
+#include "trainwatch/core/event.h"
+#include "trainwatch/kernels/grad_stats.h"
+#include "trainwatch/kernels/logit_stats.h"
+
+namespace py = pybind11;
+
+namespace trainwatch::python {
+namespace {
+
+// One tensor borrowed through DLPack for the duration of a call.
+class Borrowed {
+ public:
+  explicit Borrowed(py::handle obj) {
+    py::object capsule = py::reinterpret_borrow<py::object>(obj);
+    if (py::hasattr(obj, "__dlpack__")) {
+      // Gradients may be views; a contiguous copy is the framework's business.
+      capsule = obj.attr("__dlpack__")();
+    }
+    if (!PyCapsule_IsValid(capsule.ptr(), "dltensor")) {
+      throw py::type_error(
+          "expected a tensor with __dlpack__ (torch.Tensor, numpy.ndarray) or a DLPack capsule");
+    }
+    managed_ = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
+    // We own it now: the capsule must not free it again.
+    PyCapsule_SetName(capsule.ptr(), "used_dltensor");
+    const DLTensor& t = managed_->dl_tensor;
+    if (t.device.device_type != kDLCPU) {
+      Release();
+      throw py::value_error(
+          "this build reads CPU tensors; move statistics to the host or use the CUDA build");
+    }
+    numel_ = 1;
+    for (int i = 0; i < t.ndim; ++i) numel_ *= t.shape[i];
+    if (t.strides != nullptr && numel_ > 1) {
+      int64_t expect = 1;
+      for (int i = t.ndim - 1; i >= 0; --i) {
+        if (t.shape[i] != 1 && t.strides[i] != expect) {
+          Release();
+          throw py::value_error("tensor is not contiguous: call .contiguous() first");
+        }
+        expect *= t.shape[i];
+      }
+    }
+    if (t.dtype.lanes != 1) {
+      Release();
+      throw py::value_error("vector dtypes are not supported");
+    }
+    if (t.dtype.code == kDLFloat && t.dtype.bits == 32) {
+      dtype_ = kernels::DType::kFloat32;
+    } else if (t.dtype.code == kDLFloat && t.dtype.bits == 16) {
+      dtype_ = kernels::DType::kFloat16;
+    } else if (t.dtype.code == kDLBfloat && t.dtype.bits == 16) {
+      dtype_ = kernels::DType::kBFloat16;
+    } else {
+      Release();
+      throw py::value_error("tensor dtype must be float32, bfloat16 or float16");
+    }
+  }
+  ~Borrowed() { Release(); }
+  Borrowed(const Borrowed&) = delete;
+  Borrowed& operator=(const Borrowed&) = delete;
+  Borrowed(Borrowed&& o) noexcept
+      : managed_(o.managed_), dtype_(o.dtype_), numel_(o.numel_) {
+    o.managed_ = nullptr;
+  }
+
+  const void* data() const {
+    return static_cast<const char*>(managed_->dl_tensor.data) + managed_->dl_tensor.byte_offset;
+  }
+  kernels::DType dtype() const { return dtype_; }
+  int64_t numel() const { return numel_; }
+  int ndim() const { return managed_->dl_tensor.ndim; }
+  int64_t dim(int i) const { return managed_->dl_tensor.shape[i]; }
+
+ private:
+  void Release() {
+    if (managed_ != nullptr && managed_->deleter != nullptr) managed_->deleter(managed_);
+    managed_ = nullptr;
+  }
+  DLManagedTensor* managed_ = nullptr;
+  kernels::DType dtype_ = kernels::DType::kFloat32;
+  int64_t numel_ = 0;
+};
+
+struct PyVerdict {
+  std::string decision;
+  int tier = 0;
+  std::string rule;
+  std::string reason;
+  double loss_ema_ratio = 0;
+  double grad_norm = 0;
+  double nan_frac = 0;
+  double log_z = 0;
+  std::vector<py::dict> events;
+};
+
+py::dict CommandToDict(const agent::Command& c) {
+  py::dict d;
+  d["kind"] = c.kind == agent::Command::Kind::kRollback ? "rollback"
+              : c.kind == agent::Command::Kind::kHalt   ? "halt"
+                                                        : "resume";
+  d["command_id"] = c.command_id;
+  d["incident_id"] = c.incident_id;
+  d["target_step"] = c.target_step;
+  d["checkpoint_uri"] = c.checkpoint_uri;
+  d["quarantine"] = c.quarantine;
+  d["z_loss_alpha"] = c.z_loss_alpha.has_value() ? py::cast(*c.z_loss_alpha) : py::none();
+  d["reason"] = c.reason;
+  return d;
+}
+
+class PyAgent {
+ public:
+  PyAgent(std::string server, std::string run_id, int rank, int world_size,
+          std::optional<std::string> token, std::optional<std::string> spill_dir,
+          std::optional<std::string> rules_json, py::object reduce) {
+    absl::StatusOr<agent::AgentConfig> env = agent::AgentConfig::FromEnvironment();
+    if (!env.ok()) throw py::value_error(std::string(env.status().message()));
+    agent::AgentConfig cfg = *env;
+    if (!server.empty()) cfg.server_address = server;
+    if (!run_id.empty()) cfg.run_id = run_id;
+    if (token) cfg.token = *token;
+    if (spill_dir) cfg.spill_dir = *spill_dir;
+    if (rules_json) {
+      auto rules = core::ParseRuleConfigJson(*rules_json, "rules");
+      if (!rules.ok()) throw py::value_error(std::string(rules.status().message()));
+      cfg.rules = *rules;
+    }
+    std::unique_ptr<agent::Reducer> reducer;
+    if (!reduce.is_none()) {
+      // The trainer's collective (torch.distributed): called with the GIL
+      // held, from Step(), on the training thread.
+      reducer = std::make_unique<agent::CallbackReducer>(
+          rank, world_size,
+          [reduce](absl::Span<double> sums, absl::Span<double> maxes) -> absl::Status {
+            try {
+              py::tuple out = reduce(std::vector<double>(sums.begin(), sums.end()),
+                                     std::vector<double>(maxes.begin(), maxes.end()));
+              auto s = out[0].cast<std::vector<double>>();
+              auto m = out[1].cast<std::vector<double>>();
+              if (s.size() != sums.size() || m.size() != maxes.size()) {
+                return absl::InvalidArgumentError("reduce returned lists of the wrong length");
+              }
+              std::copy(s.begin(), s.end(), sums.begin());
+              std::copy(m.begin(), m.end(), maxes.begin());
+              return absl::OkStatus();
+            } catch (const std::exception& e) {
+              return absl::UnavailableError(e.what());
+            }
+          });
+    } else if (world_size > 1) {
+      throw py::value_error("world_size > 1 needs a reduce callable (e.g. torch.distributed)");
+    } else {
+      reducer = std::make_unique<agent::SingleProcessReducer>();
+    }
+    auto a = agent::Agent::Create(cfg, std::move(reducer));
+    if (!a.ok()) throw py::value_error(std::string(a.status().message()));
+    agent_ = *std::move(a);
+  }
+
+  PyVerdict Step(int64_t step, std::optional<double> loss, py::object grads, py::object logits,
+                 py::object labels, std::optional<double> log_z,
+                 std::optional<std::vector<uint64_t>> shards, std::optional<double> lr,
+                 std::optional<double> z_loss_alpha) {
+    agent::StepInput in;
+    in.step = step;
+    in.loss = loss;
+    in.learning_rate = lr;
+    in.z_loss_alpha = z_loss_alpha;
+    if (!grads.is_none()) {
+      std::vector<Borrowed> held;
+      views_.clear();
+      for (py::handle g : grads) {
+        if (g.is_none()) continue;
+        held.emplace_back(g);
+        views_.push_back({held.back().data(), held.back().dtype(), held.back().numel()});
+      }
+      kernels::Status s = kernels::ComputeGradStats(views_.data(), views_.size(),
+                                                    kernels::GradStatsOptions(), &grad_stats_);
+      if (!s.ok()) throw py::value_error(s.ToString());
+      in.grad_sum_squares = grad_stats_.sum_squares;
+      in.grad_nonfinite = grad_stats_.nonfinite;
+      in.grad_elements = grad_stats_.numel;
+    }
+    if (!logits.is_none()) {
+      Borrowed t(logits);
+      if (t.ndim() < 1) throw py::value_error("logits need a vocabulary dimension");
+      kernels::LogitsView v;
+      v.data = t.data();
+      v.dtype = t.dtype();
+      v.vocab = t.dim(t.ndim() - 1);
+      v.rows = v.vocab > 0 ? t.numel() / v.vocab : 0;
+      kernels::LogitStatsOptions o;
+      std::vector<int32_t> lab;
+      if (!labels.is_none()) {
+        lab = labels.cast<std::vector<int32_t>>();
+        if (static_cast<int64_t>(lab.size()) != v.rows) {
+          throw py::value_error("labels must have one entry per row of logits");
+        }
+        o.labels = lab.data();
+      }
+      kernels::LogitStats ls;
+      kernels::Status s = kernels::ComputeLogitStats(v, o, &ls);
+      if (!s.ok()) throw py::value_error(s.ToString());
+      in.log_z_sum = ls.nonfinite_rows > 0 ? std::nan("") : ls.sum_log_z;
+      in.log_z_rows = ls.rows_counted;
+    } else if (log_z) {
+      in.log_z_sum = *log_z;
+      in.log_z_rows = 1;
+    }
+    if (shards) in.shards = *shards;
+    std::string error;
+    const core::Verdict v = agent_->Step(in, &error);
+    PyVerdict out;
+    out.decision = std::string(core::DecisionName(v.decision));
+    out.tier = v.tier;
+    out.rule = v.decision == core::Decision::kContinue ? "" : std::string(core::EventKindName(v.rule));
+    const core::StepOutcome& o = agent_->last_outcome();
+    out.loss_ema_ratio = o.loss_ema_ratio;
+    out.grad_norm = in.grad_sum_squares ? std::sqrt(*in.grad_sum_squares) : std::nan("");
+    out.nan_frac = in.grad_elements > 0 ? static_cast<double>(in.grad_nonfinite) /
+                                              static_cast<double>(in.grad_elements)
+                                        : std::nan("");
+    for (const core::Event& e : o.events) {
+      py::dict d;
+      d["step"] = e.step;
+      d["tier"] = e.tier;
+      d["action"] = std::string(core::ActionName(e.action));
+      d["kind"] = std::string(core::EventKindName(e.kind));
+      d["onset_step"] = e.onset_step;
+      d["reason"] = e.reason;
+      d["shards"] = e.shards;
+      d["recommended_checkpoint_step"] = e.recommended_checkpoint_step;
+      out.events.push_back(d);
+      if (out.reason.empty() && e.action != core::Action::kNone) out.reason = e.reason;
+    }
+    if (!error.empty()) out.reason = error;
+    return out;
+  }
+
+  void ReportCheckpoint(int64_t step, const std::string& uri) {
+    agent_->ReportCheckpoint(step, uri);
+  }
+  py::object PollCommand() {
+    std::optional<agent::Command> c = agent_->PollCommand();
+    return c ? py::object(CommandToDict(*c)) : py::none();
+  }
+  void OnCommand(py::function fn) {
+    agent_->SetCommandCallback([fn](const agent::Command& c) {
+      py::gil_scoped_acquire gil;
+      try {
+        fn(CommandToDict(c));
+      } catch (const std::exception&) {
+        // A failing handler must not take the agent's thread down.
+      }
+    });
+  }
+  void Acknowledge(const std::string& id, const std::string& status, const std::string& message,
+                   int64_t resumed_step) {
+    agent::AckStatus s = status == "applied"   ? agent::AckStatus::kApplied
+                         : status == "failed"  ? agent::AckStatus::kFailed
+                         : status == "received" ? agent::AckStatus::kReceived
+                                                : throw py::value_error(
+                                                      "status must be received, applied or failed");
+    agent_->Acknowledge(id, s, message, resumed_step);
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> Quarantined() const {
+    return agent_->QuarantinedShards();
+  }
+  py::dict Stats() const {
+    const agent::AgentStats s = agent_->Stats();
+    py::dict d;
+    d["steps"] = s.steps;
+    d["records_queued"] = s.records_queued;
+    d["records_acked"] = s.records_acked;
+    d["records_spilled"] = s.records_spilled;
+    d["records_dropped"] = s.records_dropped;
+    d["reconnects"] = s.reconnects;
+    d["durable_step"] = s.durable_step;
+    d["connected"] = s.connected;
+    d["unacked"] = s.unacked;
+    return d;
+  }
+  void Close(int timeout_ms) {
+    py::gil_scoped_release release;  // the writer may call back into Python
+    agent_->Close(timeout_ms);
+  }
+
+ private:
+  std::unique_ptr<agent::Agent> agent_;
+  std::vector<kernels::TensorView> views_;
+  kernels::GradStats grad_stats_;
+};
+
+}  // namespace
+}  // namespace trainwatch::python
+
+PYBIND11_MODULE(_trainwatch, m) {
+  using trainwatch::python::PyAgent;
+  using trainwatch::python::PyVerdict;
+  m.doc() = "trainwatch agent (native part)";
+  py::class_<PyVerdict>(m, "Verdict")
+      .def_readonly("decision", &PyVerdict::decision)
+      .def_readonly("tier", &PyVerdict::tier)
+      .def_readonly("rule", &PyVerdict::rule)
+      .def_readonly("reason", &PyVerdict::reason)
+      .def_readonly("loss_ema_ratio", &PyVerdict::loss_ema_ratio)
+      .def_readonly("grad_norm", &PyVerdict::grad_norm)
+      .def_readonly("nan_frac", &PyVerdict::nan_frac)
+      .def_readonly("events", &PyVerdict::events)
+      .def_property_readonly("skip", [](const PyVerdict& v) { return v.decision == "skip_update"; })
+      .def_property_readonly("halt", [](const PyVerdict& v) { return v.decision == "halt"; })
+      .def("__repr__", [](const PyVerdict& v) {
+        return "Verdict(" + v.decision + ", tier=" + std::to_string(v.tier) +
+               (v.rule.empty() ? "" : ", rule=" + v.rule) + ")";
+      });
+  py::class_<PyAgent>(m, "Agent")
+      .def(py::init<std::string, std::string, int, int, std::optional<std::string>,
+                    std::optional<std::string>, std::optional<std::string>, py::object>(),
+           py::arg("server") = "", py::arg("run_id") = "", py::arg("rank") = 0,
+           py::arg("world_size") = 1, py::arg("token") = py::none(),
+           py::arg("spill_dir") = py::none(), py::arg("rules_json") = py::none(),
+           py::arg("reduce") = py::none())
+      .def("step", &PyAgent::Step, py::arg("step"), py::arg("loss") = py::none(),
+           py::arg("grads") = py::none(), py::arg("logits") = py::none(),
+           py::arg("labels") = py::none(), py::arg("log_z") = py::none(),
+           py::arg("shards") = py::none(), py::arg("lr") = py::none(),
+           py::arg("z_loss_alpha") = py::none())
+      .def("report_checkpoint", &PyAgent::ReportCheckpoint)
+      .def("poll_command", &PyAgent::PollCommand)
+      .def("on_command", &PyAgent::OnCommand)
+      .def("acknowledge", &PyAgent::Acknowledge, py::arg("command_id"), py::arg("status"),
+           py::arg("message") = "", py::arg("resumed_step") = -1)
+      .def("quarantined_shards", &PyAgent::Quarantined)
+      .def("stats", &PyAgent::Stats)
+      .def("close", &PyAgent::Close, py::arg("timeout_ms") = 5000);
+}

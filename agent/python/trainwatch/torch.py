@@ -1,0 +1,97 @@
+"""Attach trainwatch to a PyTorch training loop.
+
+torch 1.13 has no optimizer step hooks, so watch() wraps the optimizer's own
+step(): after backward(), call observe() with the step's loss (and, when you
+have them, the logits and the batch's shard ids); the next optimizer.step()
+then runs, is skipped (tier 1: a data anomaly's update never reaches the
+weights or Adam's moments), or raises TrainingHalted (tier 3)::
+
+    guard = trainwatch.torch.watch(optimizer, agent)
+    for step, (x, y, shard_ids) in enumerate(loader):
+        logits = model(x)
+        loss = loss_fn(logits, y)
+        optimizer.zero_grad()
+        loss.backward()
+        guard.observe(step, loss, logits=logits, shards=shard_ids)
+        optimizer.step()          # skipped or halted as the agent decides
+"""
+
+import torch as _torch
+
+from . import TrainingHalted
+
+__all__ = ["watch", "Guard", "distributed_reduce"]
+
+
+class Guard:
+    """Holds the latest verdict and gates the wrapped optimizer's step()."""
+
+    def __init__(self, optimizer, agent, params=None):
+        self.optimizer = optimizer
+        self.agent = agent
+        self.params = params
+        self.verdict = None
+        self.skipped = 0
+        self._step = optimizer.step
+        optimizer.step = self._gated_step
+
+    def _grads(self):
+        params = self.params
+        if params is None:
+            params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        return [p.grad.detach() for p in params if p.grad is not None]
+
+    @_torch.no_grad()
+    def observe(self, step, loss, logits=None, labels=None, shards=None):
+        """Statistics of this step (grads before clipping), and the verdict."""
+        loss_value = float(loss.detach()) if isinstance(loss, _torch.Tensor) else float(loss)
+        group = self.optimizer.param_groups[0]
+        z = group.get("z_loss_alpha")
+        if logits is not None:
+            logits = logits.detach()
+            if logits.dtype not in (_torch.float32, _torch.bfloat16, _torch.float16):
+                logits = logits.float()
+            logits = logits.reshape(-1, logits.shape[-1]).contiguous()
+        if labels is not None:
+            labels = [int(v) for v in labels.reshape(-1).tolist()]
+        self.verdict = self.agent.step(
+            int(step), loss=loss_value, grads=[g.contiguous() for g in self._grads()],
+            logits=logits, labels=labels,
+            shards=None if shards is None else [int(s) for s in shards],
+            lr=float(group["lr"]), z_loss_alpha=None if z is None else float(z))
+        return self.verdict
+
+    def _gated_step(self, *args, **kwargs):
+        v = self.verdict
+        self.verdict = None
+        if v is not None and v.halt:
+            raise TrainingHalted(v)
+        if v is not None and v.skip:
+            # The backward ran (its norm is known); the update does not.
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped += 1
+            return None
+        return self._step(*args, **kwargs)
+
+    def detach(self):
+        """Gives the optimizer its own step() back."""
+        self.optimizer.step = self._step
+
+
+def watch(optimizer, agent, params=None):
+    """Wraps `optimizer` so that its step() obeys the agent's verdicts."""
+    return Guard(optimizer, agent, params)
+
+
+def distributed_reduce(group=None):
+    """A reduce callable for trainwatch.Agent over torch.distributed."""
+    import torch.distributed as dist
+
+    def reduce(sums, maxes):
+        s = _torch.tensor(sums, dtype=_torch.float64)
+        m = _torch.tensor(maxes, dtype=_torch.float64)
+        dist.all_reduce(s, op=dist.ReduceOp.SUM, group=group)
+        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+        return s.tolist(), m.tolist()
+
+    return reduce

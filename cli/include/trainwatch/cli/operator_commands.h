@@ -1,0 +1,47 @@
+// twctl's operator commands, against trainwatchd's OperatorService:
+//
+//   runs                          the runs and their state
+//   status RUN [--points N]       latest metrics, a sparkline, open incidents
+//   incidents [--open] [--run R]  incidents, newest last
+//   incident show ID              the diagnostic summary, with terminal charts
+//   rollback approve ID [--to-step N] [--quarantine-shards A..B] [--z-loss-alpha X]
+//                       [--comment TEXT] [--yes] [--dry-run]
+//   rollback reject ID --comment TEXT
+//   shards RUN                    quarantined shard ranges
+//
+// Connection, as kubectl and amtool users expect: --server and --token
+// flags, else TRAINWATCH_SERVER and TRAINWATCH_TOKEN, else the config file
+// ($TWCTL_CONFIG or ~/.config/trainwatch/twctl.json: {"server", "token",
+// "ca_file"}), else 127.0.0.1:7070. Output: -o table (default) or -o json
+// (one JSON object: the API response in the proto3 JSON mapping of its
+// trainwatch.v1 message). Errors go to stderr. Exit codes: 0 ok, 1 error,
+// 2 usage, 3 refused by the server's state (FAILED_PRECONDITION).
+
+#ifndef TRAINWATCH_CLI_OPERATOR_COMMANDS_H_
+#define TRAINWATCH_CLI_OPERATOR_COMMANDS_H_
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace trainwatch::cli {
+
+// How a command asks the human for confirmation (tests answer it).
+using Prompt = std::function<bool(const std::string& question)>;
+
+// Runs `command` (the first word after twctl) with its arguments. Returns
+// the exit code; stdout and stderr text go to *out and *err.
+int OperatorCommand(const std::string& command, const std::vector<std::string>& args,
+                    const Prompt& prompt, std::string* out, std::string* err);
+
+// Unicode sparkline of `values` (NaN shown as a space), at most `width` wide.
+std::string Sparkline(const std::vector<double>& values, size_t width = 60);
+
+// A small line chart: `height` rows of text, values scaled between their
+// minimum and maximum, with the axis labels on the left.
+std::string Chart(const std::string& title, const std::vector<std::pair<int64_t, double>>& points,
+                  size_t width = 64, size_t height = 8);
+
+}  // namespace trainwatch::cli
+
+#endif  // TRAINWATCH_CLI_OPERATOR_COMMANDS_H_

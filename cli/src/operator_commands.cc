@@ -1,0 +1,566 @@
+#include "trainwatch/cli/operator_commands.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <memory>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "trainwatch/core/json.h"
+#include "trainwatch/v1/operator.grpc.pb.h"
+
+namespace trainwatch::cli {
+
+namespace v1 = trainwatch::v1;
+
+namespace {
+
+constexpr int kOk = 0, kError = 1, kUsage = 2, kRefused = 3;
+
+constexpr char kUsageText[] =
+    "usage: twctl [--server ADDR] [--token TOKEN] [--ca-file PEM] [-o table|json] COMMAND ...\n"
+    "  runs\n"
+    "  status RUN [--points N]\n"
+    "  incidents [--open] [--run RUN]\n"
+    "  incident show ID\n"
+    "  rollback approve ID [--to-step N] [--quarantine-shards A..B[,C..D]] [--z-loss-alpha X]\n"
+    "                      [--comment TEXT] [--yes] [--dry-run]\n"
+    "  rollback reject ID --comment TEXT\n"
+    "  shards RUN\n"
+    "  replay FILE ...  (see twctl replay --help)\n"
+    "Server and token: flags, else TRAINWATCH_SERVER / TRAINWATCH_TOKEN, else $TWCTL_CONFIG or\n"
+    "~/.config/trainwatch/twctl.json ({\"server\": ..., \"token\": ..., \"ca_file\": ...}).\n"
+    "Exit codes: 0 ok, 1 error, 2 usage, 3 refused by the server's state.\n";
+
+struct Options {
+  std::string server, token, ca_file, output = "table";
+  std::vector<std::string> positional;
+  std::map<std::string, std::string> flags;  // --name value (or "" for switches)
+};
+
+// Flags that take no value.
+bool IsSwitch(const std::string& name) {
+  return name == "open" || name == "yes" || name == "dry-run";
+}
+
+std::string StateName(v1::IncidentState s) {
+  std::string n = v1::IncidentState_Name(s);
+  n = n.substr(std::string("INCIDENT_STATE_").size());
+  return absl::AsciiStrToLower(n);
+}
+
+std::string TierName(v1::Tier t) {
+  switch (t) {
+    case v1::TIER_DATA_ANOMALY: return "1";
+    case v1::TIER_LOGIT_DRIFT: return "2";
+    case v1::TIER_NUMERICAL_FAILURE: return "3";
+    default: return "0";
+  }
+}
+
+std::string Json(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.always_print_primitive_fields = true;
+  o.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out + "\n";
+}
+
+int FromStatus(const grpc::Status& s, std::string* err) {
+  if (s.ok()) return kOk;
+  *err += absl::StrCat("twctl: ", s.error_message(), " (", s.error_code(), ")\n");
+  if (s.error_code() == grpc::FAILED_PRECONDITION) return kRefused;
+  if (s.error_code() == grpc::INVALID_ARGUMENT) return kUsage;
+  return kError;
+}
+
+std::string Fmt(double v) {
+  if (std::isnan(v)) return "nan";
+  return absl::StrFormat("%.4g", v);
+}
+
+}  // namespace
+
+std::string Sparkline(const std::vector<double>& values, size_t width) {
+  static const char* const kBlocks[] = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
+  if (values.empty()) return "";
+  // Average into `width` columns.
+  const size_t n = std::min(width, values.size());
+  std::vector<double> cols(n, 0.0);
+  std::vector<int> counts(n, 0);
+  for (size_t i = 0; i < values.size(); ++i) {
+    const size_t c = i * n / values.size();
+    if (std::isfinite(values[i])) {
+      cols[c] += values[i];
+      ++counts[c];
+    }
+  }
+  double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+  for (size_t c = 0; c < n; ++c) {
+    if (counts[c] == 0) continue;
+    cols[c] /= counts[c];
+    lo = std::min(lo, cols[c]);
+    hi = std::max(hi, cols[c]);
+  }
+  std::string out;
+  for (size_t c = 0; c < n; ++c) {
+    if (counts[c] == 0) {
+      out += " ";
+      continue;
+    }
+    const int level = hi > lo ? static_cast<int>(std::lround((cols[c] - lo) / (hi - lo) * 7)) : 3;
+    out += kBlocks[std::clamp(level, 0, 7)];
+  }
+  return out;
+}
+
+std::string Chart(const std::string& title, const std::vector<std::pair<int64_t, double>>& points,
+                  size_t width, size_t height) {
+  std::vector<std::pair<int64_t, double>> pts;
+  for (const auto& p : points) {
+    if (std::isfinite(p.second)) pts.push_back(p);
+  }
+  if (pts.empty()) return absl::StrCat(title, ": no data\n");
+  double lo = pts[0].second, hi = lo;
+  for (const auto& p : pts) {
+    lo = std::min(lo, p.second);
+    hi = std::max(hi, p.second);
+  }
+  if (hi == lo) hi = lo + 1e-9;
+  const int64_t x0 = pts.front().first, x1 = std::max(pts.back().first, x0 + 1);
+  std::vector<std::string> grid(height, std::string(width, ' '));
+  for (const auto& [x, y] : pts) {
+    const size_t col = static_cast<size_t>((x - x0) * static_cast<int64_t>(width - 1) / (x1 - x0));
+    const size_t row = static_cast<size_t>(std::lround((hi - y) / (hi - lo) * (height - 1)));
+    grid[std::min(row, height - 1)][std::min(col, width - 1)] = '*';
+  }
+  std::string out = absl::StrCat(title, "\n");
+  for (size_t r = 0; r < height; ++r) {
+    const double label = hi - (hi - lo) * static_cast<double>(r) / static_cast<double>(height - 1);
+    absl::StrAppendFormat(&out, "%10s |%s\n", Fmt(label), grid[r]);
+  }
+  absl::StrAppendFormat(&out, "%10s +%s\n%11s %-*d%d\n", "", std::string(width, '-'), "",
+                        static_cast<int>(width - 8), x0, x1);
+  return out;
+}
+
+namespace {
+
+class Client {
+ public:
+  Client(const Options& o) : token_(o.token) {
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+    if (!o.ca_file.empty()) {
+      grpc::SslCredentialsOptions ssl;
+      std::ifstream in(o.ca_file);
+      ssl.pem_root_certs.assign(std::istreambuf_iterator<char>(in),
+                                std::istreambuf_iterator<char>());
+      creds = grpc::SslCredentials(ssl);
+    }
+    stub_ = v1::OperatorService::NewStub(grpc::CreateChannel(o.server, creds));
+  }
+  void Prepare(grpc::ClientContext* c) const {
+    if (!token_.empty()) c->AddMetadata("authorization", "Bearer " + token_);
+    c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  }
+  v1::OperatorService::Stub* stub() { return stub_.get(); }
+
+ private:
+  std::string token_;
+  std::unique_ptr<v1::OperatorService::Stub> stub_;
+};
+
+bool ParseShardRanges(const std::string& text, v1::ShardSet* out) {
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    const size_t dots = part.find("..");
+    uint64_t a, b;
+    if (dots == absl::string_view::npos) {
+      if (!absl::SimpleAtoi(part, &a)) return false;
+      b = a;
+    } else if (!absl::SimpleAtoi(part.substr(0, dots), &a) ||
+               !absl::SimpleAtoi(part.substr(dots + 2), &b) || b < a) {
+      return false;
+    }
+    auto* r = out->add_ranges();
+    r->set_first(a);
+    r->set_last(b);
+  }
+  return true;
+}
+
+int Runs(Client& c, const Options& o, std::string* out, std::string* err) {
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  v1::ListRunsRequest req;
+  v1::ListRunsResponse resp;
+  if (int rc = FromStatus(c.stub()->ListRuns(&ctx, req, &resp), err); rc != kOk) return rc;
+  if (o.output == "json") {
+    *out = Json(resp);
+    return kOk;
+  }
+  *out = absl::StrFormat("%-24s %-9s %6s %10s %6s %6s\n", "RUN", "STATE", "WORLD", "STEP", "RANKS",
+                         "OPEN");
+  for (const auto& r : resp.runs()) {
+    std::string state = v1::RunState_Name(r.state()).substr(10);
+    absl::StrAppendFormat(out, "%-24s %-9s %6d %10d %6d %6d\n", r.run_id(),
+                          absl::AsciiStrToLower(state), r.world_size(), r.latest_step(),
+                          r.ranks_connected(), r.open_incidents());
+  }
+  return kOk;
+}
+
+int Status(Client& c, const Options& o, std::string* out, std::string* err) {
+  if (o.positional.size() != 1) {
+    *err = "twctl status: RUN is required\n";
+    return kUsage;
+  }
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  v1::GetRunStatusRequest req;
+  req.set_run_id(o.positional[0]);
+  int points = 200;
+  if (o.flags.count("points") && !absl::SimpleAtoi(o.flags.at("points"), &points)) {
+    *err = "twctl status: --points needs a number\n";
+    return kUsage;
+  }
+  req.set_window_steps(points);
+  v1::GetRunStatusResponse resp;
+  if (int rc = FromStatus(c.stub()->GetRunStatus(&ctx, req, &resp), err); rc != kOk) return rc;
+  if (o.output == "json") {
+    *out = Json(resp);
+    return kOk;
+  }
+  const auto& m = resp.latest().metrics();
+  *out = absl::StrFormat("run %s: step %d, %d of %d ranks connected, %d open incidents\n",
+                         resp.run().run_id(), resp.run().latest_step(),
+                         resp.run().ranks_connected(), resp.run().world_size(),
+                         resp.run().open_incidents());
+  std::vector<double> loss, gn, lz, ratio;
+  for (const auto& p : resp.recent()) {
+    loss.push_back(p.metrics().has_loss() ? p.metrics().loss() : NAN);
+    gn.push_back(p.metrics().has_grad_norm() ? p.metrics().grad_norm() : NAN);
+    lz.push_back(p.metrics().has_log_z() ? p.metrics().log_z() : NAN);
+    ratio.push_back(p.metrics().has_loss_ema_ratio() ? p.metrics().loss_ema_ratio() : NAN);
+  }
+  auto line = [&](const char* name, bool has, double v, const std::vector<double>& series) {
+    absl::StrAppendFormat(out, "  %-15s %10s  %s\n", name, has ? Fmt(v) : "-", Sparkline(series));
+  };
+  line("loss", m.has_loss(), m.loss(), loss);
+  line("grad_norm", m.has_grad_norm(), m.grad_norm(), gn);
+  line("log_z", m.has_log_z(), m.log_z(), lz);
+  line("loss_ema_ratio", m.has_loss_ema_ratio(), m.loss_ema_ratio(), ratio);
+  line("nan_frac", m.has_nan_frac(), m.nan_frac(), {});
+  if (resp.has_latest_checkpoint()) {
+    absl::StrAppendFormat(out, "  latest checkpoint: step %d %s\n",
+                          resp.latest_checkpoint().step(), resp.latest_checkpoint().uri());
+  }
+  for (const auto& i : resp.open_incidents()) {
+    absl::StrAppendFormat(out, "  open: %s tier %s %s  %s\n", i.incident_id(), TierName(i.tier()),
+                          StateName(i.state()), i.title());
+  }
+  return kOk;
+}
+
+int Incidents(Client& c, const Options& o, std::string* out, std::string* err) {
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  v1::ListIncidentsRequest req;
+  req.set_open_only(o.flags.count("open") > 0);
+  if (o.flags.count("run")) req.set_run_id(o.flags.at("run"));
+  req.set_page_size(1000);
+  v1::ListIncidentsResponse resp;
+  if (int rc = FromStatus(c.stub()->ListIncidents(&ctx, req, &resp), err); rc != kOk) return rc;
+  if (o.output == "json") {
+    *out = Json(resp);
+    return kOk;
+  }
+  *out = absl::StrFormat("%-7s %-16s %-4s %-18s %8s %9s  %s\n", "ID", "RUN", "TIER", "STATE",
+                         "ONSET", "DETECTED", "TITLE");
+  for (const auto& i : resp.incidents()) {
+    std::string title = i.title();
+    if (title.size() > 90) title = title.substr(0, 87) + "...";
+    absl::StrAppendFormat(out, "%-7s %-16s %-4s %-18s %8d %9d  %s\n", i.incident_id(), i.run_id(),
+                          TierName(i.tier()), StateName(i.state()), i.onset_step(),
+                          i.detection_step(), title);
+  }
+  return kOk;
+}
+
+int Show(Client& c, const Options& o, std::string* out, std::string* err) {
+  if (o.positional.size() != 2 || o.positional[0] != "show") {
+    *err = "usage: twctl incident show ID\n";
+    return kUsage;
+  }
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  v1::GetIncidentRequest req;
+  req.set_incident_id(o.positional[1]);
+  v1::GetIncidentResponse resp;
+  if (int rc = FromStatus(c.stub()->GetIncident(&ctx, req, &resp), err); rc != kOk) return rc;
+  if (o.output == "json") {
+    *out = Json(resp);
+    return kOk;
+  }
+  const v1::Incident& i = resp.incident();
+  const v1::DiagnosticSummary& s = i.summary();
+  *out = absl::StrFormat("%s  run %s  tier %s  %s\nonset step %d, detected at step %d\n\n%s\n\n",
+                         i.incident_id(), i.run_id(), TierName(i.tier()), StateName(i.state()),
+                         s.onset_step(), s.detection_step(), s.explanation());
+  std::vector<std::pair<int64_t, double>> lz, loss, ratio, p50, p99;
+  for (const auto& p : s.log_z_trend()) lz.emplace_back(p.step(), p.value());
+  for (const auto& p : s.loss_around_onset()) loss.emplace_back(p.step(), p.value());
+  for (const auto& p : s.loss_ema_ratio_around_onset()) ratio.emplace_back(p.step(), p.value());
+  if (!lz.empty()) *out += Chart("log_z over the 5,000 steps before the onset", lz) + "\n";
+  if (!loss.empty()) *out += Chart("loss around the onset", loss) + "\n";
+  if (s.grad_norm_percentiles_size() > 0) {
+    *out += "grad_norm percentiles before the onset\n";
+    absl::StrAppendFormat(out, "  %-17s %9s %9s %9s %9s %7s\n", "steps", "p50", "p90", "p99",
+                          "max", "n");
+    for (const auto& w : s.grad_norm_percentiles()) {
+      absl::StrAppendFormat(out, "  %8d..%-8d %9s %9s %9s %9s %7d\n", w.first_step(),
+                            w.last_step(), Fmt(w.p50()), Fmt(w.p90()), Fmt(w.p99()),
+                            Fmt(w.max()), w.sample_count());
+    }
+    *out += "\n";
+  }
+  if (s.suspect_shards().ranges_size() > 0) {
+    const auto& r = s.suspect_shards().ranges(0);
+    absl::StrAppendFormat(out, "shards onset..detection: %d..%d (%d ids)\n", r.first(), r.last(),
+                          s.suspect_shards().shard_ids_size());
+  }
+  if (s.has_recommended_checkpoint()) {
+    absl::StrAppendFormat(out, "recommended checkpoint: step %d %s\n",
+                          s.recommended_checkpoint().step(), s.recommended_checkpoint().uri());
+  }
+  for (const auto& a : s.recommended_actions()) {
+    absl::StrAppendFormat(out, "recommended: %s\n", a.description());
+  }
+  for (const auto& d : i.decisions()) {
+    absl::StrAppendFormat(out, "decision %s: %s by %s: \"%s\"\n", d.decision_id(),
+                          d.kind() == v1::DECISION_KIND_APPROVE_ROLLBACK ? "approved" : "rejected",
+                          d.actor().id(), d.comment());
+  }
+  if (!s.approve_command().empty()) absl::StrAppendFormat(out, "\napprove with:\n  %s\n", s.approve_command());
+  return kOk;
+}
+
+int Rollback(Client& c, const Options& o, const Prompt& prompt, std::string* out,
+             std::string* err) {
+  if (o.positional.size() != 2 || (o.positional[0] != "approve" && o.positional[0] != "reject")) {
+    *err = "usage: twctl rollback approve|reject ID ...\n";
+    return kUsage;
+  }
+  const std::string id = o.positional[1];
+  const std::string comment = o.flags.count("comment") ? o.flags.at("comment") : "";
+  if (o.positional[0] == "reject") {
+    if (comment.empty()) {
+      *err = "twctl rollback reject: --comment is required (it goes in the audit log)\n";
+      return kUsage;
+    }
+    grpc::ClientContext ctx;
+    c.Prepare(&ctx);
+    v1::RejectRollbackRequest req;
+    req.set_incident_id(id);
+    req.set_comment(comment);
+    v1::RejectRollbackResponse resp;
+    if (int rc = FromStatus(c.stub()->RejectRollback(&ctx, req, &resp), err); rc != kOk) {
+      return rc;
+    }
+    *out = o.output == "json" ? Json(resp)
+                              : absl::StrFormat("%s rejected (%s): %s\n", id,
+                                                resp.decision().decision_id(), comment);
+    return kOk;
+  }
+  v1::ApproveRollbackRequest req;
+  req.set_incident_id(id);
+  req.set_comment(comment);
+  if (o.flags.count("to-step")) {
+    int64_t step;
+    if (!absl::SimpleAtoi(o.flags.at("to-step"), &step)) {
+      *err = "twctl rollback approve: --to-step needs a step number\n";
+      return kUsage;
+    }
+    req.set_to_step(step);
+  }
+  if (o.flags.count("quarantine-shards") &&
+      !ParseShardRanges(o.flags.at("quarantine-shards"), req.mutable_quarantine_shards())) {
+    *err = "twctl rollback approve: --quarantine-shards takes A..B[,C..D]\n";
+    return kUsage;
+  }
+  if (o.flags.count("z-loss-alpha")) {
+    double a;
+    if (!absl::SimpleAtod(o.flags.at("z-loss-alpha"), &a) || !(a >= 0)) {
+      *err = "twctl rollback approve: --z-loss-alpha needs a number >= 0\n";
+      return kUsage;
+    }
+    req.set_z_loss_alpha(a);
+  }
+  // First a dry run: the human sees exactly what will happen.
+  req.set_dry_run(true);
+  v1::ApproveRollbackResponse plan;
+  {
+    grpc::ClientContext ctx;
+    c.Prepare(&ctx);
+    if (int rc = FromStatus(c.stub()->ApproveRollback(&ctx, req, &plan), err); rc != kOk) {
+      return rc;
+    }
+  }
+  const v1::RollbackPlan& p = plan.decision().plan();
+  std::string what = absl::StrFormat("roll back run %s to step %d (%s)", plan.decision().run_id(),
+                                     p.target_step(), p.checkpoint_uri());
+  for (const auto& r : p.quarantine().ranges()) {
+    absl::StrAppendFormat(&what, ", quarantine shards %d..%d", r.first(), r.last());
+  }
+  for (const auto& st : p.settings()) {
+    if (st.has_z_loss_alpha()) absl::StrAppendFormat(&what, ", z-loss alpha %g", st.z_loss_alpha());
+  }
+  if (o.flags.count("dry-run")) {
+    *out = o.output == "json" ? Json(plan) : absl::StrCat("dry run: would ", what, "\n");
+    return kOk;
+  }
+  if (!o.flags.count("yes") && !prompt(absl::StrCat(id, ": ", what, "? [y/N] "))) {
+    *err = "twctl: not approved\n";
+    return kError;
+  }
+  req.set_dry_run(false);
+  // A retry of this very command must not approve twice.
+  req.set_idempotency_key(absl::StrCat("twctl-", id, "-", p.target_step(), "-",
+                                       std::hash<std::string>()(what + comment)));
+  v1::ApproveRollbackResponse resp;
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  if (int rc = FromStatus(c.stub()->ApproveRollback(&ctx, req, &resp), err); rc != kOk) return rc;
+  *out = o.output == "json"
+             ? Json(resp)
+             : absl::StrFormat("%s approved (%s%s): %s; command %s sent to every rank\n", id,
+                               resp.decision().decision_id(), resp.replayed() ? ", already" : "",
+                               what, resp.decision().command_id());
+  return kOk;
+}
+
+int Shards(Client& c, const Options& o, std::string* out, std::string* err) {
+  if (o.positional.size() != 1) {
+    *err = "twctl shards: RUN is required\n";
+    return kUsage;
+  }
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  v1::ListQuarantinedShardsRequest req;
+  req.set_run_id(o.positional[0]);
+  v1::ListQuarantinedShardsResponse resp;
+  if (int rc = FromStatus(c.stub()->ListQuarantinedShards(&ctx, req, &resp), err); rc != kOk) {
+    return rc;
+  }
+  if (o.output == "json") {
+    *out = Json(resp);
+    return kOk;
+  }
+  *out = absl::StrFormat("%-24s %-8s %-8s %s\n", "SHARDS", "INCIDENT", "DECISION", "SINCE");
+  for (const auto& e : resp.entries()) {
+    const auto& r = e.shards().ranges(0);
+    absl::StrAppendFormat(out, "%-24s %-8s %-8s %d\n", absl::StrCat(r.first(), "..", r.last()),
+                          e.incident_id(), e.decision_id(), e.added_at().seconds());
+  }
+  if (resp.entries_size() == 0) *out += "(none quarantined)\n";
+  return kOk;
+}
+
+void LoadConfigFile(Options* o) {
+  std::string path;
+  if (const char* p = std::getenv("TWCTL_CONFIG")) {
+    path = p;
+  } else if (const char* home = std::getenv("HOME")) {
+    path = absl::StrCat(home, "/.config/trainwatch/twctl.json");
+  }
+  std::ifstream in(path);
+  if (!in) return;
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  absl::StatusOr<core::JsonValue> doc = core::ParseJson(text, path);
+  if (!doc.ok()) return;
+  auto take = [&](const char* key, std::string* dst) {
+    const core::JsonValue* v = doc->Find(key);
+    if (dst->empty() && v != nullptr && v->type == core::JsonValue::Type::kString) *dst = v->string;
+  };
+  take("server", &o->server);
+  take("token", &o->token);
+  take("ca_file", &o->ca_file);
+}
+
+}  // namespace
+
+int OperatorCommand(const std::string& command, const std::vector<std::string>& args,
+                    const Prompt& prompt, std::string* out, std::string* err) {
+  Options o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-o" || a == "--output" || a == "--server" || a == "--token" || a == "--ca-file") {
+      if (i + 1 >= args.size()) {
+        *err = absl::StrCat("twctl: ", a, " needs a value\n");
+        return kUsage;
+      }
+      const std::string& v = args[++i];
+      if (a == "-o" || a == "--output") o.output = v;
+      if (a == "--server") o.server = v;
+      if (a == "--token") o.token = v;
+      if (a == "--ca-file") o.ca_file = v;
+    } else if (a.rfind("--", 0) == 0) {
+      std::string name = a.substr(2), value;
+      const size_t eq = name.find('=');
+      if (eq != std::string::npos) {
+        value = name.substr(eq + 1);
+        name = name.substr(0, eq);
+      } else if (!IsSwitch(name)) {
+        if (i + 1 >= args.size()) {
+          *err = absl::StrCat("twctl: --", name, " needs a value\n");
+          return kUsage;
+        }
+        value = args[++i];
+      }
+      static const std::set<std::string> kKnown = {
+          "open", "yes", "dry-run", "run", "points", "to-step", "quarantine-shards",
+          "z-loss-alpha", "comment"};
+      if (!kKnown.count(name)) {
+        *err = absl::StrCat("twctl: unknown flag --", name, "\n", kUsageText);
+        return kUsage;
+      }
+      o.flags[name] = value;
+    } else {
+      o.positional.push_back(a);
+    }
+  }
+  if (o.output != "table" && o.output != "json") {
+    *err = "twctl: -o must be table or json\n";
+    return kUsage;
+  }
+  if (o.server.empty()) {
+    if (const char* v = std::getenv("TRAINWATCH_SERVER")) o.server = v;
+  }
+  if (o.token.empty()) {
+    if (const char* v = std::getenv("TRAINWATCH_TOKEN")) o.token = v;
+  }
+  LoadConfigFile(&o);
+  if (o.server.empty()) o.server = "127.0.0.1:7070";
+  Client client(o);
+  if (command == "runs") return Runs(client, o, out, err);
+  if (command == "status") return Status(client, o, out, err);
+  if (command == "incidents") return Incidents(client, o, out, err);
+  if (command == "incident") return Show(client, o, out, err);
+  if (command == "rollback") return Rollback(client, o, prompt, out, err);
+  if (command == "shards") return Shards(client, o, out, err);
+  *err = absl::StrCat("twctl: unknown command '", command, "'\n", kUsageText);
+  return kUsage;
+}
+
+}  // namespace trainwatch::cli

@@ -1,0 +1,538 @@
+// The AVX2 (+FMA, +F16C) CPU kernels. Each function carries its own target
+// attribute, so this file compiles with the baseline flags and the code only
+// runs after CpuHasAvx2() said yes: one binary serves every x86-64 machine.
+//
+// Gradient kernels: see "fast pass" below. bf16 and fp16 are maxed as
+// 16-bit integers before they are widened (for non-negative floats the bit
+// order is the value order), and widening costs a shift and a mask (bf16) or
+// one F16C convert (fp16) per 8 values.
+
+#include "cpu_kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define TRAINWATCH_KERNELS_X86 1
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace trainwatch::kernels::internal {
+
+#if defined(TRAINWATCH_KERNELS_X86)
+
+#define TW_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+namespace {
+
+constexpr float kFloatMax = std::numeric_limits<float>::max();
+
+// Folds four fp32 accumulators (32 lanes) into an fp64 sum, lane by lane in
+// a fixed order, plus a scalar tail accumulator. Sets *overflow when any of
+// them is inf (nonfinite inputs were zeroed, so only overflow makes one).
+TW_AVX2 double FoldLanes(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float tail,
+                         bool* overflow) {
+  alignas(32) float lanes[32];
+  _mm256_store_ps(lanes, a0);
+  _mm256_store_ps(lanes + 8, a1);
+  _mm256_store_ps(lanes + 16, a2);
+  _mm256_store_ps(lanes + 24, a3);
+  double s = 0.0;
+  bool of = !(tail <= kFloatMax);
+  for (float lane : lanes) {
+    of |= !(lane <= kFloatMax);
+    s += static_cast<double>(lane);
+  }
+  *overflow = of;
+  return s + static_cast<double>(tail);
+}
+
+TW_AVX2 int64_t SumI32(__m256i v) {
+  alignas(32) int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), v);
+  int64_t s = 0;
+  for (int32_t x : lanes) s += x;
+  return s;
+}
+
+TW_AVX2 uint16_t MaxU16(__m256i v) {
+  alignas(32) uint16_t lanes[16];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), v);
+  uint16_t m = 0;
+  for (uint16_t x : lanes) m = std::max(m, x);
+  return m;
+}
+
+TW_AVX2 float MaxF32(__m256 v) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  float m = 0.0f;
+  for (float x : lanes) m = std::max(m, x);
+  return m;
+}
+
+// Each piece is first reduced by a fast pass that assumes every element is
+// finite: per vector only a load, a sign mask, an integer max of the
+// magnitude bits and the fused multiply-adds (squares do not need the sign).
+// The piece's max magnitude then tells whether the assumption held: bits at
+// or above the infinity pattern mean the piece holds a NaN or an inf, and
+// only then is the piece reduced again by the masked pass, which counts the
+// nonfinite elements and leaves them out. The second pass reads the piece
+// from L1 and happens only in a step that is failing anyway.
+
+struct PieceResult {
+  double sum = 0.0;
+  int64_t nonfinite = 0;
+  float max_abs = 0.0f;
+};
+
+// ----------------------------------------------------------------- fp32
+
+TW_AVX2 uint32_t MaxU32(__m256i v) {
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), v);
+  uint32_t m = 0;
+  for (uint32_t x : lanes) m = std::max(m, x);
+  return m;
+}
+
+// The masked pass over [start, end) of fp32 data.
+TW_AVX2 PieceResult MaskedPieceF32(const uint32_t* p, int64_t start,
+                                   int64_t end) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  const __m256i max_finite = _mm256_set1_epi32(0x7f7fffff);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+  __m256 vmax = _mm256_setzero_ps();
+  __m256i cnt = _mm256_setzero_si256();
+#define TW_F32_MASKED(acc, off)                                              \
+  {                                                                          \
+    const __m256i x =                                                        \
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + (off))); \
+    const __m256i a = _mm256_and_si256(x, abs_mask);                         \
+    const __m256i bad = _mm256_cmpgt_epi32(a, max_finite);                   \
+    cnt = _mm256_sub_epi32(cnt, bad);                                        \
+    const __m256 f = _mm256_castsi256_ps(_mm256_andnot_si256(bad, a));       \
+    vmax = _mm256_max_ps(vmax, f);                                           \
+    acc = _mm256_fmadd_ps(f, f, acc);                                        \
+  }
+  int64_t i = start;
+  for (; i + 32 <= end; i += 32) {
+    TW_F32_MASKED(acc0, 0)
+    TW_F32_MASKED(acc1, 8)
+    TW_F32_MASKED(acc2, 16)
+    TW_F32_MASKED(acc3, 24)
+  }
+#undef TW_F32_MASKED
+  PieceResult r;
+  float tail = 0.0f, tail_max = 0.0f;
+  for (; i < end; ++i) {
+    bool finite;
+    float a = ElemTraits<DType::kFloat32>::Abs(p, i, &finite);
+    a = finite ? a : 0.0f;
+    r.nonfinite += finite ? 0 : 1;
+    tail_max = std::max(tail_max, a);
+    tail += a * a;
+  }
+  bool overflow;
+  r.sum = FoldLanes(acc0, acc1, acc2, acc3, tail, &overflow);
+  if (overflow) r.sum = SumSquaresFp64<DType::kFloat32>(p, start, end);
+  r.nonfinite += SumI32(cnt);
+  r.max_abs = std::max(MaxF32(vmax), tail_max);
+  return r;
+}
+
+TW_AVX2 RangeStats GradRangeF32(const void* data, int64_t n) {
+  const uint32_t* p = static_cast<const uint32_t*>(data);
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  RangeStats r;
+#define TW_F32_FAST(acc, vmax, off)                                          \
+  {                                                                          \
+    const __m256i x =                                                        \
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + (off))); \
+    vmax = _mm256_max_epu32(vmax, _mm256_and_si256(x, abs_mask));            \
+    const __m256 f = _mm256_castsi256_ps(x);                                 \
+    acc = _mm256_fmadd_ps(f, f, acc);                                        \
+  }
+  for (int64_t start = 0; start < n; start += kGradPieceElems) {
+    const int64_t end = std::min(n, start + kGradPieceElems);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+    __m256i vmax0 = _mm256_setzero_si256(), vmax1 = _mm256_setzero_si256();
+    int64_t i = start;
+    for (; i + 32 <= end; i += 32) {
+      TW_F32_FAST(acc0, vmax0, 0)
+      TW_F32_FAST(acc1, vmax1, 8)
+      TW_F32_FAST(acc2, vmax0, 16)
+      TW_F32_FAST(acc3, vmax1, 24)
+    }
+    uint32_t max_bits = MaxU32(_mm256_max_epu32(vmax0, vmax1));
+    float tail = 0.0f;
+    for (; i < end; ++i) {
+      const uint32_t b = p[i] & 0x7fffffffu;
+      max_bits = std::max(max_bits, b);
+      const float a = BitsToFloat(b);
+      tail += a * a;
+    }
+    PieceResult piece;
+    if (max_bits >= 0x7f800000u) {
+      piece = MaskedPieceF32(p, start, end);
+    } else {
+      bool overflow;
+      piece.sum = FoldLanes(acc0, acc1, acc2, acc3, tail, &overflow);
+      if (overflow) piece.sum = SumSquaresFp64<DType::kFloat32>(p, start, end);
+      piece.max_abs = BitsToFloat(max_bits);
+    }
+    r.sum_squares += piece.sum;
+    r.nonfinite += piece.nonfinite;
+    r.max_abs = std::max(r.max_abs, piece.max_abs);
+  }
+#undef TW_F32_FAST
+  return r;
+}
+
+// ------------------------------------------------------------ bf16, fp16
+
+// 16 elements per vector as 16-bit integers. kInfBits is the infinity
+// pattern (magnitudes at or above it are nonfinite); Widen turns 16 values
+// into two fp32 vectors in some fixed lane order (only sums of squares are
+// taken, so the order and the signs do not matter).
+struct Bf16Ops {
+  static constexpr uint16_t kInfBits = 0x7f80;
+  static constexpr DType kDType = DType::kBFloat16;
+  TW_AVX2 static void Widen(__m256i m, __m256* lo, __m256* hi) {
+    // Even elements: shifted into the top half; odd ones already are.
+    *lo = _mm256_castsi256_ps(_mm256_slli_epi32(m, 16));
+    *hi = _mm256_castsi256_ps(
+        _mm256_and_si256(m, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
+  static float BitsToFloat(uint16_t b) { return BFloat16BitsToFloat(b); }
+};
+
+struct Fp16Ops {
+  static constexpr uint16_t kInfBits = 0x7c00;
+  static constexpr DType kDType = DType::kFloat16;
+  TW_AVX2 static void Widen(__m256i m, __m256* lo, __m256* hi) {
+    *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(m));
+    *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(m, 1));
+  }
+  static float BitsToFloat(uint16_t b) { return HalfBitsToFloat(b); }
+};
+
+template <typename Ops>
+TW_AVX2 PieceResult MaskedPiece16(const uint16_t* p, int64_t start,
+                                  int64_t end) {
+  const __m256i abs_mask = _mm256_set1_epi16(0x7fff);
+  const __m256i max_finite =
+      _mm256_set1_epi16(static_cast<int16_t>(Ops::kInfBits - 1));
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+  __m256i vmax = _mm256_setzero_si256();
+  __m256i cnt = _mm256_setzero_si256();
+  // The 16-bit counters take at most kGradPieceElems / 16 = 256 per lane.
+  static_assert(kGradPieceElems / 16 < 32767, "16-bit counters overflow");
+#define TW_16_MASKED(acc_lo, acc_hi, off)                                    \
+  {                                                                          \
+    const __m256i x =                                                        \
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + (off))); \
+    const __m256i a = _mm256_and_si256(x, abs_mask);                         \
+    const __m256i bad = _mm256_cmpgt_epi16(a, max_finite);                   \
+    cnt = _mm256_sub_epi16(cnt, bad);                                        \
+    const __m256i m = _mm256_andnot_si256(bad, a);                           \
+    vmax = _mm256_max_epu16(vmax, m);                                        \
+    __m256 lo, hi;                                                           \
+    Ops::Widen(m, &lo, &hi);                                                 \
+    acc_lo = _mm256_fmadd_ps(lo, lo, acc_lo);                                \
+    acc_hi = _mm256_fmadd_ps(hi, hi, acc_hi);                                \
+  }
+  int64_t i = start;
+  for (; i + 32 <= end; i += 32) {
+    TW_16_MASKED(acc0, acc1, 0)
+    TW_16_MASKED(acc2, acc3, 16)
+  }
+#undef TW_16_MASKED
+  PieceResult r;
+  float tail = 0.0f, tail_max = 0.0f;
+  for (; i < end; ++i) {
+    bool finite;
+    float a = ElemTraits<Ops::kDType>::Abs(p, i, &finite);
+    a = finite ? a : 0.0f;
+    r.nonfinite += finite ? 0 : 1;
+    tail_max = std::max(tail_max, a);
+    tail += a * a;
+  }
+  bool overflow;
+  r.sum = FoldLanes(acc0, acc1, acc2, acc3, tail, &overflow);
+  if (overflow) r.sum = SumSquaresFp64<Ops::kDType>(p, start, end);
+  r.nonfinite += SumI32(_mm256_madd_epi16(cnt, ones));
+  r.max_abs = std::max(Ops::BitsToFloat(MaxU16(vmax)), tail_max);
+  return r;
+}
+
+template <typename Ops>
+TW_AVX2 RangeStats GradRange16(const void* data, int64_t n) {
+  const uint16_t* p = static_cast<const uint16_t*>(data);
+  const __m256i abs_mask = _mm256_set1_epi16(0x7fff);
+  RangeStats r;
+#define TW_16_FAST(acc_lo, acc_hi, off)                                      \
+  {                                                                          \
+    const __m256i x =                                                        \
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + (off))); \
+    vmax = _mm256_max_epu16(vmax, _mm256_and_si256(x, abs_mask));            \
+    __m256 lo, hi;                                                           \
+    Ops::Widen(x, &lo, &hi);                                                 \
+    acc_lo = _mm256_fmadd_ps(lo, lo, acc_lo);                                \
+    acc_hi = _mm256_fmadd_ps(hi, hi, acc_hi);                                \
+  }
+  // Four accumulators are enough: the loop is bound by the vector ALU ops
+  // (about 2 cycles per 16 elements), not by the FMA latency; eight
+  // measured slower.
+  for (int64_t start = 0; start < n; start += kGradPieceElems) {
+    const int64_t end = std::min(n, start + kGradPieceElems);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+    __m256i vmax = _mm256_setzero_si256();
+    int64_t i = start;
+    for (; i + 32 <= end; i += 32) {
+      TW_16_FAST(acc0, acc1, 0)
+      TW_16_FAST(acc2, acc3, 16)
+    }
+    uint16_t max_bits = MaxU16(vmax);
+    float tail = 0.0f;
+    for (; i < end; ++i) {
+      const uint16_t b = p[i] & 0x7fffu;
+      max_bits = std::max(max_bits, b);
+      const float a = Ops::BitsToFloat(b);
+      tail += a * a;
+    }
+    PieceResult piece;
+    if (max_bits >= Ops::kInfBits) {
+      piece = MaskedPiece16<Ops>(p, start, end);
+    } else {
+      bool overflow;
+      piece.sum = FoldLanes(acc0, acc1, acc2, acc3, tail, &overflow);
+      if (overflow) piece.sum = SumSquaresFp64<Ops::kDType>(p, start, end);
+      piece.max_abs = Ops::BitsToFloat(max_bits);
+    }
+    r.sum_squares += piece.sum;
+    r.nonfinite += piece.nonfinite;
+    r.max_abs = std::max(r.max_abs, piece.max_abs);
+  }
+#undef TW_16_FAST
+  return r;
+}
+
+TW_AVX2 RangeStats GradRangeBf16(const void* data, int64_t n) {
+  return GradRange16<Bf16Ops>(data, n);
+}
+
+TW_AVX2 RangeStats GradRangeFp16(const void* data, int64_t n) {
+  return GradRange16<Fp16Ops>(data, n);
+}
+
+// ------------------------------------------------------------- logits
+
+// exp(x) for x <= 0, with exp(x) = 0 below -87.3 (where fp32 stops being
+// normal) and for x = -inf. Range reduction x = n ln2 + r with ln2 split in
+// two parts, then a degree-6 minimax polynomial on |r| <= ln2 / 2; about
+// 2 ulp over the range used here.
+TW_AVX2 __m256 ExpNonPositive(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.3f);
+  const __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
+  x = _mm256_max_ps(x, lo);
+  const __m256 n =
+      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r),
+                      _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(keep, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+// Eight logits widened to fp32.
+struct F32Load {
+  TW_AVX2 static __m256 Load(const void* p, int64_t i) {
+    return _mm256_loadu_ps(static_cast<const float*>(p) + i);
+  }
+};
+struct Bf16Load {
+  TW_AVX2 static __m256 Load(const void* p, int64_t i) {
+    const __m128i h = _mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+};
+struct Fp16Load {
+  TW_AVX2 static __m256 Load(const void* p, int64_t i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i)));
+  }
+};
+
+// One row in chunks: pass 1 over a chunk finds its finite max and counts NaN
+// and +inf (nonfinite lanes become -inf); pass 2 sums exp(u - max) over the
+// chunk, which is still in L1. The row is read from memory once.
+template <DType D, typename L>
+TW_AVX2 RowLse RowLseImpl(const void* row, int64_t vocab) {
+  const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  RowLse st;
+  st.max = -std::numeric_limits<float>::infinity();
+  for (int64_t start = 0; start < vocab; start += kLogitChunkElems) {
+    const int64_t end = std::min(vocab, start + kLogitChunkElems);
+    const int64_t vec_end = start + ((end - start) & ~int64_t{7});
+    __m256 cmax = ninf;
+    __m256i nan = _mm256_setzero_si256();
+    __m256i pinf = _mm256_setzero_si256();
+    for (int64_t i = start; i < vec_end; i += 8) {
+      const __m256 x = L::Load(row, i);
+      const __m256 is_nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+      const __m256 is_pinf = _mm256_cmp_ps(x, inf, _CMP_EQ_OQ);
+      const __m256 fin =
+          _mm256_cmp_ps(_mm256_and_ps(x, abs_mask), inf, _CMP_LT_OQ);
+      nan = _mm256_sub_epi32(nan, _mm256_castps_si256(is_nan));
+      pinf = _mm256_sub_epi32(pinf, _mm256_castps_si256(is_pinf));
+      cmax = _mm256_max_ps(cmax, _mm256_blendv_ps(ninf, x, fin));
+    }
+    float chunk_max = -std::numeric_limits<float>::infinity();
+    {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, cmax);
+      for (float v : lanes) chunk_max = std::max(chunk_max, v);
+    }
+    for (int64_t i = vec_end; i < end; ++i) {
+      const float x = ElemTraits<D>::Value(row, i);
+      if (std::isnan(x)) {
+        ++st.nan;
+      } else if (x == std::numeric_limits<float>::infinity()) {
+        ++st.posinf;
+      } else if (std::isfinite(x)) {
+        chunk_max = std::max(chunk_max, x);
+      }
+    }
+    st.nan += SumI32(nan);
+    st.posinf += SumI32(pinf);
+    if (chunk_max == -std::numeric_limits<float>::infinity()) continue;
+    if (chunk_max > st.max) {
+      // st.max may be -inf: exp(-inf) = 0 and st.sum is 0 then.
+      st.sum *= std::exp(static_cast<double>(st.max) - chunk_max);
+      st.max = chunk_max;
+    }
+    const __m256 m = _mm256_set1_ps(st.max);
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int64_t i = start;
+    for (; i + 16 <= vec_end; i += 16) {
+      const __m256 x0 = L::Load(row, i);
+      const __m256 x1 = L::Load(row, i + 8);
+      const __m256 f0 =
+          _mm256_cmp_ps(_mm256_and_ps(x0, abs_mask), inf, _CMP_LT_OQ);
+      const __m256 f1 =
+          _mm256_cmp_ps(_mm256_and_ps(x1, abs_mask), inf, _CMP_LT_OQ);
+      s0 = _mm256_add_ps(
+          s0, _mm256_and_ps(f0, ExpNonPositive(_mm256_sub_ps(x0, m))));
+      s1 = _mm256_add_ps(
+          s1, _mm256_and_ps(f1, ExpNonPositive(_mm256_sub_ps(x1, m))));
+    }
+    for (; i < vec_end; i += 8) {
+      const __m256 x0 = L::Load(row, i);
+      const __m256 f0 =
+          _mm256_cmp_ps(_mm256_and_ps(x0, abs_mask), inf, _CMP_LT_OQ);
+      s0 = _mm256_add_ps(
+          s0, _mm256_and_ps(f0, ExpNonPositive(_mm256_sub_ps(x0, m))));
+    }
+    alignas(32) float lanes[16];
+    _mm256_store_ps(lanes, s0);
+    _mm256_store_ps(lanes + 8, s1);
+    double chunk_sum = 0.0;
+    for (float v : lanes) chunk_sum += v;
+    for (; i < end; ++i) {
+      const float x = ElemTraits<D>::Value(row, i);
+      if (std::isfinite(x))
+        chunk_sum += std::exp(static_cast<double>(x) - st.max);
+    }
+    st.sum += chunk_sum;
+  }
+  return st;
+}
+
+RowLse RowLseF32(const void* row, int64_t vocab) {
+  return RowLseImpl<DType::kFloat32, F32Load>(row, vocab);
+}
+RowLse RowLseBf16(const void* row, int64_t vocab) {
+  return RowLseImpl<DType::kBFloat16, Bf16Load>(row, vocab);
+}
+RowLse RowLseFp16(const void* row, int64_t vocab) {
+  return RowLseImpl<DType::kFloat16, Fp16Load>(row, vocab);
+}
+
+// CPUID directly (both GCC and Clang have <cpuid.h>; Clang's
+// __builtin_cpu_supports does not know "f16c"): AVX, FMA, F16C and AVX2 in
+// the processor, and the YMM state enabled by the OS.
+bool DetectAvx2() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+  const bool osxsave = c & (1u << 27), avx = c & (1u << 28);
+  const bool fma = c & (1u << 12), f16c = c & (1u << 29);
+  if (!(osxsave && avx && fma && f16c)) return false;
+  uint32_t xcr0_lo, xcr0_hi;
+  __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & 6u) != 6u) return false;  // XMM and YMM state
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 0, a, b, c, d);
+  return (b & (1u << 5)) != 0;  // AVX2
+}
+
+}  // namespace
+
+bool CpuHasAvx2() {
+  static const bool has = DetectAvx2();
+  return has;
+}
+
+GradRangeFn Avx2GradRange(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return &GradRangeF32;
+    case DType::kBFloat16:
+      return &GradRangeBf16;
+    case DType::kFloat16:
+      return &GradRangeFp16;
+  }
+  return nullptr;
+}
+
+RowLseFn Avx2RowLse(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return &RowLseF32;
+    case DType::kBFloat16:
+      return &RowLseBf16;
+    case DType::kFloat16:
+      return &RowLseFp16;
+  }
+  return nullptr;
+}
+
+#else  // !TRAINWATCH_KERNELS_X86
+
+bool CpuHasAvx2() { return false; }
+GradRangeFn Avx2GradRange(DType) { return nullptr; }
+RowLseFn Avx2RowLse(DType) { return nullptr; }
+
+#endif
+
+}  // namespace trainwatch::kernels::internal

@@ -1,0 +1,125 @@
+"""The Python binding inside a real torch (CPU) training loop: a small model,
+a few hundred steps, an injected bad batch (tier 1: the update is skipped)
+and an injected NaN (tier 3: the run halts)."""
+
+import math
+import unittest
+
+import numpy as np
+import torch
+
+import trainwatch
+import trainwatch.torch as twt
+
+# Warm-up shortened from the production 1,000 steps to fit a short test run.
+RULES = {"warmup_steps": 100, "warmup_min_records": 20, "warmup_min_grad_samples": 20}
+
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 16))
+
+
+def batch(step, generator):
+    x = torch.randn(64, 32, generator=generator)
+    y = (x[:, :16] * 0.5).argmax(dim=1)
+    return x, y
+
+
+class TorchLoopTest(unittest.TestCase):
+    def test_bad_batch_is_skipped_and_nan_halts(self):
+        model = make_model()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        agent = trainwatch.Agent(run_id="py-test", rules=RULES)
+        guard = twt.watch(opt, agent)
+        gen = torch.Generator().manual_seed(1)
+        verdicts = {}
+        halted_at = None
+        for step in range(400):
+            x, y = batch(step, gen)
+            if step == 250:
+                # A corrupted batch: garbage inputs, labels that mean nothing.
+                x = x * 40.0 + 7.0
+                y = (y + 7) % 16
+            if step == 350:
+                x[3, 5] = float("nan")  # a numerical failure
+            logits = model(x)
+            loss = torch.nn.functional.cross_entropy(logits, y)
+            opt.zero_grad()
+            loss.backward()
+            v = guard.observe(step, loss, logits=logits, shards=[10_000 + step])
+            verdicts[step] = v
+            before = [p.detach().clone() for p in model.parameters()]
+            try:
+                opt.step()
+            except trainwatch.TrainingHalted as e:
+                halted_at = step
+                self.assertIn("numerical failure", str(e))
+                break
+            if step == 250:
+                # The skipped update left every weight as it was.
+                for b, p in zip(before, model.parameters()):
+                    self.assertTrue(torch.equal(b, p))
+        self.assertEqual(verdicts[250].decision, "skip_update")
+        self.assertEqual(verdicts[250].tier, 1)
+        anomaly = [e for e in verdicts[250].events if e["kind"] == "data_anomaly"]
+        self.assertEqual(len(anomaly), 1)
+        self.assertEqual(anomaly[0]["shards"], [10_250])
+        self.assertEqual(guard.skipped, 1)
+        self.assertEqual(halted_at, 350)
+        self.assertEqual(verdicts[350].decision, "halt")
+        self.assertEqual(verdicts[350].tier, 3)
+        # Nothing else fired on the healthy steps.
+        others = [s for s, v in verdicts.items() if v.decision != "continue" and s not in (250, 350)]
+        self.assertEqual(others, [])
+        # The derived metrics are there on healthy steps.
+        self.assertTrue(0.5 < verdicts[300].loss_ema_ratio < 1.5)
+        self.assertTrue(verdicts[300].grad_norm > 0)
+        agent.close()
+
+    def test_numpy_and_bf16_through_dlpack(self):
+        agent = trainwatch.Agent(run_id="py-dlpack")
+        g = np.array([3.0, 4.0, np.nan, 0.0], dtype=np.float32)
+        v = agent.step(0, loss=2.0, grads=[g, torch.ones(9, dtype=torch.bfloat16)])
+        self.assertAlmostEqual(v.grad_norm, math.sqrt(25.0 + 9.0))
+        self.assertAlmostEqual(v.nan_frac, 1.0 / 13.0)
+        self.assertEqual(v.decision, "halt")  # nan_frac > 0
+        logits = torch.zeros(4, 100)
+        v = agent.step(1, loss=2.0, logits=logits)
+        self.assertEqual(v.decision, "continue")
+        with self.assertRaises(ValueError):
+            agent.step(2, loss=2.0, grads=[torch.ones(4, dtype=torch.int32)])
+        with self.assertRaises(ValueError):
+            agent.step(3, grads=[torch.ones(4, 4).t()])  # not contiguous
+        with self.assertRaises(TypeError):
+            agent.step(4, grads=[[1.0, 2.0]])
+        agent.close()
+
+    def test_ranks_agree_through_a_reduce_callable(self):
+        # Two ranks in one process, their collective played by hand.
+        sums_seen = []
+
+        def reduce_for(other):
+            def reduce(sums, maxes):
+                sums_seen.append(sums)
+                return [a + b for a, b in zip(sums, other["sums"])], [
+                    max(a, b) for a, b in zip(maxes, other["maxes"])]
+            return reduce
+
+        # The peer rank saw 5 nonfinite gradient elements; this rank none.
+        # Laid out as the agent reduces: sum of squares, nonfinite, elements,
+        # has-grad, loss sum, loss count, loss nonfinite, log_z sum, rows,
+        # log_z nonfinite.
+        peer = {"sums": [1.0, 5, 100, 1, 2.5, 1, 0, 0, 0, 0], "maxes": [-math.inf] * 8}
+        agent = trainwatch.Agent(run_id="py-ranks", rank=0, world_size=2, reduce=reduce_for(peer))
+        v = agent.step(0, loss=2.5, grads=[torch.full((100,), 0.1)])
+        self.assertEqual(len(sums_seen), 1)
+        self.assertEqual(sums_seen[0][1], 0.0)  # this rank's own count went in
+        self.assertEqual(v.decision, "halt")    # and the peer's NaN halts it too
+        agent.close()
+        with self.assertRaises(ValueError):
+            trainwatch.Agent(run_id="x", rank=0, world_size=2)  # no reduce given
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,188 @@
+// twctl's operator commands against a live trainwatchd (in process): every
+// command in table and JSON form, the confirmation prompt, the documented
+// exit codes, and connection settings from flags, environment or a file.
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "test_util.h"
+#include "trainwatch/cli/operator_commands.h"
+#include "trainwatch/core/json.h"
+#include "trainwatch/server/server.h"
+
+namespace trainwatch::server {
+namespace {
+
+using testing::Hello;
+using testing::Step;
+using testing::TempDir;
+using testing::TestAgent;
+
+struct Out {
+  int code;
+  std::string out, err;
+};
+
+Out Twctl(const std::string& server, const std::string& command, std::vector<std::string> args,
+          bool answer = true) {
+  std::vector<std::string> full = {"--server", server};
+  full.insert(full.end(), args.begin(), args.end());
+  Out o;
+  o.code = cli::OperatorCommand(
+      command, full, [answer](const std::string&) { return answer; }, &o.out, &o.err);
+  return o;
+}
+
+core::JsonValue ParsedJson(const Out& o) {
+  INFO(o.out << o.err);
+  REQUIRE(o.code == 0);
+  auto v = core::ParseJson(o.out, "twctl -o json");
+  REQUIRE(v.ok());
+  REQUIRE(v->type == core::JsonValue::Type::kObject);
+  return *v;
+}
+
+v1::AgentMessage Checkpoint(const std::string& run, int64_t step) {
+  v1::AgentMessage m;
+  m.mutable_checkpoint()->set_run_id(run);
+  m.mutable_checkpoint()->set_step(step);
+  m.mutable_checkpoint()->set_uri("ckpt://" + run + "/" + std::to_string(step));
+  return m;
+}
+
+TEST_CASE("twctl: every operator command, table and json, exit codes", "[server][twctl]") {
+  TempDir dir;
+  ServerOptions o;
+  o.listen = "127.0.0.1:0";
+  o.metrics_listen = "";
+  o.db_path = dir.File("tw.db");
+  auto server = Server::Start(o);
+  REQUIRE(server.ok());
+  const std::string addr = "127.0.0.1:" + std::to_string((*server)->port());
+  auto ch = grpc::CreateChannel(addr, grpc::InsecureChannelCredentials());
+  const std::string run = "run-cli";
+  TestAgent a(ch);
+  a.Send(Hello(run, 0, 1));
+  for (int64_t s = 0; s < 3700; ++s) {
+    const double loss = 2.5 + 0.01 * std::sin(s * 1.7) + (s >= 3000 ? 0.3 : 0.0);
+    a.Send(Step(run, 0, 1, s, loss, 1.0));
+    if (s > 0 && s % 1000 == 0) a.Send(Checkpoint(run, s));
+  }
+  REQUIRE(a.WaitDurable(0, 3699));
+
+  // runs
+  Out runs = Twctl(addr, "runs", {});
+  CHECK(runs.code == 0);
+  CHECK(runs.out.find("run-cli") != std::string::npos);
+  core::JsonValue rj = ParsedJson(Twctl(addr, "runs", {"-o", "json"}));
+  REQUIRE(rj.Find("runs") != nullptr);
+  CHECK(rj.Find("runs")->array[0].Find("run_id")->string == "run-cli");
+  // status, with a sparkline
+  Out status = Twctl(addr, "status", {run});
+  CHECK(status.code == 0);
+  CHECK(status.out.find("step 3699") != std::string::npos);
+  CHECK(status.out.find("▁") != std::string::npos);
+  core::JsonValue sj = ParsedJson(Twctl(addr, "status", {run, "-o", "json"}));
+  CHECK(sj.Find("latest")->Find("step")->string == "3699");  // int64 as a JSON string
+  CHECK(Twctl(addr, "status", {}).code == 2);
+  CHECK(Twctl(addr, "status", {"no-such-run"}).code == 1);
+  // incidents
+  Out incidents = Twctl(addr, "incidents", {"--open", "--run", run});
+  CHECK(incidents.code == 0);
+  core::JsonValue ij = ParsedJson(Twctl(addr, "incidents", {"-o", "json"}));
+  std::string id;
+  for (const auto& i : ij.Find("incidents")->array) {
+    if (i.Find("tier")->string == "TIER_LOGIT_DRIFT") id = i.Find("incident_id")->string;
+  }
+  REQUIRE_FALSE(id.empty());
+  CHECK(incidents.out.find(id) != std::string::npos);
+  // incident show: summary, charts, approval command
+  Out show = Twctl(addr, "incident", {"show", id});
+  CHECK(show.code == 0);
+  CHECK(show.out.find("loss around the onset") != std::string::npos);
+  CHECK(show.out.find("grad_norm percentiles") != std::string::npos);
+  CHECK(show.out.find("twctl rollback approve " + id) != std::string::npos);
+  core::JsonValue shj = ParsedJson(Twctl(addr, "incident", {"show", id, "-o", "json"}));
+  CHECK(shj.Find("incident")->Find("summary")->Find("recommended_checkpoint") != nullptr);
+  // rollback: dry run, declined prompt, approval, refusal
+  Out dry = Twctl(addr, "rollback", {"approve", id, "--dry-run"});
+  CHECK(dry.code == 0);
+  CHECK(dry.out.find("dry run: would roll back run run-cli to step 3000") != std::string::npos);
+  Out declined = Twctl(addr, "rollback", {"approve", id, "--comment", "go"}, /*answer=*/false);
+  CHECK(declined.code == 1);
+  CHECK(declined.err.find("not approved") != std::string::npos);
+  Out bad_step = Twctl(addr, "rollback", {"approve", id, "--to-step", "1234", "--yes"});
+  CHECK(bad_step.code == 2);
+  CHECK(bad_step.err.find("not a retained checkpoint") != std::string::npos);
+  core::JsonValue aj = ParsedJson(
+      Twctl(addr, "rollback", {"approve", id, "--comment", "roll back", "--yes", "-o", "json"}));
+  CHECK(aj.Find("incident_state")->string == "INCIDENT_STATE_ROLLING_BACK");
+  CHECK(aj.Find("decision")->Find("comment")->string == "roll back");
+  Out twice = Twctl(addr, "rollback", {"approve", id, "--comment", "again", "--yes"});
+  CHECK(twice.code == 3);
+  CHECK(twice.err.find("already rolling back") != std::string::npos);
+  CHECK(Twctl(addr, "rollback", {"reject", id}).code == 2);  // no comment
+  Out reject = Twctl(addr, "rollback", {"reject", id, "--comment", "no"});
+  CHECK(reject.code == 3);
+  // shards
+  Out shards = Twctl(addr, "shards", {run});
+  CHECK(shards.code == 0);
+  CHECK(shards.out.find(id) != std::string::npos);
+  core::JsonValue qj = ParsedJson(Twctl(addr, "shards", {run, "-o", "json"}));
+  CHECK(qj.Find("entries")->array.size() == 1);
+  // usage errors
+  CHECK(Twctl(addr, "incidents", {"--bogus"}).code == 2);
+  CHECK(Twctl(addr, "runs", {"-o", "yaml"}).code == 2);
+  CHECK(Twctl(addr, "frobnicate", {}).code == 2);
+  CHECK(a.Close().ok());
+}
+
+TEST_CASE("twctl: server and token from the environment or a config file", "[server][twctl]") {
+  TempDir dir;
+  const std::string tokens = dir.File("tokens.json");
+  std::ofstream(tokens) << R"({"tokens": [
+      {"name": "oncall", "token": "operator-token-0123456", "role": "operator"}]})";
+  ServerOptions o;
+  o.listen = "127.0.0.1:0";
+  o.metrics_listen = "";
+  o.db_path = dir.File("tw.db");
+  o.tokens_file = tokens;
+  auto server = Server::Start(o);
+  REQUIRE(server.ok());
+  const std::string addr = "127.0.0.1:" + std::to_string((*server)->port());
+  auto run = [](std::vector<std::string> args) {
+    Out out;
+    out.code = cli::OperatorCommand("runs", args, nullptr, &out.out, &out.err);
+    return out;
+  };
+  const std::string config = dir.File("twctl.json");
+  std::ofstream(config) << "{\"server\": \"" << addr << "\", \"token\": \"operator-token-0123456\"}";
+  setenv("TWCTL_CONFIG", config.c_str(), 1);
+  CHECK(run({}).code == 0);  // both from the file
+  setenv("TRAINWATCH_TOKEN", "wrong-token-0123456789", 1);
+  const Out env = run({});  // the environment wins over the file
+  CHECK(env.code == 1);
+  CHECK(env.err.find("unknown bearer token") != std::string::npos);
+  CHECK(run({"--token", "operator-token-0123456"}).code == 0);  // a flag wins over both
+  unsetenv("TRAINWATCH_TOKEN");
+  unsetenv("TWCTL_CONFIG");
+}
+
+TEST_CASE("twctl: sparkline and chart render what they are given", "[twctl]") {
+  CHECK(cli::Sparkline({1, 2, 3, 4, 5, 6, 7, 8}) == "▁▂▃▄▅▆▇█");
+  CHECK(cli::Sparkline({5, 5, 5}) == "▄▄▄");
+  CHECK(cli::Sparkline({}).empty());
+  const std::string chart = cli::Chart("t", {{0, 1.0}, {10, 2.0}}, 10, 3);
+  CHECK(chart.rfind("t\n", 0) == 0);
+  CHECK(chart.find("*") != std::string::npos);
+  CHECK(cli::Chart("empty", {}) == "empty: no data\n");
+}
+
+}  // namespace
+}  // namespace trainwatch::server

@@ -7,7 +7,7 @@ packages=(
   cmake g++ make pkg-config
   libabsl-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libsqlite3-dev prometheus-cpp-dev
+  libsqlite3-dev prometheus-cpp-dev libcurl4-openssl-dev
   catch2 libbenchmark-dev
   prometheus openssl
   pybind11-dev python3-dev python3-numpy python3-torch

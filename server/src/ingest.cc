@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "trainwatch/core/json.h"
 #include "trainwatch/core/rule_engine.h"
+#include "trainwatch/server/pager.h"
 
 namespace trainwatch::server {
 
@@ -420,6 +421,22 @@ void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
     }
   }
   if (batch_.empty() && acks_.empty() && answers_.empty() && outgoing_.empty()) return;
+  if (pager_ != nullptr) {
+    for (const IncidentRow& inc : batch_.incidents) {
+      std::string summary = inc.title;
+      if (inc.recommended_checkpoint_step >= 0) {
+        absl::StrAppend(&summary, " Recommended: roll back to checkpoint step ",
+                        inc.recommended_checkpoint_step, ".");
+      }
+      absl::StatusOr<core::JsonValue> actions = core::ParseJson(inc.actions_json, "actions");
+      if (actions.ok()) {
+        for (const core::JsonValue& a : actions->array) {
+          if (const core::JsonValue* t = a.Find("text")) absl::StrAppend(&summary, " ", t->string, ".");
+        }
+      }
+      for (OutboxRow& row : pager_->Rows(inc, summary, now)) batch_.outbox.push_back(std::move(row));
+    }
+  }
   const auto t0 = std::chrono::steady_clock::now();
   absl::Status st = store_->Write(batch_);
   const double seconds =
@@ -451,6 +468,7 @@ void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
   }
   for (auto& [done, out] : answers_) done(out);
   answers_.clear();
+  if (pager_ != nullptr) pager_->Wake();
   if (listener_ != nullptr) {
     for (const auto& [run, stream, bytes] : outgoing_) {
       listener_->OnServerMessage(run, stream, bytes);

@@ -31,6 +31,7 @@
 #include "convert.h"
 #include "trainwatch/core/json.h"
 #include "trainwatch/server/auth.h"
+#include "trainwatch/server/pager.h"
 #include "trainwatch/v1/agent.grpc.pb.h"
 #include "trainwatch/v1/operator.grpc.pb.h"
 
@@ -111,9 +112,10 @@ class AgentStream : public grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerM
 // Everything the services share. Thread-safe.
 class ServiceState : public IngestListener {
  public:
-  ServiceState(Ingestor* ingestor, Store* store, Authenticator auth, Clock* clock,
+  ServiceState(Ingestor* ingestor, Store* store, Pager* pager, Authenticator auth, Clock* clock,
                std::string grafana_url)
       : ingestor_(ingestor),
+        pager_(pager),
         store_(store),
         auth_(std::move(auth)),
         clock_(clock),
@@ -121,6 +123,7 @@ class ServiceState : public IngestListener {
 
   Ingestor* ingestor() { return ingestor_; }
   Store* store() { return store_; }
+  Pager* pager() { return pager_; }
   const Authenticator& auth() const { return auth_; }
   Clock* clock() { return clock_; }
   const std::string& grafana_url() const { return grafana_url_; }
@@ -203,6 +206,7 @@ class ServiceState : public IngestListener {
 
  private:
   Ingestor* ingestor_;
+  Pager* pager_;
   Store* store_;
   Authenticator auth_;
   Clock* clock_;
@@ -1020,12 +1024,11 @@ class Exporter : public prometheus::Collectable {
                "Agent streams ended for a bad token or a malformed message.",
                MetricType::Counter),
         {}, double(state_->streams_rejected.load()));
-    // Paging is not in this server version: the counters exist, at zero, so
-    // that dashboards and alert rules have their series.
-    add(family("trainwatch_pages_sent_total", "Pages delivered.", MetricType::Counter), {}, 0.0);
-    add(family("trainwatch_pages_failed_total", "Page deliveries that failed.",
+    add(family("trainwatch_pages_sent_total", "Pages delivered.", MetricType::Counter), {},
+        double(state_->pager()->sent_total()));
+    add(family("trainwatch_pages_failed_total", "Page delivery attempts that failed.",
                MetricType::Counter),
-        {}, 0.0);
+        {}, double(state_->pager()->failed_total()));
     return out;
   }
 
@@ -1045,6 +1048,7 @@ struct Server::Impl {
   ServerOptions options;
   std::unique_ptr<Store> store;
   std::unique_ptr<Ingestor> ingestor;
+  std::unique_ptr<Pager> pager;
   std::unique_ptr<ServiceState> state;
   std::unique_ptr<AgentServiceImpl> agent_service;
   std::unique_ptr<OperatorServiceImpl> operator_service;
@@ -1096,12 +1100,23 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options.db_path);
   if (!store.ok()) return store.status();
   impl->store = *std::move(store);
+  PagerConfig pager_config;
+  if (!options.pager_config_file.empty()) {
+    absl::StatusOr<PagerConfig> pc = LoadPagerConfig(options.pager_config_file);
+    if (!pc.ok()) return pc.status();
+    pager_config = *std::move(pc);
+  }
+  if (pager_config.grafana_url.empty()) pager_config.grafana_url = options.grafana_url;
+  impl->pager = std::make_unique<Pager>(impl->store.get(), pager_config, clock);
   impl->ingestor = std::make_unique<Ingestor>(impl->store.get(), options.ingest, clock);
+  impl->ingestor->SetPager(impl->pager.get());
   if (absl::Status s = impl->ingestor->Recover(); !s.ok()) return s;
   impl->state = std::make_unique<ServiceState>(impl->ingestor.get(), impl->store.get(),
-                                               std::move(auth), clock, options.grafana_url);
+                                               impl->pager.get(), std::move(auth), clock,
+                                               options.grafana_url);
   impl->ingestor->SetListener(impl->state.get());
   impl->ingestor->Start();
+  impl->pager->Start();
 
   impl->agent_service = std::make_unique<AgentServiceImpl>(impl->state.get());
   impl->operator_service = std::make_unique<OperatorServiceImpl>(impl->state.get());
@@ -1174,6 +1189,7 @@ void Server::Shutdown(std::chrono::milliseconds deadline) {
   impl_->grpc_server->Shutdown(std::chrono::system_clock::now() + deadline);
   impl_->ingestor->Flush();
   impl_->ingestor->Stop();
+  impl_->pager->Stop();
   impl_->exposer.reset();
   LOG(INFO) << "trainwatchd: stopped; store flushed";
 }

@@ -154,6 +154,10 @@ CREATE TABLE outbox (
   sent_ms INTEGER NOT NULL DEFAULT 0
 );
 )sql",
+    // 2: one page per incident, receiver and state change.
+    R"sql(
+CREATE UNIQUE INDEX outbox_once ON outbox (incident_id, channel, kind);
+)sql",
 };
 
 absl::Status SqlError(sqlite3* db, absl::string_view what) {
@@ -363,6 +367,7 @@ void WriteBatch::clear() {
   commands.clear();
   quarantines.clear();
   attempt_copies.clear();
+  outbox.clear();
 }
 
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
@@ -574,8 +579,82 @@ absl::Status Store::Write(const WriteBatch& b) {
       if (absl::Status s = q.Run(); !s.ok()) return fail(s);
     }
   }
+  if (!b.outbox.empty()) {
+    Stmt q(db_,
+           "INSERT OR IGNORE INTO outbox (incident_id, channel, kind, payload, state, attempts, "
+           "next_attempt_ms, created_ms) VALUES (?1, ?2, ?3, ?4, 'pending', 0, ?5, ?6)");
+    if (!q.status().ok()) return fail(q.status());
+    for (const OutboxRow& o : b.outbox) {
+      q.Bind(1, o.incident_id).Bind(2, o.channel).Bind(3, o.kind).BindBlob(4, o.payload);
+      q.Bind(5, o.next_attempt_ms).Bind(6, o.created_ms);
+      if (absl::Status s = q.Run(); !s.ok()) return fail(s);
+    }
+  }
   if (absl::Status s = Exec(db_, "COMMIT"); !s.ok()) return fail(s);
   return absl::OkStatus();
+}
+
+namespace {
+constexpr char kOutboxColumns[] =
+    "id, incident_id, channel, kind, payload, state, attempts, next_attempt_ms, last_error, "
+    "created_ms, sent_ms";
+OutboxRow ReadOutbox(const Stmt& q) {
+  OutboxRow o;
+  o.id = q.Int(0);
+  o.incident_id = q.Int(1);
+  o.channel = q.Text(2);
+  o.kind = q.Text(3);
+  o.payload = q.Blob(4);
+  o.state = q.Text(5);
+  o.attempts = static_cast<int>(q.Int(6));
+  o.next_attempt_ms = q.Int(7);
+  o.last_error = q.Text(8);
+  o.created_ms = q.Int(9);
+  o.sent_ms = q.Int(10);
+  return o;
+}
+}  // namespace
+
+absl::StatusOr<std::vector<OutboxRow>> Store::DueOutbox(int64_t now_ms, int limit) {
+  absl::MutexLock lock(&read_mu_);
+  Stmt q(read_db_, absl::StrCat("SELECT ", kOutboxColumns,
+                                " FROM outbox WHERE state = 'pending' AND next_attempt_ms <= ?1 "
+                                "ORDER BY id LIMIT ?2").c_str());
+  if (!q.status().ok()) return q.status();
+  q.Bind(1, now_ms).Bind(2, int64_t{limit});
+  std::vector<OutboxRow> out;
+  absl::Status st;
+  while (q.Next(&st)) out.push_back(ReadOutbox(q));
+  if (!st.ok()) return st;
+  return out;
+}
+
+absl::StatusOr<std::vector<OutboxRow>> Store::Outbox(int64_t incident_id) {
+  absl::MutexLock lock(&read_mu_);
+  Stmt q(read_db_, absl::StrCat("SELECT ", kOutboxColumns,
+                                " FROM outbox WHERE incident_id = ?1 ORDER BY id").c_str());
+  if (!q.status().ok()) return q.status();
+  q.Bind(1, incident_id);
+  std::vector<OutboxRow> out;
+  absl::Status st;
+  while (q.Next(&st)) out.push_back(ReadOutbox(q));
+  if (!st.ok()) return st;
+  return out;
+}
+
+absl::Status Store::MarkOutbox(int64_t id, bool sent, int attempts, int64_t next_attempt_ms,
+                               const std::string& error, int64_t now_ms) {
+  // The pager's own connection would be a third writer; the read connection
+  // under its mutex serialises with the other queries, and WAL orders it
+  // with the ingest writer's transactions.
+  absl::MutexLock lock(&read_mu_);
+  Stmt q(read_db_,
+         "UPDATE outbox SET state = ?2, attempts = ?3, next_attempt_ms = ?4, last_error = ?5, "
+         "sent_ms = ?6 WHERE id = ?1");
+  if (!q.status().ok()) return q.status();
+  q.Bind(1, id).Bind(2, std::string(sent ? "sent" : "pending")).Bind(3, int64_t{attempts});
+  q.Bind(4, next_attempt_ms).Bind(5, error).Bind(6, sent ? now_ms : int64_t{0});
+  return q.Run();
 }
 
 absl::StatusOr<int64_t> Store::MaxDecisionId() {

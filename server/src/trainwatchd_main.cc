@@ -23,7 +23,9 @@ ABSL_FLAG(std::string, rules, "", "rule thresholds (JSON, as `twctl replay --pri
 ABSL_FLAG(int, max_message_bytes, 4 << 20, "largest message accepted");
 ABSL_FLAG(int, aggregation_timeout_ms, 30000,
           "per-rank records: complete a step without the missing ranks after this long");
-ABSL_FLAG(std::string, grafana_url, "", "Grafana base URL, for links in summaries");
+ABSL_FLAG(std::string, grafana_url, "", "Grafana dashboard URL, for links in pages");
+ABSL_FLAG(std::string, pager_config, "",
+          "pager receivers (JSON: alertmanager, pagerduty, slack, webhook); empty: no pages");
 
 namespace {
 absl::Notification* g_stop = nullptr;
@@ -51,6 +53,7 @@ int main(int argc, char** argv) {
   o.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.grafana_url = absl::GetFlag(FLAGS_grafana_url);
+  o.pager_config_file = absl::GetFlag(FLAGS_pager_config);
   o.ingest.aggregation_timeout_ms = absl::GetFlag(FLAGS_aggregation_timeout_ms);
   if (const std::string rules = absl::GetFlag(FLAGS_rules); !rules.empty()) {
     FILE* f = std::fopen(rules.c_str(), "rb");

@@ -87,7 +87,7 @@ TEST_CASE("ranks: steps must increase", "[agent][ranks]") {
   CHECK(error.find("strictly increase") != std::string::npos);
 }
 
-TEST_CASE("config: from the environment, with clear errors", "[agent][config]") {
+TEST_CASE("config: from the environment - with clear errors", "[agent][config]") {
   setenv("TRAINWATCH_SERVER", "127.0.0.1:9", 1);
   setenv("TRAINWATCH_RUN_ID", "run-env", 1);
   setenv("TRAINWATCH_MEMORY_RECORDS", "123", 1);

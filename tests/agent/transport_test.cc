@@ -165,7 +165,7 @@ std::set<int64_t> Range(int64_t from, int64_t to) {
   return s;
 }
 
-TEST_CASE("transport: server down at start, then up: nothing lost", "[agent][transport]") {
+TEST_CASE("transport: server down at start - then up: nothing lost", "[agent][transport]") {
   const int port = FreePort();
   FakeServer fake;
   auto agent = Agent::Create(Config(port), std::make_unique<SingleProcessReducer>());
@@ -181,7 +181,7 @@ TEST_CASE("transport: server down at start, then up: nothing lost", "[agent][tra
   (*agent)->Close();
 }
 
-TEST_CASE("transport: server dies mid-run and comes back: re-sent, deduplicated",
+TEST_CASE("transport: server dies mid-run and comes back: re-sent - deduplicated",
           "[agent][transport]") {
   const int port = FreePort();
   FakeServer fake;
@@ -219,7 +219,7 @@ TEST_CASE("transport: slow acks and repeated or stale acks", "[agent][transport]
   (*agent)->Close();
 }
 
-TEST_CASE("transport: records spill to disk while the server is away, then drain",
+TEST_CASE("transport: records spill to disk while the server is away - then drain",
           "[agent][transport][spill]") {
   const int port = FreePort();
   const std::string dir = "/tmp/tw_spill_" + std::to_string(port);
@@ -279,7 +279,7 @@ TEST_CASE("transport: a full spill drops the oldest records and counts them",
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("transport: a black-holed server (accepts, never reads) does not slow the step",
+TEST_CASE("transport: a black-holed server (accepts - never reads) does not slow the step",
           "[agent][transport]") {
   // A listener whose connections are accepted by the kernel and never read.
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -301,7 +301,7 @@ TEST_CASE("transport: a black-holed server (accepts, never reads) does not slow 
   close(fd);
 }
 
-TEST_CASE("transport: commands reach the trainer by callback and poll; acks go back",
+TEST_CASE("transport: commands reach the trainer by callback and poll - acks go back",
           "[agent][transport][commands]") {
   const int port = FreePort();
   FakeServer fake;

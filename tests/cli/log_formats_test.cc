@@ -62,7 +62,7 @@ TEST_CASE("llm.c main.log: malformed lines name line and column", "[cli][formats
                                    "replay");
 }
 
-TEST_CASE("step:S/N logs: train_loss lines only, val lines read past, nan kept",
+TEST_CASE("step:S/N logs: train_loss lines only - val lines read past - nan kept",
           "[cli][formats][steplog]") {
   auto t = Parse(
       "step:0/20 val_loss:22.6 train_time:278ms step_avg:nanms\n"

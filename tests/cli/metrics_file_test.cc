@@ -22,7 +22,7 @@ std::string ErrorOf(absl::string_view content, MetricsFormat f = MetricsFormat::
   return std::string(t.status().message());
 }
 
-TEST_CASE("CSV: columns in any order; optional columns; quoted fields", "[cli][csv]") {
+TEST_CASE("CSV: columns in any order - optional columns - quoted fields", "[cli][csv]") {
   auto t = ParseMetrics(
       "nan_frac,step,loss,log_z,grad_norm,shard,checkpoint,lr,extra\r\n"
       "0,1,2.5,8.0,1.0,7;8,,3e-4,x\n"
@@ -60,7 +60,7 @@ TEST_CASE("a metric never reported with a finite value is unknown for the run",
   CHECK(t->reported() == (core::Bit(Signal::kLoss) | core::Bit(Signal::kNanFrac)));
 }
 
-TEST_CASE("CSV: malformed input names file; line and column", "[cli][csv][errors]") {
+TEST_CASE("CSV: malformed input names file - line and column", "[cli][csv][errors]") {
   CHECK(ErrorOf("") == "run.csv:1:1: empty file: expected a CSV header, JSON lines, or a "
                        "trainer's log (llm.c, step:S/N, Megatron-LM)");
   CHECK(ErrorOf("step,loss,grad_norm,log_z,nan_frac\n") ==
@@ -91,7 +91,7 @@ TEST_CASE("CSV: malformed input names file; line and column", "[cli][csv][errors
         "run.csv:2:1: step must be >= 0");
 }
 
-TEST_CASE("JSON lines: the same keys; null as unknown; shard forms", "[cli][jsonl]") {
+TEST_CASE("JSON lines: the same keys - null as unknown - shard forms", "[cli][jsonl]") {
   auto t = ParseMetrics(
       "{\"step\": 1, \"loss\": 2.5, \"grad_norm\": 1.0, \"log_z\": null, \"nan_frac\": 0, "
       "\"shard\": [4, 5]}\n"
@@ -111,10 +111,10 @@ TEST_CASE("JSON lines: the same keys; null as unknown; shard forms", "[cli][json
   CHECK(t->Record(2).shards[0] == 9);
 }
 
-TEST_CASE("JSON lines: malformed input names file; line and column", "[cli][jsonl][errors]") {
+TEST_CASE("JSON lines: malformed input names file - line and column", "[cli][jsonl][errors]") {
   const std::string ok = R"({"step": 1, "loss": 2, "grad_norm": 1, "log_z": 8, "nan_frac": 0})";
   CHECK(ErrorOf(ok + "\n{\"step\": 2, \"loss\": 2,, }\n") ==
-        "run.csv:2:24: expected a quoted key");
+        "run.csv:2:23: expected a quoted key");
   CHECK(ErrorOf(ok + "\n{\"loss\": 2}\n") == "run.csv:2:1: missing key \"step\"");
   CHECK(ErrorOf(ok + "\n{\"step\": 2, \"loss\": \"abc\"}\n") ==
         "run.csv:2:21: loss \"abc\" is not a number");

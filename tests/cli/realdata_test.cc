@@ -39,7 +39,7 @@ size_t CountTierAtLeast(const ReplayResult& r, int tier) {
   return n;
 }
 
-TEST_CASE("real log: llm.c GPT-2 124M is clean; its 15x grad outlier is not a page",
+TEST_CASE("real log: llm.c GPT-2 124M is clean - its 15x grad outlier is not a page",
           "[cli][realdata]") {
   const Replayed r = Load("llmc-gpt2-124m.main.log", MetricsFormat::kLlmc);
   INFO(Dump(r.result));
@@ -51,7 +51,7 @@ TEST_CASE("real log: llm.c GPT-2 124M is clean; its 15x grad outlier is not a pa
   for (const auto& e : r.result.events) CHECK(e.action != core::Action::kPage);
 }
 
-TEST_CASE("real log: modded-nanogpt 1.5B is clean; its bump at 2730 is not a page",
+TEST_CASE("real log: modded-nanogpt 1.5B is clean - its bump at 2730 is not a page",
           "[cli][realdata]") {
   const Replayed r = Load("modded-nanogpt-1p5b.log", MetricsFormat::kStepLog);
   INFO(Dump(r.result));

@@ -33,7 +33,7 @@ Run Replay(std::vector<std::string> args) {
   return r;
 }
 
-TEST_CASE("replay of the demo trace finds all three tiers; in JSON", "[cli][replay]") {
+TEST_CASE("replay of the demo trace finds all three tiers - in JSON", "[cli][replay]") {
   const std::string path = TempFile("demo.csv", synth::ToCsv(synth::Generate(synth::DemoOptions())));
   const Run r = Replay({path, "-o", "json"});
   INFO(r.err << r.out);
@@ -77,7 +77,7 @@ TEST_CASE("replay of the demo trace finds all three tiers; in JSON", "[cli][repl
   CHECK(t3->Find("step")->number == 16000);
 }
 
-TEST_CASE("replay: bad input exits 2 with file; line; column and no output",
+TEST_CASE("replay: bad input exits 2 with file - line - column and no output",
           "[cli][replay][errors]") {
   const std::string good = "step,loss,grad_norm,log_z,nan_frac\n";
   struct Case {

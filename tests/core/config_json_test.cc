@@ -70,7 +70,7 @@ TEST_CASE("the default configuration is the chapter's and valid", "[core][config
   CHECK(c.z_loss_alpha_recommended == 1e-4);
 }
 
-TEST_CASE("configuration files override; round-trip and reject bad keys", "[core][config]") {
+TEST_CASE("configuration files override - round-trip and reject bad keys", "[core][config]") {
   auto c = ParseRuleConfigJson(R"({"tier1_grad_ratio": 4, "warmup_steps": 10,
     "tier1_skip_on_trigger": false})", "cfg.json");
   REQUIRE(c.ok());
@@ -85,7 +85,7 @@ TEST_CASE("configuration files override; round-trip and reject bad keys", "[core
 
   auto unknown = ParseRuleConfigJson("{\n \"tier_one\": 3}", "cfg.json");
   REQUIRE_FALSE(unknown.ok());
-  CHECK(std::string(unknown.status().message()) == "cfg.json:2:13: unknown setting \"tier_one\"");
+  CHECK(std::string(unknown.status().message()) == "cfg.json:2:14: unknown setting \"tier_one\"");
   CHECK_FALSE(ParseRuleConfigJson(R"({"warmup_steps": 1.5})", "c").ok());
   CHECK_FALSE(ParseRuleConfigJson(R"({"tier1_grad_ratio": "3"})", "c").ok());
   CHECK_FALSE(ParseRuleConfigJson(R"({"median_window_steps": 0})", "c").ok());

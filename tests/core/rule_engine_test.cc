@@ -110,7 +110,7 @@ TEST_CASE("tier 1: nearest non-triggers", "[core][tier1]") {
   }
 }
 
-TEST_CASE("skip: loss_ema_ratio above 2.0 skips the update; 1.95 does not", "[core][tier1]") {
+TEST_CASE("skip: loss_ema_ratio above 2.0 skips the update - 1.95 does not", "[core][tier1]") {
   Harness h;
   h.Run(0, 3000);
   h.Run(3000, 3001, [](int64_t, Values& v) { v.loss = 2.5 * 2.1; });
@@ -178,7 +178,7 @@ TEST_CASE("tier 1 confirmed when the loss returns toward baseline within 200 ste
 
 // ------------------------------------------------------------------ spikes
 
-TEST_CASE("spike: more than 50 steps >= 0.1 above the EMA; 50 is not a spike",
+TEST_CASE("spike: more than 50 steps >= 0.1 above the EMA - 50 is not a spike",
           "[core][spike]") {
   for (int64_t len : {50, 51}) {
     Harness h;
@@ -221,7 +221,7 @@ TEST_CASE("tier 2: a spike that does not recover in 500 steps pages", "[core][ti
   CHECK(h.OfKind(EventKind::kSpike).size() == 1);
 }
 
-TEST_CASE("tier 2: loss_ema_ratio above 2.5 for 3 records pages; 2 records or 2.4 do not",
+TEST_CASE("tier 2: loss_ema_ratio above 2.5 for 3 records pages - 2 records or 2.4 do not",
           "[core][tier2]") {
   SECTION("3 records") {
     Harness h;
@@ -310,7 +310,7 @@ TEST_CASE("z-loss already on: the recommendation raises it", "[core][tier2][logz
 
 // ------------------------------------------------------------------ tier 3
 
-TEST_CASE("tier 3: nan_frac > 0 halts at once; even during warm-up", "[core][tier3]") {
+TEST_CASE("tier 3: nan_frac > 0 halts at once - even during warm-up", "[core][tier3]") {
   for (int64_t at : {5, 3000}) {
     Harness h;
     h.Run(0, at + 40, [at](int64_t step, Values& v) {
@@ -445,7 +445,7 @@ TEST_CASE("warm-up: no tier 1 or 2 decision while the windows fill", "[core][war
   CHECK(h.OfKind(EventKind::kDataAnomaly).size() == 1);
 }
 
-TEST_CASE("warm-up counts steps from the run's first record; not from step 0",
+TEST_CASE("warm-up counts steps from the run's first record - not from step 0",
           "[core][warmup]") {
   Harness h;
   h.Run(500000, 500999);
@@ -567,7 +567,7 @@ TEST_CASE("the recommended checkpoint is among the last 10 reported", "[core][ch
 
 // ------------------------------------------------------------ the contract
 
-TEST_CASE("steps must strictly increase; a rejected record changes nothing",
+TEST_CASE("steps must strictly increase - a rejected record changes nothing",
           "[core][contract]") {
   RuleEngine e{RuleConfig()};
   StepOutcome out;
@@ -607,7 +607,7 @@ TEST_CASE("identical inputs give identical decisions (every rank agrees)", "[cor
   }
 }
 
-TEST_CASE("a run without grad_norm: tier 1 stays silent; events say what was lacking",
+TEST_CASE("a run without grad_norm: tier 1 stays silent - events say what was lacking",
           "[core][missing]") {
   Harness h;
   h.Run(0, 3000, [](int64_t, Values& v) { v.has_grad = false; });

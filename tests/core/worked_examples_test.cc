@@ -77,7 +77,7 @@ bool HasZLoss(const Event& e, double alpha) {
   return false;
 }
 
-TEST_CASE("worked example; scenario 1: data anomaly at step 42100 is tier 1",
+TEST_CASE("worked example - scenario 1: data anomaly at step 42100 is tier 1",
           "[core][chapter]") {
   testing::Harness h;
   RunChapter(h);
@@ -105,7 +105,7 @@ TEST_CASE("worked example; scenario 1: data anomaly at step 42100 is tier 1",
   CHECK(h.Where([](const Event& e) { return e.tier >= 2 && e.step < 57000; }).empty());
 }
 
-TEST_CASE("worked example; scenario 2: logit drift is tier 2 by step 58500",
+TEST_CASE("worked example - scenario 2: logit drift is tier 2 by step 58500",
           "[core][chapter]") {
   testing::Harness h;
   RunChapter(h);

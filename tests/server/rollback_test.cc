@@ -92,7 +92,7 @@ class Operator {
   std::unique_ptr<v1::OperatorService::Stub> stub_;
 };
 
-TEST_CASE("rollback: approve, command every rank, acknowledge, resolve past the old point",
+TEST_CASE("rollback: approve - command every rank - acknowledge - resolve past the old point",
           "[server][rollback]") {
   TempDir dir;
   ServerOptions o;
@@ -197,7 +197,7 @@ TEST_CASE("rollback: approve, command every rank, acknowledge, resolve past the 
   CHECK(r1b.Close().ok());
 }
 
-TEST_CASE("rollback: a rejected incident cannot be approved; tier 1 needs no rollback",
+TEST_CASE("rollback: a rejected incident cannot be approved - tier 1 needs no rollback",
           "[server][rollback]") {
   TempDir dir;
   ServerOptions o;

@@ -105,7 +105,7 @@ TEST_CASE("server: a re-sent range after a reconnect is deduplicated", "[server]
   CHECK(r.server->ingestor()->Stats().duplicates_total >= 50);
 }
 
-TEST_CASE("server: per-rank records out of order, and a step completed without a rank",
+TEST_CASE("server: per-rank records out of order - and a step completed without a rank",
           "[server][ingest][aggregation]") {
   TempDir dir;
   FakeClock clock;
@@ -347,7 +347,7 @@ void CheckMatrix(const std::shared_ptr<grpc::Channel>& ch) {
   CHECK(s.error_message().find("run-b") != std::string::npos);
 }
 
-TEST_CASE("server: the auth matrix, every method by every role, in clear", "[server][auth]") {
+TEST_CASE("server: the auth matrix - every method by every role - in clear", "[server][auth]") {
   TempDir dir;
   ServerOptions o;
   o.tokens_file = WriteTokens(dir);
@@ -383,7 +383,7 @@ std::string Slurp(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-TEST_CASE("server: the auth matrix over TLS, and mutual TLS", "[server][auth][tls]") {
+TEST_CASE("server: the auth matrix over TLS - and mutual TLS", "[server][auth][tls]") {
   TempDir dir;
   REQUIRE(MakeCerts(dir));
   ServerOptions o;

@@ -101,6 +101,89 @@ grpc::Status TestAgent::Close() {
   return stream_->Finish();
 }
 
+HttpReceiver::HttpReceiver() {
+  fd_ = socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  listen(fd_, 64);
+  socklen_t len = sizeof addr;
+  getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+  port_ = ntohs(addr.sin_port);
+  thread_ = std::thread([this] { Loop(); });
+}
+
+HttpReceiver::~HttpReceiver() {
+  stop_ = true;
+  shutdown(fd_, SHUT_RDWR);
+  close(fd_);
+  thread_.join();
+}
+
+void HttpReceiver::FailNext(const std::string& path, int count, int status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  failures_[path] = {count, status};
+}
+
+std::vector<HttpReceiver::Request> HttpReceiver::requests() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return requests_;
+}
+
+bool HttpReceiver::WaitFor(size_t n, int seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    if (requests().size() >= n) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+void HttpReceiver::Loop() {
+  while (!stop_) {
+    const int c = accept(fd_, nullptr, nullptr);
+    if (c < 0) continue;
+    std::string data;
+    char buf[8192];
+    size_t need = std::string::npos;
+    while (need == std::string::npos || data.size() < need) {
+      const ssize_t n = read(c, buf, sizeof buf);
+      if (n <= 0) break;
+      data.append(buf, static_cast<size_t>(n));
+      const size_t head = data.find("\r\n\r\n");
+      if (head != std::string::npos && need == std::string::npos) {
+        size_t length = 0;
+        const size_t cl = data.find("Content-Length: ");
+        if (cl != std::string::npos && cl < head) length = std::stoul(data.substr(cl + 16));
+        need = head + 4 + length;
+      }
+    }
+    Request r;
+    const size_t sp = data.find(' ');
+    r.path = data.substr(sp + 1, data.find(' ', sp + 1) - sp - 1);
+    const size_t head = data.find("\r\n\r\n");
+    r.body = head == std::string::npos ? "" : data.substr(head + 4);
+    int status = 200;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = failures_.find(r.path);
+      if (it != failures_.end() && it->second.first > 0) {
+        --it->second.first;
+        status = it->second.second;
+      } else {
+        requests_.push_back(r);
+      }
+    }
+    const std::string resp = "HTTP/1.1 " + std::to_string(status) +
+                             " X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    (void)!write(c, resp.data(), resp.size());
+    close(c);
+  }
+}
+
 std::string HttpGet(int port, const std::string& path) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return "";

@@ -6,9 +6,13 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -60,6 +64,34 @@ class TestAgent {
   std::vector<int64_t> durable_;
   std::vector<v1::Command> commands_;
   v1::QuarantinedShards quarantine_;
+};
+
+// A minimal HTTP receiver on 127.0.0.1 for pages: records every POST and
+// answers 200, or the status set for a path.
+class HttpReceiver {
+ public:
+  struct Request {
+    std::string path;
+    std::string body;
+  };
+  HttpReceiver();
+  ~HttpReceiver();
+  int port() const { return port_; }
+  // The next `count` requests to `path` get `status`.
+  void FailNext(const std::string& path, int count, int status = 500);
+  std::vector<Request> requests();
+  // Waits until at least `n` requests arrived (or `seconds` passed).
+  bool WaitFor(size_t n, int seconds = 20);
+
+ private:
+  void Loop();
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::mutex mu_;
+  std::vector<Request> requests_;
+  std::map<std::string, std::pair<int, int>> failures_;  // path -> (count, status)
 };
 
 // GET http://127.0.0.1:port/path; the body, or empty on failure.

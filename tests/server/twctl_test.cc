@@ -56,7 +56,7 @@ v1::AgentMessage Checkpoint(const std::string& run, int64_t step) {
   return m;
 }
 
-TEST_CASE("twctl: every operator command, table and json, exit codes", "[server][twctl]") {
+TEST_CASE("twctl: every operator command - table and json - exit codes", "[server][twctl]") {
   TempDir dir;
   ServerOptions o;
   o.listen = "127.0.0.1:0";

@@ -132,6 +132,9 @@ class Ingestor {
 
   // REQUIRES: listener outlives the Ingestor; set before Start().
   void SetListener(IngestListener* listener) { listener_ = listener; }
+  // Pages go into the outbox with the incident changes that cause them.
+  // REQUIRES: pager outlives the Ingestor; set before Start().
+  void SetPager(class Pager* pager) { pager_ = pager; }
   void Start();
   // Drains what was submitted, writes it, and joins the writer.
   void Stop();
@@ -171,6 +174,7 @@ class Ingestor {
   IngestOptions options_;
   Clock* clock_;
   IngestListener* listener_ = nullptr;
+  class Pager* pager_ = nullptr;
 
   mutable absl::Mutex mu_;
   std::vector<IngestItem> queue_ ABSL_GUARDED_BY(mu_);

@@ -33,6 +33,8 @@ struct ServerOptions {
   int keepalive_timeout_ms = 10'000;
   // Base URL of the Grafana dashboard, for links in summaries.
   std::string grafana_url;
+  // Pager receivers (JSON, see pager.h); empty: no pages.
+  std::string pager_config_file;
   IngestOptions ingest;
 };
 

@@ -169,6 +169,21 @@ struct AttemptCopy {
   int64_t up_to_step = 0;
 };
 
+// One page to deliver: an incident's state change for one receiver.
+struct OutboxRow {
+  int64_t id = 0;  // assigned by the store
+  int64_t incident_id = 0;
+  std::string channel;  // the receiver's name
+  std::string kind;     // "trigger:<state>", "update:<state>", "resolve:<state>"
+  std::string payload;  // the HTTP body
+  std::string state = "pending";  // pending | sent
+  int attempts = 0;
+  int64_t next_attempt_ms = 0;
+  std::string last_error;
+  int64_t created_ms = 0;
+  int64_t sent_ms = 0;
+};
+
 // Everything one ingest cycle writes, in one transaction.
 struct WriteBatch {
   std::vector<RunRow> runs;  // upserts
@@ -187,11 +202,13 @@ struct WriteBatch {
   std::vector<CommandRow> commands;
   std::vector<QuarantineRow> quarantines;
   std::vector<AttemptCopy> attempt_copies;  // run before the steps of this batch
+  std::vector<OutboxRow> outbox;  // new pages; one per (incident, channel, kind)
 
   bool empty() const {
     return runs.empty() && steps.empty() && rank_steps.empty() && checkpoints.empty() &&
            events.empty() && incidents.empty() && command_acks.empty() && decisions.empty() &&
-           commands.empty() && quarantines.empty() && attempt_copies.empty();
+           commands.empty() && quarantines.empty() && attempt_copies.empty() &&
+           outbox.empty();
   }
   void clear();
 };
@@ -250,6 +267,12 @@ class Store {
   absl::StatusOr<int64_t> CountSteps(const std::string& run_id);
   absl::StatusOr<std::vector<DecisionRow>> DecisionsOfIncident(int64_t incident_id);
   absl::StatusOr<std::vector<QuarantineRow>> Quarantines(const std::string& run_id);
+  // Pages due for delivery (pending, next attempt reached), oldest first.
+  absl::StatusOr<std::vector<OutboxRow>> DueOutbox(int64_t now_ms, int limit);
+  absl::StatusOr<std::vector<OutboxRow>> Outbox(int64_t incident_id);
+  // Records a delivery attempt's outcome.
+  absl::Status MarkOutbox(int64_t id, bool sent, int attempts, int64_t next_attempt_ms,
+                          const std::string& error, int64_t now_ms);
 
   // Schema version after migrations.
   int schema_version() const { return schema_version_; }

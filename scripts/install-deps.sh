@@ -9,7 +9,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libsqlite3-dev prometheus-cpp-dev libcurl4-openssl-dev
   catch2 libbenchmark-dev
-  prometheus openssl
+  prometheus prometheus-alertmanager openssl
   pybind11-dev python3-dev python3-numpy python3-torch
 )
 

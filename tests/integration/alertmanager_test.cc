@@ -1,0 +1,153 @@
+// A page through Debian's real Alertmanager on loopback: trainwatchd posts
+// the alert (API v2), Alertmanager routes it to a webhook receiver, and the
+// notification carries the summary and the dashboard link; when the
+// incident ends, Alertmanager sends the resolution.
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include "test_util.h"
+#include "trainwatch/core/json.h"
+#include "trainwatch/server/server.h"
+
+namespace trainwatch::server {
+namespace {
+
+namespace v1 = trainwatch::v1;
+using testing::Hello;
+using testing::HttpReceiver;
+using testing::Step;
+using testing::TempDir;
+using testing::TestAgent;
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Debian's prometheus-alertmanager as a child, stopped on destruction.
+class Alertmanager {
+ public:
+  Alertmanager(const TempDir& dir, int webhook_port) : port_(FreePort()) {
+    const std::string config = dir.File("alertmanager.yml");
+    std::ofstream(config) << "route:\n"
+                             "  receiver: hook\n"
+                             "  group_by: ['incident']\n"
+                             "  group_wait: 1s\n"
+                             "  group_interval: 1s\n"
+                             "  repeat_interval: 1h\n"
+                             "receivers:\n"
+                             "  - name: hook\n"
+                             "    webhook_configs:\n"
+                             "      - url: http://127.0.0.1:"
+                          << webhook_port << "/am-webhook\n        send_resolved: true\n";
+    std::string out;
+    REQUIRE(testing::RunCommand("amtool check-config " + config, "", &out) == 0);
+    const std::string listen = "--web.listen-address=127.0.0.1:" + std::to_string(port_);
+    const std::string storage = "--storage.path=" + dir.File("am-data");
+    const std::string cfg = "--config.file=" + config;
+    const std::string log = dir.File("alertmanager.log");
+    pid_ = fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      freopen(log.c_str(), "w", stderr);
+      freopen(log.c_str(), "a", stdout);
+      execl("/usr/bin/prometheus-alertmanager", "alertmanager", cfg.c_str(), storage.c_str(),
+            listen.c_str(), "--cluster.listen-address=", nullptr);
+      _exit(127);
+    }
+    for (int i = 0; i < 200; ++i) {
+      if (testing::HttpGet(port_, "/-/ready").find("OK") != std::string::npos) return;
+      usleep(50000);
+    }
+    FAIL("alertmanager did not become ready");
+  }
+  ~Alertmanager() {
+    kill(pid_, SIGTERM);
+    waitpid(pid_, nullptr, 0);
+  }
+  int port() const { return port_; }
+
+ private:
+  int port_;
+  pid_t pid_ = -1;
+};
+
+double Loss(int64_t s) { return 2.5 + 0.01 * std::sin(static_cast<double>(s) * 1.7); }
+
+TEST_CASE("alertmanager: a tier 2 page arrives through the real Alertmanager and resolves",
+          "[integration][alertmanager]") {
+  TempDir dir;
+  HttpReceiver hook;
+  Alertmanager am(dir, hook.port());
+  const std::string pager = dir.File("pager.json");
+  std::ofstream(pager) << "{\"grafana_url\": \"http://grafana.local/d/trainwatch\", "
+                          "\"receivers\": [{\"name\": \"am\", \"type\": \"alertmanager\", "
+                          "\"url\": \"http://127.0.0.1:"
+                       << am.port() << "\"}]}";
+  ServerOptions o;
+  o.listen = "127.0.0.1:0";
+  o.metrics_listen = "";
+  o.db_path = dir.File("tw.db");
+  o.pager_config_file = pager;
+  auto server = Server::Start(o);
+  REQUIRE(server.ok());
+  auto ch = grpc::CreateChannel("127.0.0.1:" + std::to_string((*server)->port()),
+                                grpc::InsecureChannelCredentials());
+  TestAgent a(ch);
+  a.Send(Hello("run-am", 0, 1));
+  for (int64_t s = 0; s < 3600; ++s) {
+    a.Send(Step("run-am", 0, 1, s, s >= 3000 ? Loss(s) + 0.3 : Loss(s), 1.0));
+  }
+  REQUIRE(a.WaitDurable(0, 3599));
+  REQUIRE(hook.WaitFor(1, 30));
+  auto first = core::ParseJson(hook.requests()[0].body, "webhook");
+  REQUIRE(first.ok());
+  CHECK(first->Find("status")->string == "firing");
+  const core::JsonValue& alert = first->Find("alerts")->array[0];
+  CHECK(alert.Find("labels")->Find("run")->string == "run-am");
+  const std::string id = alert.Find("labels")->Find("incident")->string;
+  CHECK(alert.Find("annotations")->Find("summary")->string.find(id) != std::string::npos);
+  CHECK(alert.Find("annotations")->Find("description")->string.find("non_recovering") !=
+        std::string::npos);
+  CHECK(alert.Find("annotations")->Find("dashboard")->string.find(
+            "http://grafana.local/d/trainwatch?var-run=run-am") == 0);
+  CHECK(alert.Find("generatorURL")->string.find("grafana.local") != std::string::npos);
+  // The incident ends (rejected here: a human decided it is benign).
+  auto op = v1::OperatorService::NewStub(ch);
+  grpc::ClientContext c;
+  v1::RejectRollbackRequest req;
+  req.set_incident_id(id);
+  req.set_comment("benign");
+  v1::RejectRollbackResponse resp;
+  REQUIRE(op->RejectRollback(&c, req, &resp).ok());
+  bool resolved = false;
+  for (int i = 0; i < 300 && !resolved; ++i) {
+    for (const auto& r : hook.requests()) {
+      auto v = core::ParseJson(r.body, "webhook");
+      if (v.ok() && v->Find("status") && v->Find("status")->string == "resolved") resolved = true;
+    }
+    if (!resolved) usleep(100000);
+  }
+  CHECK(resolved);
+  CHECK(a.Close().ok());
+}
+
+}  // namespace
+}  // namespace trainwatch::server

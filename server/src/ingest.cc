@@ -466,6 +466,9 @@ void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
     answers_.clear();
     return;
   }
+  // What a client learns from an ack or an answer must already be visible
+  // in the snapshot (metrics, run status).
+  PublishSnapshot();
   for (auto& [done, out] : answers_) done(out);
   answers_.clear();
   if (pager_ != nullptr) pager_->Wake();
@@ -486,7 +489,6 @@ void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
   acks_.clear();
   changed_incidents_.clear();
   changed_opened_.clear();
-  PublishSnapshot();
 }
 
 void Ingestor::Handle(IngestItem& item, int64_t now) {

@@ -348,6 +348,11 @@ int Show(Client& c, const Options& o, std::string* out, std::string* err) {
     absl::StrAppendFormat(out, "recommended: %s\n", a.description());
   }
   for (const auto& d : i.decisions()) {
+    if (d.actor().kind() != v1::ACTOR_KIND_HUMAN) {
+      absl::StrAppendFormat(out, "decision %s: taken by %s on every rank\n", d.decision_id(),
+                            d.actor().id());
+      continue;
+    }
     absl::StrAppendFormat(out, "decision %s: %s by %s: \"%s\"\n", d.decision_id(),
                           d.kind() == v1::DECISION_KIND_APPROVE_ROLLBACK ? "approved" : "rejected",
                           d.actor().id(), d.comment());

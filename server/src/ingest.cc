@@ -587,7 +587,13 @@ void Ingestor::HandleStep(RunState& run, const StepReport& r, uint64_t stream, i
     stats_.duplicates_total++;
     return;
   }
-  Evaluate(run, std::move(s), now);
+  std::vector<core::TensorStat> tensors;
+  tensors.reserve(static_cast<size_t>(r.tensors_size()));
+  for (const auto& t : r.tensors()) {
+    tensors.push_back({t.name(), t.sum_squares(), static_cast<int64_t>(t.nonfinite_count()),
+                       static_cast<int64_t>(t.element_count())});
+  }
+  Evaluate(run, std::move(s), now, tensors);
 }
 
 void Ingestor::CompletePending(RunState& run, int64_t now, bool force) {
@@ -609,8 +615,10 @@ void Ingestor::CompletePending(RunState& run, int64_t now, bool force) {
   }
 }
 
-void Ingestor::Evaluate(RunState& run, StoredStep s, int64_t now) {
+void Ingestor::Evaluate(RunState& run, StoredStep s, int64_t now,
+                        absl::Span<const core::TensorStat> tensors) {
   core::StepRecord rec = s.View();
+  rec.tensors = tensors;
   if (absl::Status st = run.engine->Observe(rec, &run.out); !st.ok()) {
     LOG(WARNING) << "run " << run.row.run_id << ": " << st;
     return;
@@ -760,6 +768,23 @@ void Ingestor::RecordEvents(RunState& run, const std::vector<core::Event>& event
       opened = true;
     }
     IncidentRow& inc = it->second;
+    if (opened && (e.action == core::Action::kSkipUpdate || e.action == core::Action::kHalt)) {
+      // The agents acted on their own (same rules, same numbers): recorded
+      // like a human decision, with the rule as the actor.
+      const int64_t did = next_decision_id_++;
+      trainwatch::v1::Decision d;
+      d.set_decision_id(absl::StrCat("D-", did));
+      d.set_incident_id(inc.public_id());
+      d.set_run_id(run.row.run_id);
+      d.mutable_actor()->set_kind(trainwatch::v1::ACTOR_KIND_SERVER);
+      d.mutable_actor()->set_id(absl::StrCat("rule:", core::EventKindName(e.kind)));
+      d.mutable_actor()->set_via("agent");
+      d.mutable_decided_at()->set_seconds(now / 1000);
+      d.set_comment(e.reason);
+      batch_.decisions.push_back({did, inc.id, run.row.run_id, d.actor().id(),
+                                  e.action == core::Action::kHalt ? "halt" : "skip_update",
+                                  e.reason, d.SerializeAsString(), "", now});
+    }
     if (e.action != core::Action::kNone && (opened || e.tier >= inc.tier)) {
       // The event with the highest tier so far defines the incident.
       if (e.tier > inc.tier) run.incidents_total[std::clamp(e.tier, 0, 3)]++;
@@ -905,8 +930,14 @@ DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
   // What was decided before, for refusals that say who and when.
   absl::StatusOr<std::vector<DecisionRow>> prior = store_->DecisionsOfIncident(inc.id);
   std::string earlier;
-  if (prior.ok() && !prior->empty()) {
-    const DecisionRow& d = prior->back();
+  const DecisionRow* human = nullptr;
+  if (prior.ok()) {
+    for (const DecisionRow& d : *prior) {
+      if (d.kind == "approve_rollback" || d.kind == "reject_rollback") human = &d;
+    }
+  }
+  if (human != nullptr) {
+    const DecisionRow& d = *human;
     earlier = absl::StrFormat(" (%s by %s, D-%d: \"%s\")",
                               d.kind == "approve_rollback" ? "approved" : "rejected", d.actor,
                               d.id, d.comment);

@@ -790,8 +790,17 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
     s->set_detection_step(inc.detection_step);
     // Curves from the stored steps: the 5,000 steps before the onset up to
     // the detection.
+    // The attempt the incident happened in: the run's current one unless a
+    // rollback since started a new one.
+    int64_t attempt = 0;
+    for (const RunSnapshot& r : state_->ingestor()->Snapshot()) {
+      if (r.row.run_id == inc.run_id) attempt = r.row.attempt;
+    }
+    if (inc.state == IncidentState::kRollingBack || inc.state == IncidentState::kResolved) {
+      attempt = std::max<int64_t>(0, attempt - 1);
+    }
     absl::StatusOr<std::vector<StoredStep>> steps = state_->store()->StepsBetween(
-        inc.run_id, 0, std::max<int64_t>(0, inc.onset_step - 5000), inc.detection_step);
+        inc.run_id, attempt, std::max<int64_t>(0, inc.onset_step - 5000), inc.detection_step);
     if (!steps.ok()) return steps.status();
     const size_t n = steps->size();
     const size_t stride = std::max<size_t>(1, n / 200);

@@ -225,6 +225,11 @@ TEST_CASE("rollback: a rejected incident cannot be approved - tier 1 needs no ro
   }
   REQUIRE_FALSE(tier1.empty());
   REQUIRE_FALSE(tier2.empty());
+  // The skip the agents took by themselves is recorded, the rule as actor.
+  const v1::Incident t1_full = op.Get(tier1);
+  REQUIRE(t1_full.decisions_size() == 1);
+  CHECK(t1_full.decisions(0).actor().kind() == v1::ACTOR_KIND_SERVER);
+  CHECK(t1_full.decisions(0).actor().id() == "rule:data_anomaly");
   v1::ApproveRollbackResponse r;
   const grpc::Status t1 = op.Approve(tier1, "", false, &r);
   CHECK(t1.error_code() == grpc::FAILED_PRECONDITION);
@@ -238,6 +243,25 @@ TEST_CASE("rollback: a rejected incident cannot be approved - tier 1 needs no ro
   CHECK(after.error_message().find("transient; leave it") != std::string::npos);
   v1::ApproveRollbackResponse missing;
   CHECK(op.Approve("I-999", "", false, &missing).error_code() == grpc::NOT_FOUND);
+  // A NaN with per-tensor counts: the halt names the source tensor.
+  v1::AgentMessage nan = Step(run, 0, 1, 3700, 2.5, 1.0);
+  nan.mutable_step_report()->mutable_metrics()->set_nan_frac(1e-6);
+  auto* t = nan.mutable_step_report()->add_tensors();
+  t->set_name("layers.11.mlp.fc2.weight");
+  t->set_nonfinite_count(42);
+  t->set_element_count(1 << 20);
+  a.Send(nan);
+  REQUIRE(a.WaitDurable(0, 3700));
+  std::string t3;
+  for (const auto& i : op.List(run)) {
+    if (i.tier() == v1::TIER_NUMERICAL_FAILURE) t3 = i.incident_id();
+  }
+  REQUIRE_FALSE(t3.empty());
+  const v1::Incident t3_full = op.Get(t3);
+  CHECK(t3_full.summary().explanation().find("layers.11.mlp.fc2.weight (42 of 1048576") !=
+        std::string::npos);
+  REQUIRE(t3_full.decisions_size() == 1);
+  CHECK(t3_full.decisions(0).actor().id() == "rule:nonfinite_gradients");
   CHECK(a.Close().ok());
 }
 

@@ -160,7 +160,10 @@ class Ingestor {
   void Handle(IngestItem& item, int64_t now);
   void HandleStep(RunState& run, const trainwatch::v1::StepReport& r, uint64_t stream,
                   int64_t now);
-  void Evaluate(RunState& run, StoredStep step, int64_t now);
+  // `tensors`: the report's per-tensor statistics, if any (names the source
+  // of a numerical failure).
+  void Evaluate(RunState& run, StoredStep step, int64_t now,
+                absl::Span<const core::TensorStat> tensors = {});
   void CompletePending(RunState& run, int64_t now, bool force);
   void RecordEvents(RunState& run, const std::vector<core::Event>& events, int64_t now);
   void PublishSnapshot();

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <mutex>
 #include <set>
+#include <vector>
 #include <thread>
 
 #include <catch2/catch.hpp>
@@ -134,9 +135,12 @@ AgentConfig Config(int port) {
   return c;
 }
 
-// Feeds steps [from, to) and returns the slowest Step() call, in ms.
+// Feeds steps [from, to) and returns the 99th percentile of the Step()
+// calls' time, in ms. (Not the maximum: on a loaded 2-core machine any call
+// can lose its core for tens of milliseconds; a call that waited on the
+// network would take seconds, or forever with a black hole.)
 double Feed(Agent& a, int64_t from, int64_t to) {
-  double worst = 0;
+  std::vector<double> times;
   for (int64_t s = from; s < to; ++s) {
     StepInput in;
     in.step = s;
@@ -145,9 +149,12 @@ double Feed(Agent& a, int64_t from, int64_t to) {
     in.grad_elements = 100;
     const auto t0 = Clock::now();
     a.Step(in);
-    worst = std::max(worst, std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    REQUIRE(ms < 2000.0);  // no call may ever block on the network
+    times.push_back(ms);
   }
-  return worst;
+  std::sort(times.begin(), times.end());
+  return times[times.size() * 99 / 100];
 }
 
 bool WaitDurable(Agent& a, int64_t step, int seconds = 20) {
@@ -171,7 +178,7 @@ TEST_CASE("transport: server down at start - then up: nothing lost", "[agent][tr
   auto agent = Agent::Create(Config(port), std::make_unique<SingleProcessReducer>());
   REQUIRE(agent.ok());
   const double worst = Feed(**agent, 0, 500);
-  CHECK(worst < 50.0);  // never waits on the network
+  CHECK(worst < 5.0);  // p99: never waits on the network
   CHECK_FALSE((*agent)->Stats().connected);
   Running server(&fake, port);
   REQUIRE(WaitDurable(**agent, 499));
@@ -210,7 +217,7 @@ TEST_CASE("transport: slow acks and repeated or stale acks", "[agent][transport]
   auto agent = Agent::Create(Config(port), std::make_unique<SingleProcessReducer>());
   REQUIRE(agent.ok());
   const double worst = Feed(**agent, 0, 400);
-  CHECK(worst < 50.0);
+  CHECK(worst < 5.0);
   REQUIRE(WaitDurable(**agent, 399));
   const AgentStats s = (*agent)->Stats();
   CHECK(s.durable_step == 399);  // a stale ack never moves it back
@@ -293,7 +300,7 @@ TEST_CASE("transport: a black-holed server (accepts - never reads) does not slow
   auto agent = Agent::Create(Config(ntohs(a.sin_port)), std::make_unique<SingleProcessReducer>());
   REQUIRE(agent.ok());
   const double worst = Feed(**agent, 0, 5000);
-  CHECK(worst < 50.0);
+  CHECK(worst < 5.0);
   CHECK((*agent)->Stats().durable_step == -1);
   const auto t0 = Clock::now();
   (*agent)->Close(100);

@@ -188,17 +188,39 @@ class PyAgent {
     if (!grads.is_none()) {
       std::vector<Borrowed> held;
       views_.clear();
-      for (py::handle g : grads) {
+      names_.clear();
+      // A dict {name: tensor} also gives per-tensor statistics, which name
+      // the source of a NaN.
+      const bool named = py::isinstance<py::dict>(grads);
+      py::iterable items = named ? py::iterable(grads.attr("items")()) : py::iterable(grads);
+      for (py::handle item : items) {
+        py::handle g = item;
+        if (named) {
+          py::tuple kv = py::reinterpret_borrow<py::tuple>(item);
+          g = kv[1];
+          if (g.is_none()) continue;
+          names_.push_back(py::str(kv[0]));
+        }
         if (g.is_none()) continue;
         held.emplace_back(g);
         views_.push_back({held.back().data(), held.back().dtype(), held.back().numel()});
       }
-      kernels::Status s = kernels::ComputeGradStats(views_.data(), views_.size(),
-                                                    kernels::GradStatsOptions(), &grad_stats_);
+      kernels::GradStatsOptions opts;
+      opts.per_tensor = named;
+      kernels::Status s = kernels::ComputeGradStats(views_.data(), views_.size(), opts,
+                                                    &grad_stats_);
       if (!s.ok()) throw py::value_error(s.ToString());
       in.grad_sum_squares = grad_stats_.sum_squares;
       in.grad_nonfinite = grad_stats_.nonfinite;
       in.grad_elements = grad_stats_.numel;
+      if (named && grad_stats_.nonfinite > 0) {
+        tensors_.clear();
+        for (size_t i = 0; i < views_.size(); ++i) {
+          tensors_.push_back({names_[i], grad_stats_.tensor_sum_squares[i],
+                              grad_stats_.tensor_nonfinite[i], views_[i].numel});
+        }
+        in.tensors = tensors_;
+      }
     }
     if (!logits.is_none()) {
       Borrowed t(logits);
@@ -307,6 +329,8 @@ class PyAgent {
  private:
   std::unique_ptr<agent::Agent> agent_;
   std::vector<kernels::TensorView> views_;
+  std::vector<std::string> names_;
+  std::vector<core::TensorStat> tensors_;
   kernels::GradStats grad_stats_;
 };
 

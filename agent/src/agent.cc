@@ -538,6 +538,35 @@ struct Agent::Impl {
         queued.fetch_add(1, std::memory_order_relaxed);
       }
     }
+    if (!cfg.server_address.empty() && local_nonfinite && !in.tensors.empty()) {
+      // A failure path, allocation allowed: this rank's own report with the
+      // tensors that hold nonfinite values.
+      v1::AgentMessage m;
+      auto* r = m.mutable_step_report();
+      r->set_run_id(cfg.run_id);
+      r->set_rank(reducer->rank());
+      r->set_world_size(reducer->world_size());
+      r->set_step(in.step);
+      r->set_scope(v1::REPORT_SCOPE_RANK);
+      r->set_nonfinite_count(static_cast<uint64_t>(in.grad_nonfinite));
+      r->set_element_count(static_cast<uint64_t>(in.grad_elements));
+      r->mutable_metrics()->set_nan_frac(in.grad_elements > 0
+                                             ? static_cast<double>(in.grad_nonfinite) /
+                                                   static_cast<double>(in.grad_elements)
+                                             : 0.0);
+      int kept = 0;
+      for (const core::TensorStat& t : in.tensors) {
+        if (t.nonfinite <= 0 || kept++ >= 64) continue;
+        auto* ts = r->add_tensors();
+        ts->set_name(std::string(t.name));
+        ts->set_sum_squares(t.sum_squares);
+        ts->set_nonfinite_count(static_cast<uint64_t>(t.nonfinite));
+        ts->set_element_count(static_cast<uint64_t>(t.elements));
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      control.push_back(m.SerializeAsString());
+      writer_cv.notify_all();
+    }
     return outcome.verdict;
   }
 };

@@ -852,6 +852,28 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
         for (uint64_t id : st.shards) ss->add_shard_ids(id);
       }
     }
+    if (inc.tier == 3) {
+      // Which tensors, on which ranks: from the ranks' own reports.
+      absl::StatusOr<std::vector<RankStepRow>> ranks =
+          state_->store()->RankStepsAt(inc.run_id, attempt, inc.onset_step);
+      if (ranks.ok()) {
+        std::map<std::string, v1::TensorBreakdown> by_name;
+        for (const RankStepRow& rk : *ranks) {
+          v1::StepReport rep;
+          if (!rep.ParseFromString(rk.report) || rep.nonfinite_count() == 0) continue;
+          s->add_nonfinite_ranks(rk.rank);
+          for (const auto& t : rep.tensors()) {
+            v1::TensorBreakdown& b = by_name[t.name()];
+            b.set_name(t.name());
+            b.set_nonfinite_count(b.nonfinite_count() + t.nonfinite_count());
+            b.set_element_count(b.element_count() + t.element_count());
+            b.set_first_step(inc.onset_step);
+            b.add_ranks(rk.rank);
+          }
+        }
+        for (auto& [name, b] : by_name) *s->add_tensor_breakdown() = std::move(b);
+      }
+    }
     for (uint64_t id : inc.shards) s->mutable_suspect_shards()->add_shard_ids(id);
     if (!inc.shards.empty()) {
       auto* range = s->mutable_suspect_shards()->add_ranges();

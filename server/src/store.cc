@@ -817,6 +817,29 @@ absl::StatusOr<std::vector<RankStepRow>> Store::LoadRankStepsAfter(const std::st
   return out;
 }
 
+absl::StatusOr<std::vector<RankStepRow>> Store::RankStepsAt(const std::string& run_id,
+                                                            int64_t attempt, int64_t step) {
+  absl::MutexLock lock(&read_mu_);
+  Stmt q(read_db_,
+         "SELECT rank, report FROM rank_steps WHERE run_id = ?1 AND attempt = ?2 AND step = ?3 "
+         "ORDER BY rank");
+  if (!q.status().ok()) return q.status();
+  q.Bind(1, run_id).Bind(2, attempt).Bind(3, step);
+  std::vector<RankStepRow> out;
+  absl::Status st;
+  while (q.Next(&st)) {
+    RankStepRow r;
+    r.run_id = run_id;
+    r.attempt = attempt;
+    r.rank = static_cast<int32_t>(q.Int(0));
+    r.step = step;
+    r.report = q.Blob(1);
+    out.push_back(std::move(r));
+  }
+  if (!st.ok()) return st;
+  return out;
+}
+
 absl::StatusOr<int64_t> Store::MaxIncidentId() {
   Stmt q(db_, "SELECT COALESCE(MAX(id), 0) FROM incidents");
   absl::Status st;

@@ -84,15 +84,20 @@ class TorchLoopTest(unittest.TestCase):
         self.assertAlmostEqual(v.grad_norm, math.sqrt(25.0 + 9.0))
         self.assertAlmostEqual(v.nan_frac, 1.0 / 13.0)
         self.assertEqual(v.decision, "halt")  # nan_frac > 0
+        # Named gradients: per-tensor statistics for the rank's report.
+        named = {"w1": torch.ones(4), "w2": torch.tensor([1.0, float("inf")])}
+        v = agent.step(1000, loss=2.0, grads=named)
+        self.assertEqual(v.decision, "halt")
+        self.assertAlmostEqual(v.nan_frac, 1.0 / 6.0)
         logits = torch.zeros(4, 100)
-        v = agent.step(1, loss=2.0, logits=logits)
+        v = agent.step(1001, loss=2.0, logits=logits)
         self.assertEqual(v.decision, "continue")
         with self.assertRaises(ValueError):
-            agent.step(2, loss=2.0, grads=[torch.ones(4, dtype=torch.int32)])
+            agent.step(1002, loss=2.0, grads=[torch.ones(4, dtype=torch.int32)])
         with self.assertRaises(ValueError):
-            agent.step(3, grads=[torch.ones(4, 4).t()])  # not contiguous
+            agent.step(1003, grads=[torch.ones(4, 4).t()])  # not contiguous
         with self.assertRaises(TypeError):
-            agent.step(4, grads=[[1.0, 2.0]])
+            agent.step(1004, grads=[[1.0, 2.0]])
         agent.close()
 
     def test_ranks_agree_through_a_reduce_callable(self):

@@ -251,6 +251,12 @@ TEST_CASE("rollback: a rejected incident cannot be approved - tier 1 needs no ro
   t->set_nonfinite_count(42);
   t->set_element_count(1 << 20);
   a.Send(nan);
+  // ...and the rank's own report (what the agent sends when it saw a NaN).
+  v1::AgentMessage own = nan;
+  own.mutable_step_report()->set_scope(v1::REPORT_SCOPE_RANK);
+  own.mutable_step_report()->set_nonfinite_count(42);
+  own.mutable_step_report()->set_element_count(1 << 20);
+  a.Send(own);
   REQUIRE(a.WaitDurable(0, 3700));
   std::string t3;
   for (const auto& i : op.List(run)) {
@@ -262,6 +268,11 @@ TEST_CASE("rollback: a rejected incident cannot be approved - tier 1 needs no ro
         std::string::npos);
   REQUIRE(t3_full.decisions_size() == 1);
   CHECK(t3_full.decisions(0).actor().id() == "rule:nonfinite_gradients");
+  REQUIRE(t3_full.summary().tensor_breakdown_size() == 1);
+  CHECK(t3_full.summary().tensor_breakdown(0).name() == "layers.11.mlp.fc2.weight");
+  CHECK(t3_full.summary().tensor_breakdown(0).nonfinite_count() == 42);
+  REQUIRE(t3_full.summary().nonfinite_ranks_size() == 1);
+  CHECK(t3_full.summary().nonfinite_ranks(0) == 0);
   CHECK(a.Close().ok());
 }
 

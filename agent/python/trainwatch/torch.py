@@ -29,17 +29,21 @@ class Guard:
     def __init__(self, optimizer, agent, params=None):
         self.optimizer = optimizer
         self.agent = agent
-        self.params = params
+        self.params = list(params) if params is not None else None
         self.verdict = None
         self.skipped = 0
         self._step = optimizer.step
         optimizer.step = self._gated_step
 
     def _grads(self):
+        # Named when the parameters are (watch(..., params=model.named_parameters())):
+        # a NaN is then reported with the tensor that holds it.
+        if self.params is not None and self.params and isinstance(self.params[0], tuple):
+            return {n: p.grad.detach().contiguous() for n, p in self.params if p.grad is not None}
         params = self.params
         if params is None:
             params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        return [p.grad.detach() for p in params if p.grad is not None]
+        return [p.grad.detach().contiguous() for p in params if p.grad is not None]
 
     @_torch.no_grad()
     def observe(self, step, loss, logits=None, labels=None, shards=None):
@@ -55,7 +59,7 @@ class Guard:
         if labels is not None:
             labels = [int(v) for v in labels.reshape(-1).tolist()]
         self.verdict = self.agent.step(
-            int(step), loss=loss_value, grads=[g.contiguous() for g in self._grads()],
+            int(step), loss=loss_value, grads=self._grads(),
             logits=logits, labels=labels,
             shards=None if shards is None else [int(s) for s in shards],
             lr=float(group["lr"]), z_loss_alpha=None if z is None else float(z))

@@ -85,6 +85,10 @@ struct StepInput {
   std::optional<double> activation_max;
   std::optional<double> attention_logit_p99;
   absl::Span<const uint64_t> shards;
+  // Optional per-tensor statistics of this rank's gradients (names, sums of
+  // squares, nonfinite counts). Sent to the server only when this rank saw a
+  // nonfinite gradient: they name the source tensor and the bad device.
+  absl::Span<const core::TensorStat> tensors;
 };
 
 struct Command {

@@ -240,6 +240,9 @@ class Store {
   // reported at that step (empty if none).
   absl::Status ForEachStep(const std::string& run_id, int64_t attempt,
                            const std::function<void(const StoredStep&, const std::string&)>& fn);
+  // Per-rank reports of one step (any thread).
+  absl::StatusOr<std::vector<RankStepRow>> RankStepsAt(const std::string& run_id,
+                                                       int64_t attempt, int64_t step);
   absl::StatusOr<std::vector<RankStepRow>> LoadRankStepsAfter(const std::string& run_id,
                                                               int64_t attempt, int64_t step);
   absl::StatusOr<int64_t> MaxIncidentId();

@@ -90,70 +90,68 @@ absl::StatusOr<Trace> Finish(TraceBuilder& b, absl::string_view source, MetricsF
 
 }  // namespace
 
-absl::StatusOr<Trace> ParseLlmcLog(absl::string_view content, absl::string_view source) {
+namespace {
+
+// A "key:value key:value ..." log: lines whose first key is `step_key` and
+// that carry `train_key` are records; `signals` maps the keys read.
+struct KeyValueFormat {
+  MetricsFormat format;
+  absl::string_view step_key;
+  absl::string_view train_key;
+  std::vector<std::pair<absl::string_view, Signal>> signals;
+  absl::string_view what;  // for "no ... lines"
+};
+
+absl::StatusOr<Trace> ParseKeyValueLog(absl::string_view content, absl::string_view source,
+                                       const KeyValueFormat& f) {
   TraceBuilder b(source);
   absl::Status st = ForEachLine(content, [&](absl::string_view line, int n) -> absl::Status {
     const std::vector<Token> toks = KeyValues(line);
-    if (toks.empty() || toks[0].key != "s") return absl::OkStatus();
+    if (toks.empty() || toks[0].key != f.step_key) return absl::OkStatus();
     bool train = false;
-    for (const Token& t : toks) train |= t.key == "trl";
-    if (!train) return absl::OkStatus();  // "s:S tel:VAL": validation
+    for (const Token& t : toks) train |= t.key == f.train_key;
+    if (!train) return absl::OkStatus();  // a validation-only line
     int64_t step;
     if (absl::Status s = StepOf(source, n, toks[0], &step); !s.ok()) return s;
     auto& row = b.NewRow(n);
     if (absl::Status s = b.SetStep(row, step, toks[0].value_column); !s.ok()) return s;
     for (const Token& t : toks) {
-      double v;
-      Signal sig;
-      if (t.key == "trl") {
-        sig = Signal::kLoss;
-      } else if (t.key == "norm") {
-        sig = Signal::kGradNorm;
-      } else if (t.key == "lr") {
-        sig = Signal::kLearningRate;
-      } else {
-        continue;
+      for (const auto& [key, sig] : f.signals) {
+        if (t.key != key) continue;
+        double v;
+        if (absl::Status s = Number(source, n, t, t.key, &v); !s.ok()) return s;
+        b.SetValue(row, sig, v);
       }
-      if (absl::Status s = Number(source, n, t, t.key, &v); !s.ok()) return s;
-      b.SetValue(row, sig, v);
     }
     return absl::OkStatus();
   });
   if (!st.ok()) return st;
-  return Finish(b, source, MetricsFormat::kLlmc, "llm.c \"s:STEP trl:LOSS\"");
+  return Finish(b, source, f.format, f.what);
+}
+
+}  // namespace
+
+absl::StatusOr<Trace> ParseLlmcLog(absl::string_view content, absl::string_view source) {
+  // "s:STEP trl:LOSS lr:LR norm:NORM"; "s:STEP tel:VAL" lines are validation.
+  static const KeyValueFormat kLlmc{
+      MetricsFormat::kLlmc, "s", "trl",
+      {{"trl", Signal::kLoss}, {"norm", Signal::kGradNorm}, {"lr", Signal::kLearningRate}},
+      "llm.c \"s:STEP trl:LOSS\""};
+  return ParseKeyValueLog(content, source, kLlmc);
 }
 
 absl::StatusOr<Trace> ParseStepLog(absl::string_view content, absl::string_view source) {
-  TraceBuilder b(source);
-  absl::Status st = ForEachLine(content, [&](absl::string_view line, int n) -> absl::Status {
-    const std::vector<Token> toks = KeyValues(line);
-    if (toks.empty() || toks[0].key != "step") return absl::OkStatus();
-    bool train = false;
-    for (const Token& t : toks) train |= t.key == "train_loss";
-    if (!train) return absl::OkStatus();  // "step:S/N val_loss:...": validation
-    int64_t step;
-    if (absl::Status s = StepOf(source, n, toks[0], &step); !s.ok()) return s;
-    auto& row = b.NewRow(n);
-    if (absl::Status s = b.SetStep(row, step, toks[0].value_column); !s.ok()) return s;
-    for (const Token& t : toks) {
-      double v;
-      Signal sig;
-      if (t.key == "train_loss") {
-        sig = Signal::kLoss;
-      } else if (t.key == "grad_norm" || t.key == "norm") {
-        sig = Signal::kGradNorm;
-      } else if (t.key == "lr") {
-        sig = Signal::kLearningRate;
-      } else {
-        continue;  // val_loss, train_time, step_avg, seq_len, ...
-      }
-      if (absl::Status s = Number(source, n, t, t.key, &v); !s.ok()) return s;
-      b.SetValue(row, sig, v);
-    }
-    return absl::OkStatus();
-  });
-  if (!st.ok()) return st;
-  return Finish(b, source, MetricsFormat::kStepLog, "\"step:S/N train_loss:L\"");
+  // "step:S/N train_loss:L ..."; val_loss-only lines are validation; other
+  // keys (train_time, step_avg, seq_len, ...) are read past.
+  static const KeyValueFormat kStep{MetricsFormat::kStepLog,
+                                    "step",
+                                    "train_loss",
+                                    {{"train_loss", Signal::kLoss},
+                                     {"grad_norm", Signal::kGradNorm},
+                                     {"norm", Signal::kGradNorm},
+                                     {"lr", Signal::kLearningRate}},
+                                    "\"step:S/N train_loss:L\""};
+  return ParseKeyValueLog(content, source, kStep);
 }
 
 absl::StatusOr<Trace> ParseMegatronLog(absl::string_view content, absl::string_view source) {

@@ -304,6 +304,7 @@ class PyAgent {
                                                       "status must be received, applied or failed");
     agent_->Acknowledge(id, s, message, resumed_step);
   }
+  void ResumeFrom(int64_t step) { agent_->ResumeFrom(step); }
   std::vector<std::pair<uint64_t, uint64_t>> Quarantined() const {
     return agent_->QuarantinedShards();
   }
@@ -374,6 +375,7 @@ PYBIND11_MODULE(_trainwatch, m) {
       .def("acknowledge", &PyAgent::Acknowledge, py::arg("command_id"), py::arg("status"),
            py::arg("message") = "", py::arg("resumed_step") = -1)
       .def("quarantined_shards", &PyAgent::Quarantined)
+      .def("resume_from", &PyAgent::ResumeFrom, py::arg("step"))
       .def("stats", &PyAgent::Stats)
       .def("close", &PyAgent::Close, py::arg("timeout_ms") = 5000);
 }

@@ -99,7 +99,9 @@ v1::Rule RuleOf(core::EventKind k) {
 struct Agent::Impl {
   AgentConfig cfg;
   std::unique_ptr<Reducer> reducer;
-  core::RuleEngine engine;
+  std::unique_ptr<core::RuleEngine> engine;
+  // The checkpoints reported, for a rule engine that starts over.
+  std::vector<std::pair<int64_t, std::string>> checkpoints;
   core::StepOutcome outcome;
   Ring ring;
   std::atomic<int64_t> steps{0}, ring_dropped{0}, queued{0};
@@ -131,7 +133,10 @@ struct Agent::Impl {
   std::thread pump, writer;
 
   Impl(const AgentConfig& c, std::unique_ptr<Reducer> r)
-      : cfg(c), reducer(std::move(r)), engine(c.rules), ring(c.ring_records) {}
+      : cfg(c),
+        reducer(std::move(r)),
+        engine(std::make_unique<core::RuleEngine>(c.rules)),
+        ring(c.ring_records) {}
 
   // ------------------------------------------------------------- the pump
 
@@ -501,7 +506,7 @@ struct Agent::Impl {
     if (maxes[kHasAct] > 0) rec.Set(Signal::kActivationMax, maxes[kActMax]);
     if (maxes[kHasAttn] > 0) rec.Set(Signal::kAttentionLogitP99, maxes[kAttnP99]);
     rec.shards = in.shards;
-    if (absl::Status s = engine.Observe(rec, &outcome); !s.ok()) {
+    if (absl::Status s = engine->Observe(rec, &outcome); !s.ok()) {
       if (error) *error = std::string(s.message());
       return Verdict{Decision::kHalt, 3, core::EventKind::kNonfiniteValue};
     }
@@ -645,7 +650,9 @@ Verdict Agent::Step(const StepInput& input, std::string* error) {
 }
 
 void Agent::ReportCheckpoint(int64_t step, const std::string& uri) {
-  impl_->engine.NoteCheckpoint(step, uri);
+  impl_->engine->NoteCheckpoint(step, uri);
+  impl_->checkpoints.emplace_back(step, uri);
+  if (impl_->checkpoints.size() > 64) impl_->checkpoints.erase(impl_->checkpoints.begin());
   if (impl_->cfg.server_address.empty() || impl_->reducer->rank() != 0) return;
   v1::AgentMessage m;
   auto* c = m.mutable_checkpoint();
@@ -689,6 +696,28 @@ void Agent::Acknowledge(const std::string& command_id, AckStatus status,
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->control.push_back(m.SerializeAsString());
   impl_->writer_cv.notify_all();
+}
+
+void Agent::ResumeFrom(int64_t step) {
+  Impl& p = *impl_;
+  p.engine = std::make_unique<core::RuleEngine>(p.cfg.rules);
+  for (const auto& [s, uri] : p.checkpoints) {
+    if (s <= step) p.engine->NoteCheckpoint(s, uri);
+  }
+  // Records still in the ring belong to the abandoned steps too.
+  p.Drain();
+  std::lock_guard<std::mutex> lock(p.mu);
+  while (!p.memory.empty() && p.memory.back().step > step) p.memory.pop_back();
+  if (p.spill != nullptr && p.spill->records() > 0) {
+    // The spill is a FIFO; keep only what is at or below the checkpoint.
+    std::vector<std::pair<int64_t, std::string>> keep;
+    p.spill->ForEach([&](int64_t s, const std::string& bytes) {
+      if (s <= step) keep.emplace_back(s, bytes);
+    }).IgnoreError();
+    p.spill->DiscardUpTo(std::numeric_limits<int64_t>::max());
+    for (const auto& [s, bytes] : keep) p.spill->Append(s, bytes).IgnoreError();
+  }
+  if (p.durable > step) p.durable = step;
 }
 
 std::vector<std::pair<uint64_t, uint64_t>> Agent::QuarantinedShards() const {

@@ -87,6 +87,31 @@ TEST_CASE("ranks: steps must increase", "[agent][ranks]") {
   CHECK(error.find("strictly increase") != std::string::npos);
 }
 
+TEST_CASE("rollback: ResumeFrom lets the steps start again after a checkpoint", "[agent][ranks]") {
+  auto agent = Agent::Create(AgentConfig(), std::make_unique<SingleProcessReducer>());
+  REQUIRE(agent.ok());
+  StepInput in;
+  in.loss = 2.0;
+  for (int64_t s = 0; s < 1500; ++s) {
+    in.step = s;
+    REQUIRE((*agent)->Step(in).decision == Decision::kContinue);
+    if (s % 500 == 0) (*agent)->ReportCheckpoint(s, "ckpt://" + std::to_string(s));
+  }
+  in.step = 1001;
+  std::string error;
+  CHECK((*agent)->Step(in, &error).decision == Decision::kHalt);  // not without ResumeFrom
+  (*agent)->ResumeFrom(1000);
+  CHECK((*agent)->Step(in, &error).decision == Decision::kContinue);
+  // A NaN after the rollback halts at once (tier 3 needs no warm-up) and
+  // the recommendation is the checkpoint before it.
+  in.step = 1002;
+  in.grad_nonfinite = 1;
+  in.grad_elements = 10;
+  CHECK((*agent)->Step(in).decision == Decision::kHalt);
+  REQUIRE_FALSE((*agent)->last_outcome().events.empty());
+  CHECK((*agent)->last_outcome().events[0].recommended_checkpoint_step == 1000);
+}
+
 TEST_CASE("config: from the environment - with clear errors", "[agent][config]") {
   setenv("TRAINWATCH_SERVER", "127.0.0.1:9", 1);
   setenv("TRAINWATCH_RUN_ID", "run-env", 1);

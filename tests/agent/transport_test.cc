@@ -342,3 +342,24 @@ TEST_CASE("transport: commands reach the trainer by callback and poll - acks go 
 
 }  // namespace
 }  // namespace trainwatch::agent
+
+namespace trainwatch::agent {
+namespace {
+
+TEST_CASE("transport: after ResumeFrom the abandoned steps are never sent", "[agent][transport]") {
+  const int port = FreePort();
+  FakeServer fake;
+  auto agent = Agent::Create(Config(port), std::make_unique<SingleProcessReducer>());
+  REQUIRE(agent.ok());
+  Feed(**agent, 0, 100);  // the server is down: nothing acknowledged
+  (*agent)->ResumeFrom(49);
+  Feed(**agent, 50, 80);
+  Running server(&fake, port);
+  REQUIRE(WaitDurable(**agent, 79));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK(fake.steps() == Range(0, 80));  // 80..99 of the first attempt never went out
+  (*agent)->Close();
+}
+
+}  // namespace
+}  // namespace trainwatch::agent

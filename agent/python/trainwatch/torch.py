@@ -77,6 +77,11 @@ class Guard:
             return None
         return self._step(*args, **kwargs)
 
+    def resume_from(self, step):
+        """After loading the checkpoint of `step` in a rollback."""
+        self.verdict = None
+        self.agent.resume_from(int(step))
+
     def detach(self):
         """Gives the optimizer its own step() back."""
         self.optimizer.step = self._step

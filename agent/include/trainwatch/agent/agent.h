@@ -144,6 +144,14 @@ class Agent {
   // The run's quarantined shard ranges, for the data loader.
   std::vector<std::pair<uint64_t, uint64_t>> QuarantinedShards() const;
 
+  // After loading the checkpoint of `step` (a rollback): the next Step() may
+  // be step + 1 again. Records of the abandoned steps not yet acknowledged
+  // are dropped (the server starts a new attempt from the checkpoint), and
+  // the local rule engine starts over: its windows refill (warm-up) before
+  // it skips again; tier 3 halts at once as always. Call it before
+  // acknowledging the rollback command. Training thread only.
+  void ResumeFrom(int64_t step);
+
   // The last step's derived numbers (what was reported).
   const core::StepOutcome& last_outcome() const;
   AgentStats Stats() const;

@@ -11,11 +11,15 @@
 #include <filesystem>
 #include <fstream>
 
+#include <catch2/catch.hpp>
+
 namespace trainwatch::testing {
 
 TempDir::TempDir() {
   char tmpl[] = "/tmp/trainwatch_test_XXXXXX";
-  path_ = mkdtemp(tmpl);
+  const char* created = mkdtemp(tmpl);
+  REQUIRE(created != nullptr);
+  path_ = created;
 }
 
 TempDir::~TempDir() {

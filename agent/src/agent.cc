@@ -106,6 +106,8 @@ struct Agent::Impl {
   Ring ring;
   std::atomic<int64_t> steps{0}, ring_dropped{0}, queued{0};
 
+  std::mutex drain_mu;  // serialises the ring's consumers
+
   // ---- background state, under mu
   std::mutex mu;
   std::condition_variable pump_cv, writer_cv, flushed_cv;
@@ -182,6 +184,9 @@ struct Agent::Impl {
   // Moves what the training thread queued into the unacknowledged list,
   // spilling (or dropping) the oldest past the memory bound.
   void Drain() {
+    // The ring has one consumer at a time: the pump, or Close()/ResumeFrom()
+    // on the training thread.
+    std::lock_guard<std::mutex> consumer(drain_mu);
     std::vector<std::pair<int64_t, std::string>> fresh;
     while (const Slot* s = ring.Front()) {
       fresh.emplace_back(s->step, Serialize(*s));
@@ -341,7 +346,11 @@ struct Agent::Impl {
         ctx = std::move(context);
       }
       auto stream = stub->Stream(c);
+      // Watched like every write: a server that accepts and never answers
+      // must not hold the writer until the connect timeout.
+      write_started_ms = NowMs();
       bool ok = stream->Write(HelloMessage());
+      write_started_ms = 0;
       std::thread reader;
       if (ok) {
         {

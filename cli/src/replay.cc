@@ -77,32 +77,9 @@ std::string FormatEventsJson(const std::vector<Event>& events) {
     } else {
       out += "null";
     }
-    out += ",\"recommended_actions\":[";
-    for (size_t i = 0; i < e.recommended_actions.size(); ++i) {
-      const core::RecommendedAction& a = e.recommended_actions[i];
-      if (i) out += ",";
-      out += "{\"kind\":";
-      core::AppendJsonString(&out, core::RecommendedActionKindName(a.kind));
-      switch (a.kind) {
-        case core::RecommendedAction::Kind::kQuarantineShards:
-        case core::RecommendedAction::Kind::kInspectShards:
-          absl::StrAppend(&out, ",\"shard_first\":", a.shard_first,
-                          ",\"shard_last\":", a.shard_last);
-          break;
-        case core::RecommendedAction::Kind::kSetZLossAlpha:
-          out += ",\"z_loss_alpha\":";
-          core::AppendJsonNumber(&out, a.z_loss_alpha);
-          break;
-        case core::RecommendedAction::Kind::kWidenPrecision:
-          out += ",\"tensor\":";
-          core::AppendJsonString(&out, a.tensor);
-          break;
-      }
-      out += ",\"text\":";
-      core::AppendJsonString(&out, a.text);
-      out += "}";
-    }
-    out += "],\"reason\":";
+    out += ",\"recommended_actions\":";
+    core::AppendRecommendedActionsJson(&out, e.recommended_actions);
+    out += ",\"reason\":";
     core::AppendJsonString(&out, e.reason);
     out += ",\"lacked_signals\":[";
     const std::vector<std::string> lacked = LackedNames(e.lacked_signals);

@@ -325,4 +325,34 @@ void AppendJsonNumber(std::string* out, double v) {
   out->append(buf, res.ptr);
 }
 
+void AppendRecommendedActionsJson(std::string* out,
+                                  const std::vector<RecommendedAction>& actions) {
+  out->push_back('[');
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const RecommendedAction& a = actions[i];
+    if (i) out->push_back(',');
+    out->append("{\"kind\":");
+    AppendJsonString(out, RecommendedActionKindName(a.kind));
+    switch (a.kind) {
+      case RecommendedAction::Kind::kQuarantineShards:
+      case RecommendedAction::Kind::kInspectShards:
+        absl::StrAppend(out, ",\"shard_first\":", a.shard_first,
+                        ",\"shard_last\":", a.shard_last);
+        break;
+      case RecommendedAction::Kind::kSetZLossAlpha:
+        out->append(",\"z_loss_alpha\":");
+        AppendJsonNumber(out, a.z_loss_alpha);
+        break;
+      case RecommendedAction::Kind::kWidenPrecision:
+        out->append(",\"tensor\":");
+        AppendJsonString(out, a.tensor);
+        break;
+    }
+    out->append(",\"text\":");
+    AppendJsonString(out, a.text);
+    out->push_back('}');
+  }
+  out->push_back(']');
+}
+
 }  // namespace trainwatch::core

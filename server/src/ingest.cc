@@ -133,25 +133,6 @@ StoredStep FromReport(const StepReport& r) {
   return s;
 }
 
-std::string ActionsJson(const core::Event& e) {
-  std::string out = "[";
-  for (size_t i = 0; i < e.recommended_actions.size(); ++i) {
-    const auto& a = e.recommended_actions[i];
-    if (i) out += ",";
-    out += "{\"kind\":";
-    core::AppendJsonString(&out, core::RecommendedActionKindName(a.kind));
-    absl::StrAppend(&out, ",\"shard_first\":", a.shard_first, ",\"shard_last\":", a.shard_last,
-                    ",\"z_loss_alpha\":");
-    core::AppendJsonNumber(&out, a.z_loss_alpha);
-    out += ",\"tensor\":";
-    core::AppendJsonString(&out, a.tensor);
-    out += ",\"text\":";
-    core::AppendJsonString(&out, a.text);
-    out += "}";
-  }
-  return out + "]";
-}
-
 IncidentState InitialState(const core::Event& e) {
   if (e.action == core::Action::kPage || e.action == core::Action::kHalt) {
     return IncidentState::kAwaitingDecision;
@@ -798,7 +779,8 @@ void Ingestor::RecordEvents(RunState& run, const std::vector<core::Event>& event
       inc.recommended_checkpoint_step = e.recommended_checkpoint_step;
       inc.recommended_checkpoint_uri = e.recommended_checkpoint_uri;
       if (!e.shards.empty()) inc.shards = e.shards;
-      inc.actions_json = ActionsJson(e);
+      inc.actions_json.clear();
+      core::AppendRecommendedActionsJson(&inc.actions_json, e.recommended_actions);
       if (!opened && (e.action == core::Action::kPage || e.action == core::Action::kHalt) &&
           !IsClosed(inc.state) && inc.state != IncidentState::kRollingBack) {
         inc.state = IncidentState::kAwaitingDecision;

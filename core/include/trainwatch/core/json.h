@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "trainwatch/core/event.h"
 
 namespace trainwatch::core {
 
@@ -47,6 +48,12 @@ void AppendJsonString(std::string* out, absl::string_view s);
 // Appends a number; NaN and infinities become null (JSON has no literal for
 // them), integers print without a fraction.
 void AppendJsonNumber(std::string* out, double v);
+
+// Appends recommended actions as a JSON array of objects with "kind",
+// "text" and the kind's parameters (shard_first/shard_last, z_loss_alpha,
+// tensor): the form replay prints and the server stores.
+void AppendRecommendedActionsJson(std::string* out,
+                                  const std::vector<RecommendedAction>& actions);
 
 }  // namespace trainwatch::core
 

@@ -4,10 +4,16 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython_EXECUTABLE=/usr/bin/python3
 
-.PHONY: demo test deps configure build bench clean
+.PHONY: demo demo-replay test deps configure build bench clean
 
+# The end-to-end story: a PyTorch trainer, trainwatchd, Prometheus and
+# Alertmanager on loopback (about a minute).
 demo: build
-	BUILD=$(BUILD) scripts/demo.sh
+	/usr/bin/python3 scripts/demo.py --build $(BUILD)
+
+# The rule engine alone, replaying a synthetic 18,000-step run (seconds).
+demo-replay: build
+	BUILD=$(BUILD) scripts/demo-replay.sh
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)

@@ -33,7 +33,8 @@ import torch.nn.functional as F
 import trainwatch
 import trainwatch.torch as twt
 
-SHARD_BYTES = 2048
+SHARD_BYTES = 1024     # the corpus is cut into shards of this many bytes
+SHARDS_PER_STEP = 2    # each batch reads from this many consecutive shards
 
 
 def load_corpus():
@@ -45,28 +46,45 @@ def load_corpus():
 
 
 class ShardLoader:
-    """Batch `step` is a deterministic function of the step; quarantined
-    shards are passed over."""
+    """A stream of shards: shard id k is the (k mod N)-th slice of the corpus
+    in epoch k // N, so ids grow with the data seen, as sample indices do in a
+    large run, and a range of ids is a range of the stream. Step s reads ids
+    SHARDS_PER_STEP*s onwards; quarantined ids are passed over (the stream
+    shifts past them), so the batch at a step is a deterministic function of
+    the step and the quarantine list."""
 
     def __init__(self, data, batch, context):
+        if batch % SHARDS_PER_STEP:
+            sys.exit(f"train_lm: --batch must be a multiple of {SHARDS_PER_STEP}")
         self.data, self.batch, self.context = data, batch, context
         self.shards = len(data) // SHARD_BYTES
         self.quarantine = []
 
-    def quarantined(self, shard):
-        return any(a <= shard <= b for a, b in self.quarantine)
+    def shard_ids(self, step):
+        ids, k = [], SHARDS_PER_STEP * step
+        for a, b in sorted(self.quarantine):      # shift past every range at or before us
+            if a <= k:
+                k += b - a + 1
+        while len(ids) < SHARDS_PER_STEP:
+            hit = next(((a, b) for a, b in self.quarantine if a <= k <= b), None)
+            if hit is None:
+                ids.append(k)
+                k += 1
+            else:
+                k = hit[1] + 1
+        return ids
 
     def get(self, step):
-        xs, ys, ids = [], [], []
-        for i in range(self.batch):
-            k = step * self.batch + i
-            shard = (k * 7919) % self.shards
-            while self.quarantined(shard):
-                shard = (shard + 1) % self.shards
-            off = shard * SHARD_BYTES + (k * 131) % (SHARD_BYTES - self.context - 1)
-            xs.append(self.data[off:off + self.context])
-            ys.append(self.data[off + 1:off + self.context + 1])
-            ids.append(shard)
+        ids = self.shard_ids(step)
+        per = self.batch // SHARDS_PER_STEP
+        span = SHARD_BYTES - self.context - 1
+        xs, ys = [], []
+        for k in ids:
+            base = (k % self.shards) * SHARD_BYTES
+            for i in range(per):
+                off = base + (k // self.shards * 131 + i * (span // per)) % span
+                xs.append(self.data[off:off + self.context])
+                ys.append(self.data[off + 1:off + self.context + 1])
         return torch.stack(xs), torch.stack(ys), ids
 
 

@@ -3,11 +3,6 @@
 // notification carries the summary and the dashboard link; when the
 // incident ends, Alertmanager sends the resolution.
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -15,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "stack.h"
 #include "test_util.h"
 #include "trainwatch/core/json.h"
 #include "trainwatch/server/server.h"
@@ -28,66 +24,7 @@ using testing::HttpReceiver;
 using testing::Step;
 using testing::TempDir;
 using testing::TestAgent;
-
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-// Debian's prometheus-alertmanager as a child, stopped on destruction.
-class Alertmanager {
- public:
-  Alertmanager(const TempDir& dir, int webhook_port) : port_(FreePort()) {
-    const std::string config = dir.File("alertmanager.yml");
-    std::ofstream(config) << "route:\n"
-                             "  receiver: hook\n"
-                             "  group_by: ['incident']\n"
-                             "  group_wait: 1s\n"
-                             "  group_interval: 1s\n"
-                             "  repeat_interval: 1h\n"
-                             "receivers:\n"
-                             "  - name: hook\n"
-                             "    webhook_configs:\n"
-                             "      - url: http://127.0.0.1:"
-                          << webhook_port << "/am-webhook\n        send_resolved: true\n";
-    std::string out;
-    REQUIRE(testing::RunCommand("amtool check-config " + config, "", &out) == 0);
-    const std::string listen = "--web.listen-address=127.0.0.1:" + std::to_string(port_);
-    const std::string storage = "--storage.path=" + dir.File("am-data");
-    const std::string cfg = "--config.file=" + config;
-    const std::string log = dir.File("alertmanager.log");
-    pid_ = fork();
-    REQUIRE(pid_ >= 0);
-    if (pid_ == 0) {
-      freopen(log.c_str(), "w", stderr);
-      freopen(log.c_str(), "a", stdout);
-      execl("/usr/bin/prometheus-alertmanager", "alertmanager", cfg.c_str(), storage.c_str(),
-            listen.c_str(), "--cluster.listen-address=", nullptr);
-      _exit(127);
-    }
-    for (int i = 0; i < 200; ++i) {
-      if (testing::HttpGet(port_, "/-/ready").find("OK") != std::string::npos) return;
-      usleep(50000);
-    }
-    FAIL("alertmanager did not become ready");
-  }
-  ~Alertmanager() {
-    kill(pid_, SIGTERM);
-    waitpid(pid_, nullptr, 0);
-  }
-  int port() const { return port_; }
-
- private:
-  int port_;
-  pid_t pid_ = -1;
-};
+using testing::Alertmanager;
 
 double Loss(int64_t s) { return 2.5 + 0.01 * std::sin(static_cast<double>(s) * 1.7); }
 

@@ -1,0 +1,196 @@
+#include "stack.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+#include <catch2/catch.hpp>
+
+namespace trainwatch::testing {
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+bool WaitReady(int port, const std::string& path, const std::string& want, int seconds) {
+  for (int i = 0; i < seconds * 20; ++i) {
+    if (HttpGet(port, path).find(want) != std::string::npos) return true;
+    usleep(50000);
+  }
+  return false;
+}
+
+}  // namespace
+
+Child::Child(const std::vector<std::string>& argv, const std::string& log,
+             const std::map<std::string, std::string>& env) {
+  REQUIRE(!argv.empty());
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_ = fork();
+  REQUIRE(pid_ >= 0);
+  if (pid_ == 0) {
+    setpgid(0, 0);
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    execvp(args[0], args.data());
+    std::fprintf(stderr, "cannot run %s\n", args[0]);
+    _exit(127);
+  }
+  setpgid(pid_, pid_);
+}
+
+Child::~Child() { Stop(); }
+
+int Child::Wait(int seconds) {
+  if (pid_ <= 0) return status_;
+  for (int i = 0; i <= seconds * 10; ++i) {
+    int st = 0;
+    if (waitpid(pid_, &st, WNOHANG) == pid_) {
+      status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      // Anything it left in its group goes with it.
+      kill(-pid_, SIGKILL);
+      pid_ = -1;
+      return status_;
+    }
+    if (i < seconds * 10) usleep(100000);
+  }
+  return -1;
+}
+
+bool Child::running() { return Wait(0) == -1 && pid_ > 0; }
+
+void Child::Stop() {
+  if (pid_ <= 0) return;
+  kill(-pid_, SIGTERM);
+  if (Wait(10) == -1) {
+    kill(-pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+}
+
+Trainwatchd::Trainwatchd(const TempDir& dir, const std::string& rules, const std::string& pager)
+    : db_(dir.File("trainwatch.db")) {
+  std::vector<std::string> argv = {TRAINWATCHD_PATH, "--listen", "127.0.0.1:0",
+                                    "--metrics_listen", "127.0.0.1:0", "--db", db_};
+  if (!rules.empty()) argv.insert(argv.end(), {"--rules", rules});
+  if (!pager.empty()) argv.insert(argv.end(), {"--pager_config", pager});
+  const std::string log = dir.File("trainwatchd.log");
+  child_ = std::make_unique<Child>(argv, log);
+  for (int i = 0; i < 200 && port_ == 0; ++i) {
+    std::istringstream lines(ReadFile(log));
+    for (std::string line; std::getline(lines, line);) {
+      std::sscanf(line.c_str(), "metrics on 127.0.0.1:%d", &metrics_port_);
+      std::sscanf(line.c_str(), "listening on 127.0.0.1:%d", &port_);
+    }
+    if (port_ == 0) usleep(50000);
+  }
+  INFO(ReadFile(log));
+  REQUIRE(port_ > 0);
+  REQUIRE(metrics_port_ > 0);
+}
+
+Alertmanager::Alertmanager(const TempDir& dir, int webhook_port) : port_(FreePort()) {
+  const std::string config = dir.File("alertmanager.yml");
+  std::ofstream(config) << "route:\n"
+                           "  receiver: hook\n"
+                           "  group_by: ['incident']\n"
+                           "  group_wait: 1s\n"
+                           "  group_interval: 1s\n"
+                           "  repeat_interval: 1h\n"
+                           "receivers:\n"
+                           "  - name: hook\n"
+                           "    webhook_configs:\n"
+                           "      - url: http://127.0.0.1:"
+                        << webhook_port << "/am-webhook\n        send_resolved: true\n";
+  std::string out;
+  const int rc = RunCommand("amtool check-config " + config, "", &out);
+  INFO(out);
+  REQUIRE(rc == 0);
+  child_ = std::make_unique<Child>(
+      std::vector<std::string>{"/usr/bin/prometheus-alertmanager", "--config.file=" + config,
+                               "--storage.path=" + dir.File("am-data"),
+                               "--web.listen-address=127.0.0.1:" + std::to_string(port_),
+                               "--cluster.listen-address="},
+      dir.File("alertmanager.log"));
+  const bool ready = WaitReady(port_, "/-/ready", "OK", 20);
+  INFO(ReadFile(dir.File("alertmanager.log")));
+  REQUIRE(ready);
+}
+
+Prometheus::Prometheus(const TempDir& dir, int metrics_port, const std::string& rule_file)
+    : port_(FreePort()) {
+  const std::string config = dir.File("prometheus.yml");
+  std::ofstream(config) << "global:\n"
+                           "  scrape_interval: 1s\n"
+                           "  evaluation_interval: 1s\n"
+                           "rule_files: ['"
+                        << rule_file
+                        << "']\n"
+                           "scrape_configs:\n"
+                           "  - job_name: trainwatchd\n"
+                           "    static_configs:\n"
+                           "      - targets: ['127.0.0.1:"
+                        << metrics_port << "']\n";
+  std::string out;
+  const int rc = RunCommand("promtool check config " + config, "", &out);
+  INFO(out);
+  REQUIRE(rc == 0);
+  child_ = std::make_unique<Child>(
+      std::vector<std::string>{"/usr/bin/prometheus", "--config.file=" + config,
+                               "--storage.tsdb.path=" + dir.File("prom-data"),
+                               "--web.listen-address=127.0.0.1:" + std::to_string(port_)},
+      dir.File("prometheus.log"));
+  const bool ready = WaitReady(port_, "/-/ready", "Ready", 30);
+  INFO(ReadFile(dir.File("prometheus.log")));
+  REQUIRE(ready);
+}
+
+std::string Prometheus::Query(const std::string& expr) const {
+  std::string enc;
+  for (unsigned char c : expr) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      enc += static_cast<char>(c);
+    } else {
+      char buf[4];
+      std::snprintf(buf, sizeof buf, "%%%02X", c);
+      enc += buf;
+    }
+  }
+  return HttpGet(port_, "/api/v1/query?query=" + enc);
+}
+
+}  // namespace trainwatch::testing

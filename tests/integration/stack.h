@@ -1,0 +1,88 @@
+// Real processes for integration tests: trainwatchd, Debian's Prometheus and
+// Alertmanager, and any other child. Each listens on 127.0.0.1 on a free port
+// and is stopped (its whole process group) when its object is destroyed, so a
+// failing REQUIRE leaves nothing running.
+
+#ifndef TRAINWATCH_TESTS_INTEGRATION_STACK_H_
+#define TRAINWATCH_TESTS_INTEGRATION_STACK_H_
+
+#include <sys/types.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+namespace trainwatch::testing {
+
+// A port on 127.0.0.1 that was free a moment ago.
+int FreePort();
+
+// A child process in its own process group, its output to `log`. Stopped
+// with SIGTERM (SIGKILL after 10 s) on destruction unless it has exited.
+class Child {
+ public:
+  Child(const std::vector<std::string>& argv, const std::string& log,
+        const std::map<std::string, std::string>& env = {});
+  ~Child();
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // Waits up to `seconds` for the child to exit; its exit code, 128+signal,
+  // or -1 if it is still running.
+  int Wait(int seconds);
+  bool running();
+  void Stop();
+
+ private:
+  pid_t pid_ = -1;
+  int status_ = -1;
+};
+
+// trainwatchd with a database and optional rules and pager config; the ports
+// it chose are read from its first lines of output.
+class Trainwatchd {
+ public:
+  Trainwatchd(const TempDir& dir, const std::string& rules, const std::string& pager);
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_port_; }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::string db() const { return db_; }
+
+ private:
+  std::string db_;
+  int port_ = 0;
+  int metrics_port_ = 0;
+  std::unique_ptr<Child> child_;
+};
+
+// Debian's prometheus-alertmanager routing everything to a webhook.
+class Alertmanager {
+ public:
+  Alertmanager(const TempDir& dir, int webhook_port);
+  int port() const { return port_; }
+
+ private:
+  int port_;
+  std::unique_ptr<Child> child_;
+};
+
+// Debian's prometheus scraping `metrics_port` every second as job
+// "trainwatchd", with `rule_file` loaded.
+class Prometheus {
+ public:
+  Prometheus(const TempDir& dir, int metrics_port, const std::string& rule_file);
+  int port() const { return port_; }
+  // The body of /api/v1/query for `expr` (URL-encoded here).
+  std::string Query(const std::string& expr) const;
+
+ private:
+  int port_;
+  std::unique_ptr<Child> child_;
+};
+
+}  // namespace trainwatch::testing
+
+#endif  // TRAINWATCH_TESTS_INTEGRATION_STACK_H_

@@ -1,0 +1,94 @@
+"""The README's Python snippet (read from README.md, not copied) inside a real
+torch loop on the CPU, streaming to a real trainwatchd: a corrupted batch is
+skipped, a NaN halts the run, and the server stored both with the batch's
+shard ids."""
+
+import os
+import re
+import sqlite3
+import subprocess
+import tempfile
+import time
+import unittest
+
+import torch
+
+import trainwatch
+
+CORRUPT_AT, NAN_AT = 1100, 1200
+
+
+def readme_python_block():
+    text = open(os.environ["README"]).read()
+    m = re.search(r"```python\n(.*?)\n```", text, re.S)
+    if m is None:
+        raise AssertionError("README.md has no ```python block")
+    return m.group(1)
+
+
+def loader(seen):
+    """(x, y, shard_ids) per step: a learnable task, one bad batch, one NaN."""
+    g = torch.Generator().manual_seed(3)
+    for step in range(NAN_AT + 100):
+        x = torch.randn(64, 32, generator=g)
+        y = (x[:, :16] * 0.5).argmax(dim=1)
+        if step == CORRUPT_AT:
+            x, y = x * 40.0 + 7.0, (y + 7) % 16
+        if step == NAN_AT:
+            x[3, 5] = float("nan")
+        seen.append(step)
+        yield x, y, [50_000 + step]
+
+
+class ReadmeSnippetTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.db = os.path.join(self.dir.name, "tw.db")
+        self.log = open(os.path.join(self.dir.name, "trainwatchd.log"), "w+")
+        self.daemon = subprocess.Popen(
+            [os.environ["TRAINWATCHD"], "--listen", "127.0.0.1:0", "--metrics_listen=",
+             "--db", self.db], stdout=self.log, stderr=subprocess.STDOUT)
+        self.address = None
+        for _ in range(200):
+            self.log.seek(0)
+            m = re.search(r"listening on (127\.0\.0\.1:\d+)", self.log.read())
+            if m:
+                self.address = m.group(1)
+                break
+            time.sleep(0.05)
+        self.assertIsNotNone(self.address, "trainwatchd did not start")
+
+    def tearDown(self):
+        self.daemon.terminate()
+        self.daemon.wait(timeout=20)
+        self.log.close()
+        self.dir.cleanup()
+
+    def test_snippet_skips_the_bad_batch_and_halts_on_the_nan(self):
+        snippet = readme_python_block()
+        self.assertIn('"127.0.0.1:7070"', snippet)
+        snippet = snippet.replace('"127.0.0.1:7070"', f'"{self.address}"')
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(),
+                                    torch.nn.Linear(64, 16))
+        seen = []
+        ns = {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3),
+              "loss_fn": torch.nn.functional.cross_entropy, "loader": loader(seen)}
+        with self.assertRaises(trainwatch.TrainingHalted) as halted:
+            exec(compile(snippet, "README.md", "exec"), ns)
+        self.assertIn("numerical failure", str(halted.exception))
+        self.assertEqual(seen[-1], NAN_AT)
+        self.assertEqual(ns["guard"].skipped, 1)
+        ns["agent"].close()
+
+        db = sqlite3.connect(self.db)
+        q = lambda sql: db.execute(sql).fetchall()
+        self.assertEqual(q("SELECT count(*) FROM steps WHERE run_id='my-run'"), [(NAN_AT + 1,)])
+        self.assertEqual(q("SELECT step, shards FROM events WHERE action=2"),
+                         [(CORRUPT_AT, str(50_000 + CORRUPT_AT))])
+        self.assertIn((50_000 + CORRUPT_AT,), q("SELECT shard FROM flagged_shards"))
+        self.assertEqual(q("SELECT step FROM events WHERE action=4"), [(NAN_AT,)])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -11,6 +11,7 @@
 #include <iterator>
 #include <limits>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -505,17 +506,56 @@ void LoadConfigFile(Options* o) {
 
 }  // namespace
 
+bool SplitCommandLine(const std::vector<std::string>& argv, std::string* command,
+                      std::vector<std::string>* args, std::string* err) {
+  std::vector<std::string> global;
+  size_t i = 0;
+  for (; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    bool known = false, takes_value = false;
+    for (const char* name : {"-o", "--output", "--server", "--token", "--ca-file"}) {
+      if (a == name) known = takes_value = true;
+      if (a.rfind(std::string(name) + "=", 0) == 0) known = true;
+    }
+    if (!known) break;
+    global.push_back(a);
+    if (takes_value) {
+      if (i + 1 >= argv.size()) {
+        *err = absl::StrCat("twctl: ", a, " needs a value\n");
+        return false;
+      }
+      global.push_back(argv[++i]);
+    }
+  }
+  if (i >= argv.size()) {
+    *err = "twctl: no command given\n";
+    return false;
+  }
+  *command = argv[i];
+  args->assign(argv.begin() + static_cast<std::ptrdiff_t>(i) + 1, argv.end());
+  args->insert(args->end(), global.begin(), global.end());
+  return true;
+}
+
 int OperatorCommand(const std::string& command, const std::vector<std::string>& args,
                     const Prompt& prompt, std::string* out, std::string* err) {
   Options o;
   for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
+    std::string a = args[i];
+    std::optional<std::string> inline_value;  // --server=ADDR
+    if (const size_t eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
+      const std::string name = a.substr(0, eq);
+      if (name == "--output" || name == "--server" || name == "--token" || name == "--ca-file") {
+        inline_value = a.substr(eq + 1);
+        a = name;
+      }
+    }
     if (a == "-o" || a == "--output" || a == "--server" || a == "--token" || a == "--ca-file") {
-      if (i + 1 >= args.size()) {
+      if (!inline_value && i + 1 >= args.size()) {
         *err = absl::StrCat("twctl: ", a, " needs a value\n");
         return kUsage;
       }
-      const std::string& v = args[++i];
+      const std::string v = inline_value ? *inline_value : args[++i];
       if (a == "-o" || a == "--output") o.output = v;
       if (a == "--server") o.server = v;
       if (a == "--token") o.token = v;

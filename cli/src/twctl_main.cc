@@ -3,7 +3,6 @@
 
 #include <cstdio>
 #include <iostream>
-#include <iostream>
 #include <string>
 #include <vector>
 
@@ -13,7 +12,7 @@
 namespace {
 
 constexpr char kUsage[] =
-    "usage: twctl COMMAND [ARGS]\n"
+    "usage: twctl [--server ADDR] [--token TOKEN] [--ca-file PEM] [-o table|json] COMMAND [ARGS]\n"
     "commands:\n"
     "  runs | status RUN | incidents | incident show ID | shards RUN\n"
     "  rollback approve ID [--to-step N] [--quarantine-shards A..B] [--z-loss-alpha X]\n"
@@ -29,12 +28,12 @@ constexpr char kUsage[] =
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fputs(kUsage, stderr);
+  std::string command, split_err;
+  std::vector<std::string> args;
+  if (!trainwatch::cli::SplitCommandLine({argv + 1, argv + argc}, &command, &args, &split_err)) {
+    std::fputs((split_err + kUsage).c_str(), stderr);
     return 2;
   }
-  const std::string command = argv[1];
-  std::vector<std::string> args(argv + 2, argv + argc);
   std::string out, err;
   int code;
   if (command == "replay") {

@@ -186,3 +186,33 @@ TEST_CASE("twctl: sparkline and chart render what they are given", "[twctl]") {
 
 }  // namespace
 }  // namespace trainwatch::server
+
+namespace trainwatch::cli {
+namespace {
+
+TEST_CASE("twctl: connection and output options may come before the command", "[twctl]") {
+  std::string command, err;
+  std::vector<std::string> args;
+  REQUIRE(SplitCommandLine({"--server", "h:1", "-o", "json", "incidents", "--open"}, &command,
+                           &args, &err));
+  CHECK(command == "incidents");
+  CHECK(args == std::vector<std::string>{"--open", "--server", "h:1", "-o", "json"});
+  REQUIRE(SplitCommandLine({"--token=t", "rollback", "approve", "I-1", "--yes"}, &command, &args,
+                           &err));
+  CHECK(command == "rollback");
+  CHECK(args == std::vector<std::string>{"approve", "I-1", "--yes", "--token=t"});
+  REQUIRE(SplitCommandLine({"runs"}, &command, &args, &err));
+  CHECK(command == "runs");
+  CHECK(args.empty());
+  CHECK_FALSE(SplitCommandLine({"--server"}, &command, &args, &err));
+  CHECK(err.find("--server needs a value") != std::string::npos);
+  CHECK_FALSE(SplitCommandLine({"-o", "json"}, &command, &args, &err));
+  CHECK(err.find("no command") != std::string::npos);
+  // --server=ADDR after the command reaches the command as a value.
+  std::string out;
+  CHECK(OperatorCommand("runs", {"--server=127.0.0.1:1"}, nullptr, &out, &err) == 1);
+  CHECK(err.find("127.0.0.1:1") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace trainwatch::cli

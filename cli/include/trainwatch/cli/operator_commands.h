@@ -34,6 +34,14 @@ using Prompt = std::function<bool(const std::string& question)>;
 int OperatorCommand(const std::string& command, const std::vector<std::string>& args,
                     const Prompt& prompt, std::string* out, std::string* err);
 
+// Splits twctl's arguments (argv without the program name) into the command
+// and its arguments. Connection and output options (--server, --token,
+// --ca-file, -o/--output, also as --name=value) may come before the command;
+// they are moved after its arguments. False with a message in *err when no
+// command is given or an option lacks its value.
+bool SplitCommandLine(const std::vector<std::string>& argv, std::string* command,
+                      std::vector<std::string>* args, std::string* err);
+
 // Unicode sparkline of `values` (NaN shown as a space), at most `width` wide.
 std::string Sparkline(const std::vector<double>& values, size_t width = 60);
 

@@ -1,13 +1,24 @@
 #!/usr/bin/env python3
-"""Checks the dashboard and the alert rules against what trainwatchd exports:
-the dashboard is valid Grafana JSON with a datasource variable (not the
-${DS_...} import placeholder) and a run variable, and every trainwatch_*
-metric that the dashboard or the rules query is one the exporter serves."""
+"""Checks the deploy files against trainwatchd itself:
+- the dashboard is valid Grafana JSON with a datasource variable (not the
+  ${DS_...} import placeholder) and a run variable, and every trainwatch_*
+  metric that the dashboard or the rules query is one the exporter serves;
+- the Kubernetes manifests hang together (the claim the Deployment mounts,
+  the database on it, container ports = the listen flags = the Service's
+  target ports, the ServiceMonitor's port and selector, one replica with the
+  Recreate strategy, no gRPC probe on a TLS port);
+- every trainwatchd flag in the Kubernetes manifests and the systemd unit is
+  one the binary accepts (from its --help, when its path is given).
+
+  check_deploy.py [PATH_TO_TRAINWATCHD]"""
 
 import json
 import os
 import re
+import subprocess
 import sys
+
+import yaml
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 exporter = open(os.path.join(root, "server/src/server.cc")).read()
@@ -34,8 +45,78 @@ for text in exprs + [rules]:
     used |= set(re.findall(r"\b(trainwatch_[a-z_]+)", text))
 for name in sorted(used - exported):
     errors.append(f"{name} is queried but trainwatchd does not export it")
+
+# ---- Kubernetes
+docs = [d for d in yaml.safe_load_all(open(os.path.join(root, "deploy/kubernetes/trainwatchd.yaml")))
+        if d]
+by_kind = {d["kind"]: d for d in docs}
+for kind in ("PersistentVolumeClaim", "Deployment", "Service", "ServiceMonitor"):
+    if kind not in by_kind:
+        errors.append(f"kubernetes: no {kind}")
+k8s_args = []
+if not errors:
+    dep, svc, mon = by_kind["Deployment"], by_kind["Service"], by_kind["ServiceMonitor"]
+    pvc = by_kind["PersistentVolumeClaim"]["metadata"]["name"]
+    spec = dep["spec"]
+    if spec.get("replicas") != 1 or spec.get("strategy", {}).get("type") != "Recreate":
+        errors.append("kubernetes: one database needs replicas: 1 and strategy Recreate")
+    pod = spec["template"]
+    if spec["selector"]["matchLabels"].items() - pod["metadata"]["labels"].items():
+        errors.append("kubernetes: the Deployment's selector does not match its pods")
+    if svc["spec"]["selector"].items() - pod["metadata"]["labels"].items():
+        errors.append("kubernetes: the Service's selector does not match the pods")
+    (c,) = pod["spec"]["containers"]
+    k8s_args = c["args"]
+    flags = dict(a[2:].split("=", 1) for a in c["args"])
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    db_dir = os.path.dirname(flags.get("db", ""))
+    claim = volumes.get(mounts.get(db_dir, ""), {}).get("persistentVolumeClaim", {})
+    if claim.get("claimName") != pvc:
+        errors.append(f"kubernetes: --db {flags.get('db')} is not on the claim {pvc}")
+    for path in mounts:
+        if any(path.startswith(other + "/") for other in mounts if other != path):
+            errors.append(f"kubernetes: {path} is mounted inside another volume")
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    for flag, name in (("listen", "grpc"), ("metrics_listen", "metrics")):
+        if flags.get(flag, ":").rsplit(":", 1)[1] != str(ports.get(name)):
+            errors.append(f"kubernetes: --{flag} does not match container port {name}")
+    svc_ports = {p["name"]: p for p in svc["spec"]["ports"]}
+    for p in svc_ports.values():
+        if p["targetPort"] not in ports:
+            errors.append(f"kubernetes: Service targetPort {p['targetPort']} is no container port")
+    if mon["spec"]["selector"]["matchLabels"].items() - svc["metadata"]["labels"].items():
+        errors.append("kubernetes: the ServiceMonitor does not select the Service")
+    for ep in mon["spec"]["endpoints"]:
+        if ep["port"] not in svc_ports:
+            errors.append(f"kubernetes: ServiceMonitor port {ep['port']} is not a Service port")
+    tls = "tls_cert" in flags
+    for probe in ("readinessProbe", "livenessProbe"):
+        if tls and "grpc" in c.get(probe, {}):
+            errors.append(f"kubernetes: {probe} is a gRPC probe, which cannot speak TLS")
+
+# ---- trainwatchd flags in the deploy files
+unit = open(os.path.join(root, "deploy/systemd/trainwatchd.service")).read()
+exec_start = re.search(r"ExecStart=(.*?)\n(?!\s)", unit.replace("\\\n", " "), re.S).group(1)
+unit_args = [a for a in exec_start.split() if a.startswith("--")]
+if not unit_args:
+    errors.append("systemd: ExecStart passes no flags")
+checked = 0
+if len(sys.argv) > 1:
+    helptext = subprocess.run([sys.argv[1], "--help"], capture_output=True, text=True)
+    known = set(re.findall(r"^\s+--([a-z_]+) ", helptext.stdout + helptext.stderr, re.M))
+    if "db" not in known:
+        errors.append("cannot read trainwatchd's flags from its --help")
+    for where, args in (("kubernetes", k8s_args), ("systemd", unit_args)):
+        for a in args:
+            name = a[2:].split("=", 1)[0]
+            checked += 1
+            if name not in known:
+                errors.append(f"{where}: trainwatchd has no flag --{name}")
+
 if errors:
     print("\n".join(errors))
     sys.exit(1)
 print(f"dashboard: {len(dash['panels'])} panels, {len(exprs)} queries; "
-      f"{len(used)} trainwatch metrics used, all exported")
+      f"{len(used)} trainwatch metrics used, all exported; kubernetes: "
+      f"{len(docs)} objects consistent; {checked} trainwatchd flags checked")

@@ -10,7 +10,7 @@ packages=(
   libsqlite3-dev prometheus-cpp-dev libcurl4-openssl-dev
   catch2 libbenchmark-dev
   prometheus prometheus-alertmanager openssl
-  pybind11-dev python3-dev python3-numpy python3-torch
+  pybind11-dev python3-dev python3-numpy python3-torch python3-yaml
 )
 
 missing=()

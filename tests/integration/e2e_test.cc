@@ -6,6 +6,7 @@
 // logit drift from step 600 with z-loss off (tier 2, rollback approved) and a
 // NaN gradient at step 1300 (tier 3).
 
+#include <signal.h>
 #include <sqlite3.h>
 #include <unistd.h>
 
@@ -377,6 +378,69 @@ TEST_CASE("e2e: PromQL operands split at top-level comparisons and set operators
         std::vector<std::string>{"sum by (tier) (m{run=~\"r\"})"});
   CHECK(Operands("store_errors_total unless on() vector(1)") ==
         std::vector<std::string>{"store_errors_total", "on() vector(1)"});
+}
+
+}  // namespace
+}  // namespace trainwatch::testing
+
+namespace trainwatch::testing {
+namespace {
+
+// Polls `fn` every 100 ms for up to `seconds`.
+template <typename Fn>
+bool Eventually(int seconds, Fn fn) {
+  for (int i = 0; i < seconds * 10; ++i) {
+    if (fn()) return true;
+    usleep(100000);
+  }
+  return fn();
+}
+
+TEST_CASE("deploy: local-stack brings up trainwatchd and Prometheus and Alertmanager and stops them",
+          "[integration][deploy]") {
+  TempDir dir;
+  const int grpc = FreePort(), metrics = FreePort(), prom = FreePort(), am = FreePort();
+  std::string build = TRAINWATCHD_PATH;
+  build = build.substr(0, build.rfind('/'));   // .../bin
+  build = build.substr(0, build.rfind('/'));   // the build folder
+  const std::string log = dir.File("local-stack.log");
+  Child stack({"bash", std::string(PROJECT_SOURCE_DIR) + "/deploy/local-stack", build}, log,
+              {{"TW_GRPC_PORT", std::to_string(grpc)},
+               {"TW_METRICS_PORT", std::to_string(metrics)},
+               {"TW_PROMETHEUS_PORT", std::to_string(prom)},
+               {"TW_ALERTMANAGER_PORT", std::to_string(am)}});
+  // Prometheus scrapes trainwatchd, has the rules and knows the Alertmanager.
+  const bool up = Eventually(40, [&] {
+    return HttpGet(prom, "/api/v1/query?query=up").find("\"value\":[") != std::string::npos &&
+           HttpGet(prom, "/api/v1/query?query=up").find("\"1\"]") != std::string::npos;
+  });
+  INFO(ReadFile(log));
+  REQUIRE(up);
+  CHECK(HttpGet(prom, "/api/v1/query?query=up").find("\"job\":\"trainwatchd\"") !=
+        std::string::npos);
+  CHECK(HttpGet(prom, "/api/v1/rules").find("TrainwatchdDown") != std::string::npos);
+  CHECK(Eventually(20, [&] {
+    return HttpGet(prom, "/api/v1/alertmanagers").find("127.0.0.1:" + std::to_string(am)) !=
+           std::string::npos;
+  }));
+  CHECK(HttpGet(am, "/-/ready").find("OK") != std::string::npos);
+  CHECK(HttpGet(metrics, "/metrics").find("trainwatch_ingest_records_total") != std::string::npos);
+  std::string state;
+  {
+    std::istringstream lines(ReadFile(log));
+    for (std::string l; std::getline(lines, l);) {
+      if (l.rfind("state and logs in ", 0) == 0) state = l.substr(18, l.find(';') - 18);
+    }
+  }
+  REQUIRE(!state.empty());
+  REQUIRE(access(state.c_str(), F_OK) == 0);
+  // SIGTERM to the script alone: it stops the three and cleans up.
+  kill(stack.pid(), SIGTERM);
+  CHECK(stack.Wait(30) == 143);
+  CHECK(HttpGet(metrics, "/metrics").empty());
+  CHECK(HttpGet(prom, "/-/ready").empty());
+  CHECK(HttpGet(am, "/-/ready").empty());
+  CHECK(access(state.c_str(), F_OK) != 0);
 }
 
 }  // namespace

@@ -70,6 +70,7 @@ Child::Child(const std::vector<std::string>& argv, const std::string& log,
     _exit(127);
   }
   setpgid(pid_, pid_);
+  pgid_ = pid_;
 }
 
 Child::~Child() { Stop(); }
@@ -80,8 +81,6 @@ int Child::Wait(int seconds) {
     int st = 0;
     if (waitpid(pid_, &st, WNOHANG) == pid_) {
       status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      // Anything it left in its group goes with it.
-      kill(-pid_, SIGKILL);
       pid_ = -1;
       return status_;
     }
@@ -93,13 +92,17 @@ int Child::Wait(int seconds) {
 bool Child::running() { return Wait(0) == -1 && pid_ > 0; }
 
 void Child::Stop() {
-  if (pid_ <= 0) return;
-  kill(-pid_, SIGTERM);
-  if (Wait(10) == -1) {
-    kill(-pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
+  if (pid_ > 0) {
+    kill(-pgid_, SIGTERM);
+    if (Wait(10) == -1) {
+      kill(-pgid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
   }
+  // Whatever the child left behind in its group goes too.
+  if (pgid_ > 0) kill(-pgid_, SIGKILL);
+  pgid_ = -1;
 }
 
 Trainwatchd::Trainwatchd(const TempDir& dir, const std::string& rules, const std::string& pager)

@@ -19,8 +19,9 @@ namespace trainwatch::testing {
 // A port on 127.0.0.1 that was free a moment ago.
 int FreePort();
 
-// A child process in its own process group, its output to `log`. Stopped
-// with SIGTERM (SIGKILL after 10 s) on destruction unless it has exited.
+// A child process in its own process group, its output to `log`. On
+// destruction the group gets SIGTERM (SIGKILL after 10 s) if the child still
+// runs, and SIGKILL in any case, so nothing it started outlives the test.
 class Child {
  public:
   Child(const std::vector<std::string>& argv, const std::string& log,
@@ -31,13 +32,14 @@ class Child {
 
   pid_t pid() const { return pid_; }
   // Waits up to `seconds` for the child to exit; its exit code, 128+signal,
-  // or -1 if it is still running.
+  // or -1 if it is still running. The rest of its group is left alone.
   int Wait(int seconds);
   bool running();
   void Stop();
 
  private:
   pid_t pid_ = -1;
+  pid_t pgid_ = -1;
   int status_ = -1;
 };
 

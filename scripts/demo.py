@@ -317,15 +317,16 @@ def narrate(work, incident, hook, trainer_code):
         # onset, steps whose update was skipped left out.
         before = q("SELECT avg(loss) FROM steps WHERE run_id=? AND attempt=? AND decision=0 "
                    "AND step BETWEEN ? AND ?", RUN, first, onset - 200, onset - 1)[0][0]
-        during = q("SELECT max(loss), max(log_z) FROM steps WHERE run_id=? AND attempt=? AND "
-                   "step BETWEEN ? AND ?", RUN, first, onset, det)[0]
+        during = q("SELECT avg(loss), max(log_z) FROM steps WHERE run_id=? AND attempt=? AND "
+                   "decision=0 AND step BETWEEN ? AND ?", RUN, first, onset, det)[0]
         after = q("SELECT max(m) FROM (SELECT avg(loss) m FROM steps WHERE run_id=? AND "
                   "attempt=? AND step BETWEEN ? AND ? GROUP BY step / 50)",
                   RUN, last, onset, det + 300)[0][0]
         logz = q("SELECT max(log_z) FROM steps WHERE run_id=? AND attempt=? AND step BETWEEN ? "
                  "AND ?", RUN, last, onset, det + 300)[0][0]
-        say(f"    During the drift log_z reached {during[1]:.2f} while the loss peaked at "
-            f"{during[0]:.3f}: the page came from log_z, before a loss spike.")
+        say(f"    Between onset and page log_z reached {during[1]:.2f} while the loss averaged "
+            f"{during[0]:.3f} ({before:.3f} before): the page came from log_z, ahead of any "
+            f"loss spike.")
         if last > first and after is not None:
             say(f"  - after the rollback the run went past the old detection step {det} without "
                 f"recurrence: up to step {det + 300} its worst 50-step mean loss was "

@@ -19,6 +19,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "test_util.h"
 #include "trainwatch/agent/agent.h"
 #include "trainwatch/v1/agent.grpc.pb.h"
 
@@ -28,17 +29,7 @@ namespace {
 namespace v1 = trainwatch::v1;
 using Clock = std::chrono::steady_clock;
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+using testing::FreePort;
 
 // A fake trainwatchd: keeps the distinct steps it saw and acks them.
 class FakeServer final : public v1::AgentService::Service {

@@ -33,11 +33,7 @@ TEST_CASE("alertmanager: a tier 2 page arrives through the real Alertmanager and
   TempDir dir;
   HttpReceiver hook;
   Alertmanager am(dir, hook.port());
-  const std::string pager = dir.File("pager.json");
-  std::ofstream(pager) << "{\"grafana_url\": \"http://grafana.local/d/trainwatch\", "
-                          "\"receivers\": [{\"name\": \"am\", \"type\": \"alertmanager\", "
-                          "\"url\": \"http://127.0.0.1:"
-                       << am.port() << "\"}]}";
+  const std::string pager = am.WritePagerConfig(dir, "http://grafana.local/d/trainwatch");
   ServerOptions o;
   o.listen = "127.0.0.1:0";
   o.metrics_listen = "";

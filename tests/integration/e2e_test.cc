@@ -178,11 +178,7 @@ TEST_CASE("e2e: the example trainer through tiers 1 and 2 and 3 with real compon
   TempDir dir;
   HttpReceiver hook;
   Alertmanager am(dir, hook.port());
-  const std::string pager = dir.File("pager.json");
-  std::ofstream(pager) << "{\"grafana_url\": \"http://127.0.0.1:3000/d/trainwatch/trainwatch\", "
-                          "\"receivers\": [{\"name\": \"am\", \"type\": \"alertmanager\", "
-                          "\"url\": \"http://127.0.0.1:"
-                       << am.port() << "\"}]}";
+  const std::string pager = am.WritePagerConfig(dir, "http://127.0.0.1:3000/d/trainwatch/trainwatch");
   const std::string root = PROJECT_SOURCE_DIR;
   const std::string rules = root + "/examples/torch/demo_rules.json";
   const std::string alert_rules = root + "/deploy/prometheus/trainwatch-rules.yml";

@@ -19,18 +19,6 @@
 
 namespace trainwatch::testing {
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 namespace {
 
 std::string ReadFile(const std::string& path) {
@@ -44,6 +32,23 @@ bool WaitReady(int port, const std::string& path, const std::string& want, int s
     usleep(50000);
   }
   return false;
+}
+
+// Checks `config` with `checker` (promtool, amtool), starts `argv` with its
+// output in `log`, and waits until GET `ready_path` answers `ready_text`.
+std::unique_ptr<Child> StartChecked(const std::string& checker, const std::string& config,
+                                    const std::vector<std::string>& argv, const std::string& log,
+                                    int port, const std::string& ready_path,
+                                    const std::string& ready_text) {
+  std::string out;
+  const int rc = RunCommand(checker + " " + config, "", &out);
+  INFO(out);
+  REQUIRE(rc == 0);
+  auto child = std::make_unique<Child>(argv, log);
+  const bool ready = WaitReady(port, ready_path, ready_text, 30);
+  INFO(ReadFile(log));
+  REQUIRE(ready);
+  return child;
 }
 
 }  // namespace
@@ -139,19 +144,21 @@ Alertmanager::Alertmanager(const TempDir& dir, int webhook_port) : port_(FreePor
                            "    webhook_configs:\n"
                            "      - url: http://127.0.0.1:"
                         << webhook_port << "/am-webhook\n        send_resolved: true\n";
-  std::string out;
-  const int rc = RunCommand("amtool check-config " + config, "", &out);
-  INFO(out);
-  REQUIRE(rc == 0);
-  child_ = std::make_unique<Child>(
-      std::vector<std::string>{"/usr/bin/prometheus-alertmanager", "--config.file=" + config,
-                               "--storage.path=" + dir.File("am-data"),
-                               "--web.listen-address=127.0.0.1:" + std::to_string(port_),
-                               "--cluster.listen-address="},
-      dir.File("alertmanager.log"));
-  const bool ready = WaitReady(port_, "/-/ready", "OK", 20);
-  INFO(ReadFile(dir.File("alertmanager.log")));
-  REQUIRE(ready);
+  child_ = StartChecked("amtool check-config", config,
+                        {"/usr/bin/prometheus-alertmanager", "--config.file=" + config,
+                         "--storage.path=" + dir.File("am-data"),
+                         "--web.listen-address=127.0.0.1:" + std::to_string(port_),
+                         "--cluster.listen-address="},
+                        dir.File("alertmanager.log"), port_, "/-/ready", "OK");
+}
+
+std::string Alertmanager::WritePagerConfig(const TempDir& dir, const std::string& grafana_url) const {
+  const std::string path = dir.File("pager.json");
+  std::ofstream(path) << "{\"grafana_url\": \"" << grafana_url
+                      << "\", \"receivers\": [{\"name\": \"am\", \"type\": \"alertmanager\", "
+                         "\"url\": \"http://127.0.0.1:"
+                      << port_ << "\"}]}";
+  return path;
 }
 
 Prometheus::Prometheus(const TempDir& dir, int metrics_port, const std::string& rule_file)
@@ -168,18 +175,11 @@ Prometheus::Prometheus(const TempDir& dir, int metrics_port, const std::string& 
                            "    static_configs:\n"
                            "      - targets: ['127.0.0.1:"
                         << metrics_port << "']\n";
-  std::string out;
-  const int rc = RunCommand("promtool check config " + config, "", &out);
-  INFO(out);
-  REQUIRE(rc == 0);
-  child_ = std::make_unique<Child>(
-      std::vector<std::string>{"/usr/bin/prometheus", "--config.file=" + config,
-                               "--storage.tsdb.path=" + dir.File("prom-data"),
-                               "--web.listen-address=127.0.0.1:" + std::to_string(port_)},
-      dir.File("prometheus.log"));
-  const bool ready = WaitReady(port_, "/-/ready", "Ready", 30);
-  INFO(ReadFile(dir.File("prometheus.log")));
-  REQUIRE(ready);
+  child_ = StartChecked("promtool check config", config,
+                        {"/usr/bin/prometheus", "--config.file=" + config,
+                         "--storage.tsdb.path=" + dir.File("prom-data"),
+                         "--web.listen-address=127.0.0.1:" + std::to_string(port_)},
+                        dir.File("prometheus.log"), port_, "/-/ready", "Ready");
 }
 
 std::string Prometheus::Query(const std::string& expr) const {

@@ -16,9 +16,6 @@
 
 namespace trainwatch::testing {
 
-// A port on 127.0.0.1 that was free a moment ago.
-int FreePort();
-
 // A child process in its own process group, its output to `log`. On
 // destruction the group gets SIGTERM (SIGKILL after 10 s) if the child still
 // runs, and SIGKILL in any case, so nothing it started outlives the test.
@@ -65,6 +62,9 @@ class Alertmanager {
  public:
   Alertmanager(const TempDir& dir, int webhook_port);
   int port() const { return port_; }
+  // Writes a trainwatchd --pager_config that pages this Alertmanager;
+  // returns its path.
+  std::string WritePagerConfig(const TempDir& dir, const std::string& grafana_url) const;
 
  private:
   int port_;

@@ -94,6 +94,9 @@ class HttpReceiver {
   std::map<std::string, std::pair<int, int>> failures_;  // path -> (count, status)
 };
 
+// A port on 127.0.0.1 that was free a moment ago.
+int FreePort();
+
 // GET http://127.0.0.1:port/path; the body, or empty on failure.
 std::string HttpGet(int port, const std::string& path);
 

@@ -38,7 +38,8 @@ int64_t NowMs() {
 }
 
 // One step's record as it crosses from the training thread to the pump:
-// plain data, no allocation.
+// plain data, no allocation in the steady state (gathered_shards is filled
+// only on a skipped or halted step of a multi-rank run).
 struct Slot {
   enum Kind : uint8_t { kStep, kCheckpoint, kAck } kind = kStep;
   bool rank_scope = false;
@@ -50,6 +51,7 @@ struct Slot {
   uint8_t decision = 0, tier = 0, rule = 0;
   uint16_t shard_count = 0;
   uint64_t shards[kMaxShards];
+  std::vector<uint64_t> gathered_shards;  // every rank's, when not empty
   int64_t time_ms = 0;
 };
 
@@ -166,7 +168,11 @@ struct Agent::Impl {
     }
     r->set_nonfinite_count(s.nonfinite);
     r->set_element_count(s.elements);
-    for (uint16_t i = 0; i < s.shard_count; ++i) r->add_shard_ids(s.shards[i]);
+    if (!s.gathered_shards.empty()) {
+      for (uint64_t id : s.gathered_shards) r->add_shard_ids(id);
+    } else {
+      for (uint16_t i = 0; i < s.shard_count; ++i) r->add_shard_ids(s.shards[i]);
+    }
     r->set_verdict(s.decision == static_cast<uint8_t>(Decision::kHalt)
                        ? v1::VERDICT_HALT
                    : s.decision == static_cast<uint8_t>(Decision::kSkipUpdate) ? v1::VERDICT_SKIP
@@ -448,6 +454,42 @@ struct Agent::Impl {
   };
   enum MaxIndex { kLr, kZLoss, kActMax, kAttnP99, kHasLr, kHasZLoss, kHasAct, kHasAttn, kNumMaxes };
 
+  // Every rank's shard ids (at most kGatherShardsPerRank each), through the
+  // reducer's sum: each rank fills its own row of a zero matrix, ids split in
+  // 32-bit halves so that doubles carry them exactly. A collective: every
+  // rank calls it at the same step.
+  static constexpr size_t kGatherShardsPerRank = 16;
+  absl::Status GatherShards(absl::Span<const uint64_t> mine, std::vector<uint64_t>* all) {
+    const size_t stride = 1 + 2 * kGatherShardsPerRank;
+    const int world = reducer->world_size(), rank = reducer->rank();
+    if (rank < 0 || rank >= world) return absl::InvalidArgumentError("rank outside world size");
+    std::vector<double> sums(static_cast<size_t>(world) * stride, 0.0);
+    double maxes[1] = {0.0};
+    const size_t n = std::min(mine.size(), kGatherShardsPerRank);
+    double* row = sums.data() + static_cast<size_t>(rank) * stride;
+    row[0] = static_cast<double>(n);
+    for (size_t i = 0; i < n; ++i) {
+      row[1 + 2 * i] = static_cast<double>(mine[i] >> 32);
+      row[2 + 2 * i] = static_cast<double>(mine[i] & 0xffffffffu);
+    }
+    if (absl::Status s = reducer->AllReduce(absl::MakeSpan(sums), absl::MakeSpan(maxes));
+        !s.ok()) {
+      return s;
+    }
+    all->clear();
+    for (int r = 0; r < world; ++r) {
+      const double* rr = sums.data() + static_cast<size_t>(r) * stride;
+      const size_t count = std::min(kGatherShardsPerRank, static_cast<size_t>(rr[0]));
+      for (size_t i = 0; i < count; ++i) {
+        all->push_back((static_cast<uint64_t>(rr[1 + 2 * i]) << 32) |
+                       static_cast<uint64_t>(rr[2 + 2 * i]));
+      }
+    }
+    std::sort(all->begin(), all->end());
+    all->erase(std::unique(all->begin(), all->end()), all->end());
+    return absl::OkStatus();
+  }
+
   Verdict Step(const StepInput& in, std::string* error) {
     steps.fetch_add(1, std::memory_order_relaxed);
     double sums[kNumSums] = {};
@@ -519,6 +561,17 @@ struct Agent::Impl {
       if (error) *error = std::string(s.message());
       return Verdict{Decision::kHalt, 3, core::EventKind::kNonfiniteValue};
     }
+    // A skipped or halted step: the bad batch may sit on any rank, so rank 0's
+    // record carries every rank's shard ids. Every rank reached this same
+    // verdict from the same numbers, so every rank joins this second
+    // collective, and only on such steps.
+    std::vector<uint64_t> gathered;
+    if (reducer->world_size() > 1 && outcome.verdict.decision != Decision::kContinue) {
+      if (absl::Status s = GatherShards(in.shards, &gathered); !s.ok()) {
+        if (error) *error = absl::StrCat("cross-rank shard gather failed: ", s.message());
+        return Verdict{Decision::kHalt, 3, core::EventKind::kNonfiniteValue};
+      }
+    }
     // Rank 0 streams the run's record; the others only what is theirs alone:
     // a nonfinite gradient, which localises the bad device.
     if (!cfg.server_address.empty() && (reducer->rank() == 0 || local_nonfinite)) {
@@ -547,6 +600,8 @@ struct Agent::Impl {
         slot->rule = static_cast<uint8_t>(RuleOf(outcome.verdict.rule));
         slot->shard_count = static_cast<uint16_t>(std::min(in.shards.size(), kMaxShards));
         std::copy_n(in.shards.begin(), slot->shard_count, slot->shards);
+        slot->gathered_shards.clear();
+        if (!slot->rank_scope && !gathered.empty()) slot->gathered_shards = std::move(gathered);
         slot->time_ms = NowMs();
         ring.EndPush();
         queued.fetch_add(1, std::memory_order_relaxed);

@@ -9,9 +9,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <set>
 #include <vector>
@@ -66,6 +68,10 @@ class FakeServer final : public v1::AgentService::Service {
         const auto [it, fresh] = steps_.insert(m.step_report().step());
         if (!fresh) ++duplicates_;
         ++received_;
+        if (m.step_report().scope() != v1::REPORT_SCOPE_RANK) {
+          shards_[m.step_report().step()].assign(m.step_report().shard_ids().begin(),
+                                                 m.step_report().shard_ids().end());
+        }
       }
       best = std::max(best, m.step_report().step());
       if (ack_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ack_delay_ms));
@@ -90,10 +96,16 @@ class FakeServer final : public v1::AgentService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return acks_;
   }
+  // The shard ids of the run's (global) record of `step`.
+  std::vector<uint64_t> shards(int64_t step) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return shards_[step];
+  }
 
  private:
   std::mutex mu_;
   std::set<int64_t> steps_;
+  std::map<int64_t, std::vector<uint64_t>> shards_;
   int64_t duplicates_ = 0, received_ = 0;
   std::vector<v1::CommandAck> acks_;
 };
@@ -350,6 +362,53 @@ TEST_CASE("transport: after ResumeFrom the abandoned steps are never sent", "[ag
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   CHECK(fake.steps() == Range(0, 80));  // 80..99 of the first attempt never went out
   (*agent)->Close();
+}
+
+}  // namespace
+}  // namespace trainwatch::agent
+
+namespace trainwatch::agent {
+namespace {
+
+TEST_CASE("transport: a skipped step's record carries every rank's shard ids", "[agent][ranks]") {
+  const int port = FreePort();
+  FakeServer service;
+  Running server(&service, port);
+  constexpr int kRanks = 3;
+  constexpr int64_t kBad = 1100, kSteps = 1200;
+  // Ids beyond 2^53 must survive the trip through the collective's doubles.
+  auto shard = [](int r, int64_t s) { return (uint64_t{1} << 60) + 7 + 1000000 * r + s; };
+  InProcessGroup group(kRanks);
+  std::vector<std::thread> threads;
+  std::vector<int> skips(kRanks, 0);
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto agent = Agent::Create(Config(port), group.ReducerFor(r));
+      REQUIRE(agent.ok());
+      for (int64_t s = 0; s < kSteps; ++s) {
+        const std::vector<uint64_t> mine = {shard(r, s)};
+        StepInput in;
+        in.step = s;
+        in.loss = 2.5 + 0.01 * std::sin(static_cast<double>(s + r));
+        in.grad_sum_squares = 1.0 + 0.05 * std::cos(static_cast<double>(s * (r + 1)));
+        in.grad_elements = 100;
+        in.shards = mine;
+        if (s == kBad && r == 2) {  // rank 2's batch is the bad one
+          in.loss = 9.0;
+          in.grad_sum_squares = 400.0;
+        }
+        if ((*agent)->Step(in).decision == Decision::kSkipUpdate) ++skips[r];
+      }
+      if (r == 0) REQUIRE(WaitDurable(**agent, kSteps - 1));
+      (*agent)->Close(2000);
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(skips == std::vector<int>(kRanks, 1));
+  CHECK(service.shards(kBad) ==
+        std::vector<uint64_t>{shard(0, kBad), shard(1, kBad), shard(2, kBad)});
+  // Healthy steps: rank 0's own shards only, no extra collective.
+  CHECK(service.shards(kBad - 1) == std::vector<uint64_t>{shard(0, kBad - 1)});
 }
 
 }  // namespace

@@ -107,6 +107,9 @@ class TorchLoopTest(unittest.TestCase):
         def reduce_for(other):
             def reduce(sums, maxes):
                 sums_seen.append(sums)
+                if len(sums) != len(other["sums"]):
+                    # The shard gather after a halt: the peer had no shards.
+                    return sums, maxes
                 return [a + b for a, b in zip(sums, other["sums"])], [
                     max(a, b) for a, b in zip(maxes, other["maxes"])]
             return reduce
@@ -117,10 +120,15 @@ class TorchLoopTest(unittest.TestCase):
         # log_z nonfinite.
         peer = {"sums": [1.0, 5, 100, 1, 2.5, 1, 0, 0, 0, 0], "maxes": [-math.inf] * 8}
         agent = trainwatch.Agent(run_id="py-ranks", rank=0, world_size=2, reduce=reduce_for(peer))
-        v = agent.step(0, loss=2.5, grads=[torch.full((100,), 0.1)])
-        self.assertEqual(len(sums_seen), 1)
+        v = agent.step(0, loss=2.5, grads=[torch.full((100,), 0.1)], shards=[77])
         self.assertEqual(sums_seen[0][1], 0.0)  # this rank's own count went in
         self.assertEqual(v.decision, "halt")    # and the peer's NaN halts it too
+        # A halted step gathers every rank's shard ids: a second collective,
+        # one row per rank (count, then each id as two 32-bit halves).
+        self.assertEqual(len(sums_seen), 2)
+        self.assertEqual(len(sums_seen[1]), 2 * 33)
+        self.assertEqual(sums_seen[1][:3], [1.0, 0.0, 77.0])
+        self.assertEqual(sum(sums_seen[1][33:]), 0.0)
         agent.close()
         with self.assertRaises(ValueError):
             trainwatch.Agent(run_id="x", rank=0, world_size=2)  # no reduce given

@@ -97,8 +97,12 @@ def distributed_reduce(group=None):
     import torch.distributed as dist
 
     def reduce(sums, maxes):
-        s = _torch.tensor(sums, dtype=_torch.float64)
-        m = _torch.tensor(maxes, dtype=_torch.float64)
+        # NCCL reduces device tensors only; gloo and MPI host ones.
+        device = "cpu"
+        if dist.get_backend(group) == "nccl":
+            device = _torch.device("cuda", _torch.cuda.current_device())
+        s = _torch.tensor(sums, dtype=_torch.float64, device=device)
+        m = _torch.tensor(maxes, dtype=_torch.float64, device=device)
         dist.all_reduce(s, op=dist.ReduceOp.SUM, group=group)
         dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
         return s.tolist(), m.tolist()

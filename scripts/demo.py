@@ -240,6 +240,15 @@ def run(build, work, stack, hook):
         f"{'halted by trainwatch' if trainer.returncode == 3 else 'unexpected'})\n")
 
     say("== afterwards")
+    halted = [i["incident_id"] for i in twctl.json("incidents", "--run", RUN)["incidents"]
+              if i["tier"] == "TIER_NUMERICAL_FAILURE"]
+    tensors = []
+    if halted:
+        say("  the halt, and the tensor that held the NaN:")
+        twctl("incident", "show", halted[0])
+        summary = twctl.json("incident", "show", halted[0])["incident"].get("summary", {})
+        tensors = [f"{t['name']} (rank {','.join(str(r) for r in t.get('ranks', []))})"
+                   for t in summary.get("tensor_breakdown", [])]
     twctl("incidents")
     twctl("shards", RUN)
     twctl("status", RUN)
@@ -253,7 +262,7 @@ def run(build, work, stack, hook):
                          + r["value"][1] for r in res)
         say(f"    {expr} -> {vals or 'no data'}")
     say("")
-    return narrate(work, approved, hook, trainer.returncode)
+    return narrate(work, approved, hook, trainer.returncode, tensors)
 
 
 def maybe_approve(twctl, hook):
@@ -281,7 +290,7 @@ def maybe_approve(twctl, hook):
     return inc
 
 
-def narrate(work, incident, hook, trainer_code):
+def narrate(work, incident, hook, trainer_code, nan_tensors):
     db = sqlite3.connect(os.path.join(work, "trainwatch.db"))
     q = lambda sql, *a: db.execute(sql, a).fetchall()
     say("== what happened")
@@ -340,7 +349,8 @@ def narrate(work, incident, hook, trainer_code):
         say("  - the logit drift was NOT paged")
     halt = q("SELECT step, reason FROM events WHERE run_id=? AND action=4", RUN)
     if halt and trainer_code == 3:
-        say(f"  - step {halt[0][0]}: tier 3, {halt[0][1]}: the run halted on every rank.")
+        where = f"; the NaN was in {', '.join(nan_tensors)}" if nan_tensors else ""
+        say(f"  - step {halt[0][0]}: tier 3, {halt[0][1]}: the run halted on every rank{where}.")
     else:
         ok = False
         say("  - the NaN did NOT halt the run")

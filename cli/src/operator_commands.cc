@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "trainwatch/core/json.h"
 #include "trainwatch/v1/operator.grpc.pb.h"
 
@@ -336,6 +337,17 @@ int Show(Client& c, const Options& o, std::string* out, std::string* err) {
     }
     *out += "\n";
   }
+  if (s.tensor_breakdown_size() > 0) {
+    // Which tensors held the nonfinite values, on which ranks: where to look.
+    *out += "nonfinite gradients by tensor\n";
+    absl::StrAppendFormat(out, "  %-40s %12s %14s  %s\n", "tensor", "nonfinite", "elements",
+                          "ranks");
+    for (const auto& t : s.tensor_breakdown()) {
+      absl::StrAppendFormat(out, "  %-40s %12d %14d  %s\n", t.name(), t.nonfinite_count(),
+                            t.element_count(), absl::StrJoin(t.ranks(), ","));
+    }
+    *out += "\n";
+  }
   if (s.suspect_shards().ranges_size() > 0) {
     const auto& r = s.suspect_shards().ranges(0);
     absl::StrAppendFormat(out, "shards onset..detection: %d..%d (%d ids)\n", r.first(), r.last(),
@@ -476,8 +488,11 @@ int Shards(Client& c, const Options& o, std::string* out, std::string* err) {
   *out = absl::StrFormat("%-24s %-8s %-8s %s\n", "SHARDS", "INCIDENT", "DECISION", "SINCE");
   for (const auto& e : resp.entries()) {
     const auto& r = e.shards().ranges(0);
-    absl::StrAppendFormat(out, "%-24s %-8s %-8s %d\n", absl::StrCat(r.first(), "..", r.last()),
-                          e.incident_id(), e.decision_id(), e.added_at().seconds());
+    absl::StrAppendFormat(
+        out, "%-24s %-8s %-8s %s\n", absl::StrCat(r.first(), "..", r.last()), e.incident_id(),
+        e.decision_id(),
+        absl::FormatTime("%Y-%m-%d %H:%M:%SZ", absl::FromUnixSeconds(e.added_at().seconds()),
+                         absl::UTCTimeZone()));
   }
   if (resp.entries_size() == 0) *out += "(none quarantined)\n";
   return kOk;

@@ -327,6 +327,17 @@ TEST_CASE("e2e: the example trainer through tiers 1 and 2 and 3 with real compon
     REQUIRE(halt.size() == 1);
     CHECK(halt[0][0] == std::to_string(kNanAt));
     CHECK(halt[0][1].find("nan_frac") != std::string::npos);
+    // twctl names the tensor that held the NaN (the trainer passes named
+    // gradients; the NaN is injected into the output layer's weight).
+    auto t3 = db.Rows("SELECT id FROM incidents WHERE " + run + " AND tier=3");
+    REQUIRE(t3.size() == 1);
+    std::string show;
+    const int rc = RunCommand(twctl + " incident show I-" + t3[0][0], "", &show);
+    INFO(show);
+    CHECK(rc == 0);
+    const size_t section = show.find("nonfinite gradients by tensor");
+    REQUIRE(section != std::string::npos);
+    CHECK(show.find("head.weight", section) != std::string::npos);
   }
 
   {  // every PromQL expression of the dashboard and the alert rules returns data

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -134,6 +135,8 @@ TEST_CASE("twctl: every operator command - table and json - exit codes", "[serve
   Out shards = Twctl(addr, "shards", {run});
   CHECK(shards.code == 0);
   CHECK(shards.out.find(id) != std::string::npos);
+  // Since when, as a UTC time a person reads.
+  CHECK(std::regex_search(shards.out, std::regex(R"(20\d\d-\d\d-\d\d \d\d:\d\d:\d\dZ)")));
   core::JsonValue qj = ParsedJson(Twctl(addr, "shards", {run, "-o", "json"}));
   CHECK(qj.Find("entries")->array.size() == 1);
   // usage errors

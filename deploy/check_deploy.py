@@ -39,6 +39,30 @@ exprs += [a["expr"] for a in dash["annotations"]["list"]]
 for p in dash["panels"]:
     if p["datasource"]["uid"] != "${datasource}":
         errors.append(f"panel {p['title']} does not use $datasource")
+# Layout as Grafana 10/11 reads it: known panel types, unique ids, panels
+# inside the 24-column grid and not on top of one another.
+if dash.get("schemaVersion", 0) < 36:
+    errors.append("dashboard schemaVersion is older than Grafana 9/10/11's (36+)")
+ids = [p["id"] for p in dash["panels"]]
+if len(set(ids)) != len(ids):
+    errors.append("dashboard panel ids are not unique")
+cells = {}
+for p in dash["panels"]:
+    if p["type"] not in ("timeseries", "stat", "gauge", "table", "state-timeline", "bargauge",
+                         "text", "row", "logs", "heatmap"):
+        errors.append(f"panel {p['title']}: unknown type {p['type']}")
+    g = p["gridPos"]
+    if g["x"] < 0 or g["w"] <= 0 or g["h"] <= 0 or g["x"] + g["w"] > 24:
+        errors.append(f"panel {p['title']} lies outside the 24-column grid")
+    for x in range(g["x"], g["x"] + g["w"]):
+        for y in range(g["y"], g["y"] + g["h"]):
+            if (x, y) in cells:
+                errors.append(f"panel {p['title']} overlaps {cells[(x, y)]}")
+                break
+            cells[(x, y)] = p["title"]
+        else:
+            continue
+        break
 rules = open(os.path.join(root, "deploy/prometheus/trainwatch-rules.yml")).read()
 used = set()
 for text in exprs + [rules]:

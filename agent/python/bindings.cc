@@ -7,6 +7,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <tuple>
+
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -179,12 +181,41 @@ class PyAgent {
   PyVerdict Step(int64_t step, std::optional<double> loss, py::object grads, py::object logits,
                  py::object labels, std::optional<double> log_z,
                  std::optional<std::vector<uint64_t>> shards, std::optional<double> lr,
-                 std::optional<double> z_loss_alpha) {
+                 std::optional<double> z_loss_alpha, py::object grad_stats,
+                 py::object grad_tensors) {
     agent::StepInput in;
     in.step = step;
     in.loss = loss;
     in.learning_rate = lr;
     in.z_loss_alpha = z_loss_alpha;
+    if (!grads.is_none() && !grad_stats.is_none()) {
+      throw py::value_error("give grads or grad_stats, not both");
+    }
+    if (!grad_stats.is_none()) {
+      // Statistics the caller computed (e.g. with torch on the GPU):
+      // (sum of squares over finite elements, nonfinite count, elements).
+      const auto t = grad_stats.cast<std::tuple<double, int64_t, int64_t>>();
+      if (std::get<1>(t) < 0 || std::get<2>(t) < 0 || std::get<1>(t) > std::get<2>(t)) {
+        throw py::value_error("grad_stats: 0 <= nonfinite <= elements");
+      }
+      in.grad_sum_squares = std::get<0>(t);
+      in.grad_nonfinite = std::get<1>(t);
+      in.grad_elements = std::get<2>(t);
+      if (!grad_tensors.is_none() && in.grad_nonfinite > 0) {
+        // Per tensor: (name, sum of squares, nonfinite, elements).
+        names_.clear();
+        tensors_.clear();
+        const auto rows =
+            grad_tensors.cast<std::vector<std::tuple<std::string, double, int64_t, int64_t>>>();
+        names_.reserve(rows.size());  // the views below point into names_
+        for (const auto& [name, ss, nf, n] : rows) names_.push_back(name);
+        for (size_t i = 0; i < rows.size(); ++i) {
+          tensors_.push_back({names_[i], std::get<1>(rows[i]), std::get<2>(rows[i]),
+                              std::get<3>(rows[i])});
+        }
+        in.tensors = tensors_;
+      }
+    }
     if (!grads.is_none()) {
       std::vector<Borrowed> held;
       views_.clear();
@@ -368,7 +399,8 @@ PYBIND11_MODULE(_trainwatch, m) {
            py::arg("grads") = py::none(), py::arg("logits") = py::none(),
            py::arg("labels") = py::none(), py::arg("log_z") = py::none(),
            py::arg("shards") = py::none(), py::arg("lr") = py::none(),
-           py::arg("z_loss_alpha") = py::none())
+           py::arg("z_loss_alpha") = py::none(), py::arg("grad_stats") = py::none(),
+           py::arg("grad_tensors") = py::none())
       .def("report_checkpoint", &PyAgent::ReportCheckpoint)
       .def("poll_command", &PyAgent::PollCommand)
       .def("on_command", &PyAgent::OnCommand)

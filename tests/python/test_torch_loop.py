@@ -98,6 +98,12 @@ class TorchLoopTest(unittest.TestCase):
             agent.step(1003, grads=[torch.ones(4, 4).t()])  # not contiguous
         with self.assertRaises(TypeError):
             agent.step(1004, grads=[[1.0, 2.0]])
+        with self.assertRaises(ValueError):
+            agent.step(1005, grads=[torch.ones(4)], grad_stats=(4.0, 0, 4))  # not both
+        with self.assertRaises(ValueError):
+            agent.step(1006, grad_stats=(4.0, 5, 4))  # more nonfinite than elements
+        v = agent.step(1007, loss=2.0, grad_stats=(9.0, 0, 10))
+        self.assertAlmostEqual(v.grad_norm, 3.0)
         agent.close()
 
     def test_ranks_agree_through_a_reduce_callable(self):
@@ -132,6 +138,94 @@ class TorchLoopTest(unittest.TestCase):
         agent.close()
         with self.assertRaises(ValueError):
             trainwatch.Agent(run_id="x", rank=0, world_size=2)  # no reduce given
+
+
+class DeviceStatsTest(unittest.TestCase):
+    """The torch-operations path (what runs for GPU tensors), checked on the
+    CPU against the package's own kernels and against float64 arithmetic."""
+
+    def reference(self, grads):
+        ss, bad, n = 0.0, 0, 0
+        for g in grads:
+            d = g.double()
+            finite = torch.isfinite(d)
+            ss += float(torch.where(finite, d, torch.zeros(())).pow(2).sum())
+            bad += int((~finite).sum())
+            n += g.numel()
+        return ss, bad, n
+
+    def test_healthy_gradients_match_the_kernels(self):
+        gen = torch.Generator().manual_seed(5)
+        grads = [torch.randn(1000, generator=gen), torch.randn(37, 5, generator=gen).bfloat16(),
+                 torch.randn(64, generator=gen).half(), torch.zeros(0)]
+        ss, bad, n, per = twt.grad_stats(grads)
+        ref = self.reference(grads)
+        self.assertEqual((bad, n, per), (0, ref[2], None))
+        # The fused norm returns bf16/fp16 norms in their own precision.
+        self.assertAlmostEqual(ss / ref[0], 1.0, delta=1e-2)
+        native = trainwatch.Agent(run_id="native").step(0, loss=1.0, grads=grads)
+        device = trainwatch.Agent(run_id="device").step(0, loss=1.0, grad_stats=(ss, bad, n))
+        self.assertAlmostEqual(device.grad_norm / native.grad_norm, 1.0, delta=1e-2)
+        self.assertEqual(device.nan_frac, native.nan_frac)
+
+    def test_nonfinite_gradients_are_counted_exactly_per_tensor(self):
+        a = torch.randn(500)
+        a[[3, 7]] = float("nan")
+        b = torch.randn(20).bfloat16()
+        b[0] = float("inf")
+        c = torch.full((4,), 1e20)   # finite, but its squares overflow float32
+        ss, bad, n, per = twt.grad_stats([a, b, c], names=["w.a", "w.b", "w.c"])
+        ref = self.reference([a, b, c])
+        self.assertEqual((bad, n), (3, 524))
+        self.assertAlmostEqual(ss / ref[0], 1.0, delta=1e-12)
+        self.assertEqual([(p[0], p[2], p[3]) for p in per],
+                         [("w.a", 2, 500), ("w.b", 1, 20), ("w.c", 0, 4)])
+        # Healthy but beyond float range: exact, finite, nothing nonfinite.
+        ss, bad, _, per = twt.grad_stats([c])
+        self.assertEqual(bad, 0)
+        self.assertAlmostEqual(ss / self.reference([c])[0], 1.0, delta=1e-12)
+        self.assertIsNotNone(per)
+
+    def test_log_z_matches_the_kernels(self):
+        logits = torch.randn(6, 50) * 3
+        labels = torch.tensor([1, -100, 3, 4, -100, 6])
+        mean = twt.log_z_stats(logits, labels)
+        keep = labels != -100
+        self.assertAlmostEqual(mean, float(torch.logsumexp(logits[keep], -1).mean()), places=5)
+        self.assertIsNone(twt.log_z_stats(logits, torch.full((6,), -100)))
+        logits[2, 0] = float("inf")
+        self.assertTrue(math.isnan(twt.log_z_stats(logits)))
+        self.assertAlmostEqual(twt.log_z_stats(logits, torch.tensor([1, 2, -100, 4, 5, 6])),
+                               float(torch.logsumexp(logits[[0, 1, 3, 4, 5]], -1).mean()),
+                               places=5)
+
+    def test_a_loop_on_the_device_path_skips_and_halts_naming_the_tensor(self):
+        model = make_model()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        agent = trainwatch.Agent(run_id="py-device", rules=RULES)
+        guard = twt.watch(opt, agent, params=model.named_parameters(), on_device=True)
+        gen = torch.Generator().manual_seed(1)
+        decisions = {}
+        for step in range(400):
+            x, y = batch(step, gen)
+            if step == 250:
+                x, y = x * 40.0 + 7.0, (y + 7) % 16
+            logits = model(x)
+            loss = torch.nn.functional.cross_entropy(logits, y)
+            opt.zero_grad()
+            loss.backward()
+            if step == 350:
+                model[2].weight.grad[1, 2] = float("nan")
+            v = guard.observe(step, loss, logits=logits, shards=[step])
+            decisions[step] = v.decision
+            try:
+                opt.step()
+            except trainwatch.TrainingHalted:
+                break
+        unusual = {s: d for s, d in decisions.items() if d != "continue"}
+        self.assertEqual(unusual, {250: "skip_update", 350: "halt"})
+        self.assertAlmostEqual(v.nan_frac, 1.0 / sum(p.numel() for p in model.parameters()))
+        agent.close()
 
 
 if __name__ == "__main__":

@@ -14,21 +14,73 @@ weights or Adam's moments), or raises TrainingHalted (tier 3)::
         loss.backward()
         guard.observe(step, loss, logits=logits, shards=shard_ids)
         optimizer.step()          # skipped or halted as the agent decides
+
+Host tensors are read in place by the package's statistics kernels. Tensors
+on a GPU (or anywhere else) are reduced there with torch's own operations
+(grad_stats() and log_z_stats()), and only a few numbers cross to the host.
 """
+
+import math as _math
 
 import torch as _torch
 
 from . import TrainingHalted
 
-__all__ = ["watch", "Guard", "distributed_reduce"]
+__all__ = ["watch", "Guard", "distributed_reduce", "grad_stats", "log_z_stats"]
+
+
+def grad_stats(grads, names=None):
+    """Gradient statistics with torch operations, on the tensors' own device.
+
+    Returns (sum of squares over finite elements, nonfinite count, elements,
+    per_tensor), per_tensor being None in a healthy step and otherwise a list
+    of (name, sum of squares, nonfinite, elements). A healthy step costs one
+    fused norm over all tensors and one host sync; the exact per-tensor count
+    (in float64) runs only when the fused norm is not finite, which a NaN, an
+    inf or a square beyond float range makes it.
+    """
+    pairs = [(n, g) for n, g in zip(names or [None] * len(grads), grads) if g is not None]
+    elements = sum(g.numel() for _, g in pairs)
+    if not pairs:
+        return 0.0, 0, 0, None
+    norms = _torch._foreach_norm([g for _, g in pairs])
+    total = float(_torch.stack([n.double() for n in norms]).pow(2).sum())
+    if _math.isfinite(total):
+        return total, 0, elements, None
+    per_tensor, total, nonfinite = [], 0.0, 0
+    for i, (name, g) in enumerate(pairs):
+        finite = _torch.isfinite(g)
+        bad = int(finite.numel() - finite.sum())
+        ss = float(_torch.where(finite, g, _torch.zeros((), dtype=g.dtype, device=g.device))
+                   .double().pow(2).sum())
+        total += ss
+        nonfinite += bad
+        per_tensor.append((name if name is not None else f"tensor{i}", ss, bad, g.numel()))
+    return total, nonfinite, elements, per_tensor
+
+
+def log_z_stats(logits, labels=None, ignore_index=-100):
+    """Mean log partition function over the rows of [..., vocab] logits (rows
+    whose label is ignore_index left out), computed on the logits' device in
+    float32; NaN when any counted row's log Z is not finite."""
+    lz = _torch.logsumexp(logits.reshape(-1, logits.shape[-1]).float(), dim=-1)
+    if labels is not None:
+        lz = lz[labels.reshape(-1).to(lz.device) != ignore_index]
+    if lz.numel() == 0:
+        return None
+    mean = float(lz.mean())
+    return mean if _math.isfinite(mean) else _math.nan
 
 
 class Guard:
     """Holds the latest verdict and gates the wrapped optimizer's step()."""
 
-    def __init__(self, optimizer, agent, params=None):
+    def __init__(self, optimizer, agent, params=None, on_device=False):
         self.optimizer = optimizer
         self.agent = agent
+        # Statistics with torch operations even for host tensors (they are
+        # always used for tensors elsewhere).
+        self.on_device = on_device
         self.params = list(params) if params is not None else None
         self.verdict = None
         self.skipped = 0
@@ -51,18 +103,32 @@ class Guard:
         loss_value = float(loss.detach()) if isinstance(loss, _torch.Tensor) else float(loss)
         group = self.optimizer.param_groups[0]
         z = group.get("z_loss_alpha")
+        kw = {}
+        grads = self._grads()
+        tensors = list(grads.values()) if isinstance(grads, dict) else grads
+        if self.on_device or any(g.device.type != "cpu" for g in tensors):
+            names = list(grads.keys()) if isinstance(grads, dict) else None
+            ss, bad, n, per_tensor = grad_stats(tensors, names)
+            kw["grad_stats"] = (ss, bad, n)
+            if per_tensor is not None and names is not None:
+                kw["grad_tensors"] = per_tensor
+        else:
+            kw["grads"] = grads
         if logits is not None:
             logits = logits.detach()
-            if logits.dtype not in (_torch.float32, _torch.bfloat16, _torch.float16):
-                logits = logits.float()
-            logits = logits.reshape(-1, logits.shape[-1]).contiguous()
+            if self.on_device or logits.device.type != "cpu":
+                kw["log_z"] = log_z_stats(logits, labels)
+                logits = labels = None
+            else:
+                if logits.dtype not in (_torch.float32, _torch.bfloat16, _torch.float16):
+                    logits = logits.float()
+                logits = logits.reshape(-1, logits.shape[-1]).contiguous()
         if labels is not None:
             labels = [int(v) for v in labels.reshape(-1).tolist()]
         self.verdict = self.agent.step(
-            int(step), loss=loss_value, grads=self._grads(),
-            logits=logits, labels=labels,
+            int(step), loss=loss_value, logits=logits, labels=labels,
             shards=None if shards is None else [int(s) for s in shards],
-            lr=float(group["lr"]), z_loss_alpha=None if z is None else float(z))
+            lr=float(group["lr"]), z_loss_alpha=None if z is None else float(z), **kw)
         return self.verdict
 
     def _gated_step(self, *args, **kwargs):
@@ -87,9 +153,14 @@ class Guard:
         self.optimizer.step = self._step
 
 
-def watch(optimizer, agent, params=None):
-    """Wraps `optimizer` so that its step() obeys the agent's verdicts."""
-    return Guard(optimizer, agent, params)
+def watch(optimizer, agent, params=None, on_device=False):
+    """Wraps `optimizer` so that its step() obeys the agent's verdicts.
+
+    params: the parameters whose gradients count (default: the optimizer's);
+    model.named_parameters() also names the tensor behind a NaN.
+    on_device: compute statistics with torch operations even for host
+    tensors (always done for tensors on a GPU)."""
+    return Guard(optimizer, agent, params, on_device)
 
 
 def distributed_reduce(group=None):

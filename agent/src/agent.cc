@@ -102,6 +102,29 @@ struct Agent::Impl {
   AgentConfig cfg;
   std::unique_ptr<Reducer> reducer;
   std::unique_ptr<core::RuleEngine> engine;
+  // The last reduced records, oldest first from history_head (a circular
+  // buffer allocated once): what ResumeFrom() replays into a new engine.
+  struct Kept {
+    int64_t step = 0;
+    uint32_t present = 0;
+    double values[core::kNumSignals] = {};
+  };
+  std::vector<Kept> history;
+  size_t history_head = 0, history_count = 0;
+
+  void Keep(const core::StepRecord& rec) {
+    if (history.empty()) return;
+    const size_t slot = (history_head + history_count) % history.size();
+    Kept& k = history[slot];
+    k.step = rec.step;
+    k.present = rec.present();
+    for (int i = 0; i < core::kNumSignals; ++i) k.values[i] = rec.Get(static_cast<Signal>(i));
+    if (history_count < history.size()) {
+      ++history_count;
+    } else {
+      history_head = (history_head + 1) % history.size();
+    }
+  }
   // The checkpoints reported, for a rule engine that starts over.
   std::vector<std::pair<int64_t, std::string>> checkpoints;
   core::StepOutcome outcome;
@@ -140,6 +163,7 @@ struct Agent::Impl {
       : cfg(c),
         reducer(std::move(r)),
         engine(std::make_unique<core::RuleEngine>(c.rules)),
+        history(c.resume_history_records),
         ring(c.ring_records) {}
 
   // ------------------------------------------------------------- the pump
@@ -557,6 +581,7 @@ struct Agent::Impl {
     if (maxes[kHasAct] > 0) rec.Set(Signal::kActivationMax, maxes[kActMax]);
     if (maxes[kHasAttn] > 0) rec.Set(Signal::kAttentionLogitP99, maxes[kAttnP99]);
     rec.shards = in.shards;
+    Keep(rec);
     if (absl::Status s = engine->Observe(rec, &outcome); !s.ok()) {
       if (error) *error = std::string(s.message());
       return Verdict{Decision::kHalt, 3, core::EventKind::kNonfiniteValue};
@@ -768,6 +793,24 @@ void Agent::ResumeFrom(int64_t step) {
   for (const auto& [s, uri] : p.checkpoints) {
     if (s <= step) p.engine->NoteCheckpoint(s, uri);
   }
+  // Replay the kept records up to the checkpoint; forget the rest. Every
+  // rank kept the same reduced records, so every rank rebuilds the same
+  // engine.
+  size_t kept = 0;
+  core::StepOutcome scratch;
+  for (size_t i = 0; i < p.history_count; ++i) {
+    const Impl::Kept& k = p.history[(p.history_head + i) % p.history.size()];
+    if (k.step > step) break;
+    core::StepRecord rec;
+    rec.step = k.step;
+    for (int j = 0; j < core::kNumSignals; ++j) {
+      const auto sig = static_cast<Signal>(j);
+      if (k.present & core::Bit(sig)) rec.Set(sig, k.values[j]);
+    }
+    p.engine->Observe(rec, &scratch).IgnoreError();
+    ++kept;
+  }
+  p.history_count = kept;
   // Records still in the ring belong to the abandoned steps too.
   p.Drain();
   std::lock_guard<std::mutex> lock(p.mu);

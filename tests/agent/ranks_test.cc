@@ -114,6 +114,55 @@ TEST_CASE("rollback: ResumeFrom lets the steps start again after a checkpoint", 
   CHECK((*agent)->last_outcome().events[0].recommended_checkpoint_step == 1000);
 }
 
+// Three ranks train 3,000 steps, roll back to 2,000, and meet a bad batch
+// (on one rank) 5 steps later: the rebuilt engines skip it at once, on every
+// rank. Without kept records the engine would be warming up and let it by.
+std::vector<std::vector<Decision>> RollbackThenBadBatch(size_t history) {
+  constexpr int kRanks = 3;
+  InProcessGroup group(kRanks);
+  std::vector<std::vector<Decision>> after(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      AgentConfig cfg;
+      cfg.resume_history_records = history;
+      auto agent = Agent::Create(cfg, group.ReducerFor(r));
+      REQUIRE(agent.ok());
+      auto input = [r](int64_t s) {
+        StepInput in;
+        in.step = s;
+        in.loss = 2.5 + 0.02 * std::sin(0.7 * static_cast<double>(s) + r);
+        in.grad_sum_squares = 0.3 + 0.02 * std::cos(1.3 * static_cast<double>(s) * (r + 1));
+        in.grad_elements = 1000;
+        return in;
+      };
+      for (int64_t s = 0; s < 3000; ++s) (*agent)->Step(input(s));
+      (*agent)->ResumeFrom(2000);
+      for (int64_t s = 2001; s <= 2010; ++s) {
+        StepInput in = input(s);
+        if (s == 2005 && r == 1) {
+          in.loss = 7.0;
+          in.grad_sum_squares = 50.0;
+        }
+        after[r].push_back((*agent)->Step(in).decision);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return after;
+}
+
+TEST_CASE("rollback: the rebuilt engine skips a bad batch right after the checkpoint",
+          "[agent][ranks]") {
+  const auto after = RollbackThenBadBatch(20000);
+  std::vector<Decision> want(10, Decision::kContinue);
+  want[4] = Decision::kSkipUpdate;  // step 2005
+  for (const auto& ranks : after) CHECK(ranks == want);
+  // With nothing kept the engine starts over and is still warming up.
+  const auto cold = RollbackThenBadBatch(0);
+  for (const auto& ranks : cold) CHECK(ranks == std::vector<Decision>(10, Decision::kContinue));
+}
+
 TEST_CASE("config: from the environment - with clear errors", "[agent][config]") {
   setenv("TRAINWATCH_SERVER", "127.0.0.1:9", 1);
   setenv("TRAINWATCH_RUN_ID", "run-env", 1);

@@ -57,6 +57,11 @@ struct AgentConfig {
   int reconnect_max_ms = 30'000;
   int heartbeat_ms = 5000;
   std::string host_name;  // reported in hello; default: gethostname()
+  // The last reduced records kept so that ResumeFrom() rebuilds the local
+  // rule engine from the steps up to the checkpoint, identically on every
+  // rank, instead of warming up again with tier 1 off. About 80 bytes each;
+  // 0: keep none (start over).
+  size_t resume_history_records = 20000;
 
   // Overrides the fields above from TRAINWATCH_* variables (and RANK /
   // WORLD_SIZE are the reducer's business, not the config's). Bad values
@@ -147,9 +152,9 @@ class Agent {
   // After loading the checkpoint of `step` (a rollback): the next Step() may
   // be step + 1 again. Records of the abandoned steps not yet acknowledged
   // are dropped (the server starts a new attempt from the checkpoint), and
-  // the local rule engine starts over: its windows refill (warm-up) before
-  // it skips again; tier 3 halts at once as always. Call it before
-  // acknowledging the rollback command. Training thread only.
+  // the local rule engine is rebuilt from the kept records up to `step`
+  // (resume_history_records), so tier 1 protects the very next step. Call
+  // it before acknowledging the rollback command. Training thread only.
   void ResumeFrom(int64_t step);
 
   // The last step's derived numbers (what was reported).

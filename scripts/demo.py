@@ -166,6 +166,7 @@ def main():
 
 
 def run(build, work, stack, hook):
+    report = os.path.join(build, "trainwatch-demo-report.html")
     rules = os.path.join(ROOT, "examples/torch/demo_rules.json")
     grpc_port, metrics_port = free_port(), free_port()
     prom_port, am_port = free_port(), free_port()
@@ -252,6 +253,7 @@ def run(build, work, stack, hook):
     twctl("incidents")
     twctl("shards", RUN)
     twctl("status", RUN)
+    twctl("report", RUN, "--out", report)
     time.sleep(2)  # one more scrape
     say("  Prometheus, from its scrape of trainwatchd:")
     for expr in (f'trainwatch_skipped_steps_total{{run="{RUN}"}}',
@@ -262,7 +264,10 @@ def run(build, work, stack, hook):
                          + r["value"][1] for r in res)
         say(f"    {expr} -> {vals or 'no data'}")
     say("")
-    return narrate(work, approved, hook, trainer.returncode, tensors)
+    code = narrate(work, approved, hook, trainer.returncode, tensors)
+    say(f"\n  The whole run as one page (charts with every incident marked, the drift the "
+        f"rollback undid in dashed grey):\n    {report}")
+    return code
 
 
 def maybe_approve(twctl, hook):

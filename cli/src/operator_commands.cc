@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "report.h"
 #include "trainwatch/core/json.h"
 #include "trainwatch/v1/operator.grpc.pb.h"
 
@@ -40,6 +41,7 @@ constexpr char kUsageText[] =
     "                      [--comment TEXT] [--yes] [--dry-run]\n"
     "  rollback reject ID --comment TEXT\n"
     "  shards RUN\n"
+    "  report RUN [--out FILE]   one HTML page: the metrics as charts, incidents, shards\n"
     "  replay FILE ...  (see twctl replay --help)\n"
     "Server and token: flags, else TRAINWATCH_SERVER / TRAINWATCH_TOKEN, else $TWCTL_CONFIG or\n"
     "~/.config/trainwatch/twctl.json ({\"server\": ..., \"token\": ..., \"ca_file\": ...}).\n"
@@ -498,6 +500,75 @@ int Shards(Client& c, const Options& o, std::string* out, std::string* err) {
   return kOk;
 }
 
+int Report(Client& c, const Options& o, std::string* out, std::string* err) {
+  if (o.positional.size() != 1) {
+    *err = "usage: twctl report RUN [--out FILE]\n";
+    return kUsage;
+  }
+  const std::string& run = o.positional[0];
+  const std::string path =
+      o.flags.count("out") ? o.flags.at("out") : absl::StrCat("trainwatch-report-", run, ".html");
+  v1::GetRunStatusResponse status;
+  {
+    grpc::ClientContext ctx;
+    c.Prepare(&ctx);
+    v1::GetRunStatusRequest req;
+    req.set_run_id(run);
+    req.set_window_steps(100000);  // the server's most; longer runs show their last 100k
+    req.set_max_points(20000);
+    if (int rc = FromStatus(c.stub()->GetRunStatus(&ctx, req, &status), err); rc != kOk) return rc;
+  }
+  std::vector<v1::GetRunStatusResponse> earlier;
+  for (int64_t a = 0; a < status.run().attempt(); ++a) {
+    grpc::ClientContext ctx;
+    c.Prepare(&ctx);
+    v1::GetRunStatusRequest req;
+    req.set_run_id(run);
+    req.set_window_steps(100000);
+    req.set_max_points(20000);
+    req.set_attempt(a);
+    earlier.emplace_back();
+    if (int rc = FromStatus(c.stub()->GetRunStatus(&ctx, req, &earlier.back()), err); rc != kOk) {
+      return rc;
+    }
+  }
+  v1::ListIncidentsResponse incidents;
+  for (std::string token;;) {
+    grpc::ClientContext ctx;
+    c.Prepare(&ctx);
+    v1::ListIncidentsRequest req;
+    req.set_run_id(run);
+    req.set_page_size(1000);
+    req.set_page_token(token);
+    v1::ListIncidentsResponse page;
+    if (int rc = FromStatus(c.stub()->ListIncidents(&ctx, req, &page), err); rc != kOk) return rc;
+    for (auto& i : *page.mutable_incidents()) *incidents.add_incidents() = std::move(i);
+    token = page.next_page_token();
+    if (token.empty()) break;
+  }
+  v1::ListQuarantinedShardsResponse shards;
+  {
+    grpc::ClientContext ctx;
+    c.Prepare(&ctx);
+    v1::ListQuarantinedShardsRequest req;
+    req.set_run_id(run);
+    if (int rc = FromStatus(c.stub()->ListQuarantinedShards(&ctx, req, &shards), err); rc != kOk) {
+      return rc;
+    }
+  }
+  const std::string html = RenderReportHtml(status, earlier, incidents, shards);
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << html;
+  f.close();
+  if (!f) {
+    *err = absl::StrCat("twctl report: cannot write ", path, "\n");
+    return kError;
+  }
+  *out = absl::StrFormat("wrote %s: %d steps charted, %d incidents, %d quarantined ranges\n", path,
+                         status.recent_size(), incidents.incidents_size(), shards.entries_size());
+  return kOk;
+}
+
 void LoadConfigFile(Options* o) {
   std::string path;
   if (const char* p = std::getenv("TWCTL_CONFIG")) {
@@ -590,7 +661,7 @@ int OperatorCommand(const std::string& command, const std::vector<std::string>& 
       }
       static const std::set<std::string> kKnown = {
           "open", "yes", "dry-run", "run", "points", "to-step", "quarantine-shards",
-          "z-loss-alpha", "comment"};
+          "z-loss-alpha", "comment", "out"};
       if (!kKnown.count(name)) {
         *err = absl::StrCat("twctl: unknown flag --", name, "\n", kUsageText);
         return kUsage;
@@ -619,6 +690,7 @@ int OperatorCommand(const std::string& command, const std::vector<std::string>& 
   if (command == "incident") return Show(client, o, out, err);
   if (command == "rollback") return Rollback(client, o, prompt, out, err);
   if (command == "shards") return Shards(client, o, out, err);
+  if (command == "report") return Report(client, o, out, err);
   *err = absl::StrCat("twctl: unknown command '", command, "'\n", kUsageText);
   return kUsage;
 }

@@ -15,6 +15,7 @@ constexpr char kUsage[] =
     "usage: twctl [--server ADDR] [--token TOKEN] [--ca-file PEM] [-o table|json] COMMAND [ARGS]\n"
     "commands:\n"
     "  runs | status RUN | incidents | incident show ID | shards RUN\n"
+    "  report RUN [--out FILE]  the run as one HTML page (charts, incidents, shards)\n"
     "  rollback approve ID [--to-step N] [--quarantine-shards A..B] [--z-loss-alpha X]\n"
     "                      [--comment TEXT] [--yes] [--dry-run]\n"
     "  rollback reject ID --comment TEXT\n"
@@ -39,7 +40,8 @@ int main(int argc, char** argv) {
   if (command == "replay") {
     code = trainwatch::cli::ReplayCommand(args, &out, &err);
   } else if (command == "runs" || command == "status" || command == "incidents" ||
-             command == "incident" || command == "rollback" || command == "shards") {
+             command == "incident" || command == "rollback" || command == "shards" ||
+             command == "report") {
     code = trainwatch::cli::OperatorCommand(
         command, args,
         [](const std::string& question) {

@@ -84,6 +84,7 @@ void RunToProto(const RunSnapshot& s, int32_t ranks_connected, v1::RunInfo* out)
   out->set_run_id(s.row.run_id);
   out->set_world_size(s.row.world_size);
   out->set_latest_step(s.row.last_step);
+  out->set_attempt(s.row.attempt);
   out->set_ranks_connected(ranks_connected);
   int open = 0;
   for (int t = 0; t < 4; ++t) open += static_cast<int>(s.open_incidents[t]);

@@ -567,8 +567,16 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
       if (run->has_latest) StepToProto(run->latest, resp->mutable_latest());
       const int window = static_cast<int>(std::clamp<int64_t>(
           req->window_steps() > 0 ? req->window_steps() : 200, 1, 100000));
+      int64_t attempt = run->row.attempt;
+      if (req->has_attempt()) {
+        if (req->attempt() < 0 || req->attempt() > run->row.attempt) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "run '", req->run_id(), "' has attempts 0 to ", run->row.attempt));
+        }
+        attempt = req->attempt();
+      }
       absl::StatusOr<std::vector<StoredStep>> recent =
-          state_->store()->RecentSteps(run->row.run_id, run->row.attempt, window);
+          state_->store()->RecentSteps(run->row.run_id, attempt, window);
       if (!recent.ok()) return recent.status();
       const size_t max_points = req->max_points() > 0 ? static_cast<size_t>(req->max_points())
                                                       : recent->size();

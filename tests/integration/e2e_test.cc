@@ -322,6 +322,24 @@ TEST_CASE("e2e: the example trainer through tiers 1 and 2 and 3 with real compon
                     std::to_string(last) + win) < logz0 + 1.0);
   }
 
+  {  // the run as one page: five charts, the drift that the rollback undid
+    std::string out;
+    const std::string report = dir.File("report.html");
+    const int rc = RunCommand(twctl + " report " + kRun + " --out " + report, "", &out);
+    INFO(out);
+    REQUIRE(rc == 0);
+    const std::string html = ReadFile(report);
+    size_t charts = 0;
+    for (size_t p = html.find("<svg"); p != std::string::npos; p = html.find("<svg", p + 1)) {
+      ++charts;
+    }
+    CHECK(charts == 5);
+    CHECK(html.find("class=\"abandoned\"") != std::string::npos);
+    CHECK(html.find("class=\"incident tier2\"") != std::string::npos);
+    CHECK(html.find("class=\"incident tier3\"") != std::string::npos);
+    CHECK(html.find(incident) != std::string::npos);
+  }
+
   {  // tier 3: the NaN halted the run
     auto halt = db.Rows("SELECT step, reason FROM events WHERE " + run + " AND action=4");
     REQUIRE(halt.size() == 1);

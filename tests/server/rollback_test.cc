@@ -5,11 +5,15 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <fstream>
+#include <iterator>
+#include <optional>
 #include <string>
 
 #include <catch2/catch.hpp>
 
 #include "test_util.h"
+#include "trainwatch/cli/operator_commands.h"
 #include "trainwatch/server/server.h"
 
 namespace trainwatch::server {
@@ -193,6 +197,36 @@ TEST_CASE("rollback: approve - command every rank - acknowledge - resolve past t
   REQUIRE(snap.size() == 1);
   CHECK(snap[0].row.attempt == 1);
   CHECK(snap[0].row.last_step == 3799);
+  // The history of each attempt: the current one by default, the abandoned
+  // one on request (it ends where the rollback cut it), nothing beyond.
+  auto stub = v1::OperatorService::NewStub(ch);
+  auto status = [&](std::optional<int64_t> attempt, v1::GetRunStatusResponse* resp) {
+    grpc::ClientContext c;
+    v1::GetRunStatusRequest req;
+    req.set_run_id(run);
+    req.set_window_steps(100000);
+    if (attempt) req.set_attempt(*attempt);
+    return stub->GetRunStatus(&c, req, resp);
+  };
+  v1::GetRunStatusResponse now, before, beyond;
+  REQUIRE(status(std::nullopt, &now).ok());
+  CHECK(now.run().attempt() == 1);
+  CHECK(now.recent(now.recent_size() - 1).step() == 3799);
+  CHECK(now.recent(0).step() == 0);  // the steps up to the checkpoint, carried over
+  REQUIRE(status(0, &before).ok());
+  CHECK(before.recent(before.recent_size() - 1).step() >= 3699);
+  CHECK(status(2, &beyond).error_code() == grpc::INVALID_ARGUMENT);
+  // The report draws the abandoned attempt under the current one.
+  std::string out, err;
+  const std::string report = dir.File("report.html");
+  REQUIRE(cli::OperatorCommand("report", {run, "--out", report, "--server",
+                                          "127.0.0.1:" + std::to_string((*server)->port())},
+                               nullptr, &out, &err) == 0);
+  std::ifstream in(report);
+  const std::string html((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(html.find("class=\"abandoned\"") != std::string::npos);
+  CHECK(html.find("attempt 1") != std::string::npos);
+  CHECK(html.find(id) != std::string::npos);
   CHECK(r0.Close().ok());
   CHECK(r1b.Close().ok());
 }

@@ -943,10 +943,12 @@ class Exporter : public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override {
     using prometheus::MetricFamily;
     using prometheus::MetricType;
-    std::vector<MetricFamily> out;
+    // A deque: a family's reference stays valid while later ones are added
+    // (a vector's push_back would move the earlier ones away).
+    std::deque<MetricFamily> families;
     auto family = [&](const char* name, const char* help, MetricType type) -> MetricFamily& {
-      out.push_back(MetricFamily{name, help, type, {}});
-      return out.back();
+      families.push_back(MetricFamily{name, help, type, {}});
+      return families.back();
     };
     auto add = [](MetricFamily& f, std::vector<prometheus::ClientMetric::Label> labels,
                   double value) {
@@ -997,6 +999,12 @@ class Exporter : public prometheus::Collectable {
       MetricFamily& f = family("trainwatch_step", "Last evaluated step of the run.",
                                MetricType::Gauge);
       for (const RunSnapshot& r : runs) add(f, {{"run", r.row.run_id}}, double(r.row.last_step));
+    }
+    {
+      MetricFamily& f = family("trainwatch_run_attempt",
+                               "The run's attempt: 0 at the start, one more per rollback.",
+                               MetricType::Gauge);
+      for (const RunSnapshot& r : runs) add(f, {{"run", r.row.run_id}}, double(r.row.attempt));
     }
     {
       MetricFamily& f = family("trainwatch_incidents_total",
@@ -1068,7 +1076,7 @@ class Exporter : public prometheus::Collectable {
     add(family("trainwatch_pages_failed_total", "Page delivery attempts that failed.",
                MetricType::Counter),
         {}, double(state_->pager()->failed_total()));
-    return out;
+    return {std::make_move_iterator(families.begin()), std::make_move_iterator(families.end())};
   }
 
  private:

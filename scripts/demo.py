@@ -208,7 +208,8 @@ def run(build, work, stack, hook):
     wait_http(f"http://127.0.0.1:{am_port}/-/ready", "Alertmanager")
     wait_http(f"http://127.0.0.1:{prom_port}/-/ready", "Prometheus")
     say(f"trainwatchd {server} (metrics :{metrics_port}), Prometheus :{prom_port}, "
-        f"Alertmanager :{am_port}, webhook receiver :{hook.port}\n")
+        f"Alertmanager :{am_port}, webhook receiver :{hook.port}")
+    say(f"database, logs and checkpoints in {work} (removed at the end; --keep keeps them)\n")
 
     env = dict(os.environ, PYTHONPATH=f"{build}/python", OMP_NUM_THREADS="1",
                PYTHONDONTWRITEBYTECODE="1")

@@ -27,10 +27,14 @@ int TierNumber(v1::Tier t) {
 
 const char* TierColour(int tier) {
   switch (tier) {
-    case 1: return "#e08a00";
-    case 2: return "#d62728";
-    case 3: return "#7b2cbf";
-    default: return "#7f7f7f";
+    case 1:
+      return "#e08a00";
+    case 2:
+      return "#d62728";
+    case 3:
+      return "#7b2cbf";
+    default:
+      return "#7f7f7f";
   }
 }
 
@@ -88,21 +92,26 @@ std::string Chart(const Series& s, int64_t first, int64_t last,
       "<svg class=\"chart\" viewBox=\"0 0 %d %d\" width=\"%d\" height=\"%d\" role=\"img\" "
       "aria-label=\"%s\">\n",
       kWidth, kHeight, kWidth, kHeight, HtmlEscape(s.name));
-  absl::StrAppendFormat(&svg, "<rect x=\"%d\" y=\"%d\" width=\"%.0f\" height=\"%.0f\" "
-                              "class=\"plot\"/>\n", kLeft, kTop, pw, ph);
+  absl::StrAppendFormat(&svg,
+                        "<rect x=\"%d\" y=\"%d\" width=\"%.0f\" height=\"%.0f\" "
+                        "class=\"plot\"/>\n",
+                        kLeft, kTop, pw, ph);
   for (const auto& i : incidents.incidents()) {
     const int tier = TierNumber(i.tier());
     if (i.detection_step() < first || i.onset_step() > last) continue;
     const std::string title = HtmlEscape(absl::StrCat(i.incident_id(), ": ", i.title()));
     if (tier >= 2 && i.onset_step() < i.detection_step()) {
-      const double a = x(std::max(first, i.onset_step())), b = x(std::min(last, i.detection_step()));
-      absl::StrAppendFormat(&svg, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%.0f\" "
-                                  "fill=\"%s\" opacity=\"0.12\"><title>%s</title></rect>\n",
+      const double a = x(std::max(first, i.onset_step())),
+                   b = x(std::min(last, i.detection_step()));
+      absl::StrAppendFormat(&svg,
+                            "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%.0f\" "
+                            "fill=\"%s\" opacity=\"0.12\"><title>%s</title></rect>\n",
                             a, kTop, std::max(1.0, b - a), ph, TierColour(tier), title);
     }
     const double xd = x(i.detection_step());
-    absl::StrAppendFormat(&svg, "<line class=\"incident tier%d\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" "
-                                "y2=\"%.0f\" stroke=\"%s\"><title>%s</title></line>\n",
+    absl::StrAppendFormat(&svg,
+                          "<line class=\"incident tier%d\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" "
+                          "y2=\"%.0f\" stroke=\"%s\"><title>%s</title></line>\n",
                           tier, xd, xd, kTop, kTop + ph, TierColour(tier), title);
   }
   auto draw = [&](const Points& pts, const char* cls) {
@@ -119,8 +128,9 @@ std::string Chart(const Series& s, int64_t first, int64_t last,
       if (step < first || step > last) continue;
       if (!std::isfinite(v)) {
         flush();
-        absl::StrAppendFormat(&svg, "<circle class=\"nonfinite\" cx=\"%.1f\" cy=\"%d\" r=\"3\">"
-                                    "<title>step %d: %s</title></circle>\n",
+        absl::StrAppendFormat(&svg,
+                              "<circle class=\"nonfinite\" cx=\"%.1f\" cy=\"%d\" r=\"3\">"
+                              "<title>step %d: %s</title></circle>\n",
                               x(step), kTop + 3, step, Number(v));
         continue;
       }
@@ -132,16 +142,21 @@ std::string Chart(const Series& s, int64_t first, int64_t last,
   for (const Points& e : s.earlier) draw(e, "abandoned");
   draw(s.points, "series");
   // Axes: the value range on the left, the step range below.
-  absl::StrAppendFormat(&svg, "<text x=\"%d\" y=\"%d\" class=\"axis\" text-anchor=\"end\">%s</text>\n",
+  absl::StrAppendFormat(&svg,
+                        "<text x=\"%d\" y=\"%d\" class=\"axis\" text-anchor=\"end\">%s</text>\n",
                         kLeft - 6, kTop + 10, Number(hi));
-  absl::StrAppendFormat(&svg, "<text x=\"%d\" y=\"%.0f\" class=\"axis\" text-anchor=\"end\">%s</text>\n",
+  absl::StrAppendFormat(&svg,
+                        "<text x=\"%d\" y=\"%.0f\" class=\"axis\" text-anchor=\"end\">%s</text>\n",
                         kLeft - 6, kTop + ph, Number(lo));
   absl::StrAppendFormat(&svg, "<text x=\"%d\" y=\"%d\" class=\"axis\">step %d</text>\n", kLeft,
                         kHeight - 6, first);
-  absl::StrAppendFormat(&svg, "<text x=\"%d\" y=\"%d\" class=\"axis\" text-anchor=\"end\">"
-                              "step %d</text>\n", kWidth - kRight, kHeight - 6, last);
+  absl::StrAppendFormat(&svg,
+                        "<text x=\"%d\" y=\"%d\" class=\"axis\" text-anchor=\"end\">"
+                        "step %d</text>\n",
+                        kWidth - kRight, kHeight - 6, last);
   absl::StrAppendFormat(&svg, "<text x=\"%d\" y=\"%d\" class=\"name\">%s%s</text>\n", kLeft + 6,
-                        kTop + 16, HtmlEscape(s.name), s.unit[0] ? absl::StrCat(" (", s.unit, ")") : "");
+                        kTop + 16, HtmlEscape(s.name),
+                        s.unit[0] ? absl::StrCat(" (", s.unit, ")") : "");
   svg += "</svg>\n";
   return svg;
 }
@@ -159,12 +174,23 @@ std::string HtmlEscape(const std::string& text) {
   out.reserve(text.size());
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -205,21 +231,23 @@ std::string RenderReportHtml(const v1::GetRunStatusResponse& status,
   for (const auto& i : incidents.incidents()) by_tier[TierNumber(i.tier())]++;
 
   std::string h;
-  absl::StrAppend(&h,
-                  "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
-                  "<title>trainwatch: ", HtmlEscape(run.run_id()), "</title>\n",
-                  "<style>\n"
-                  "body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1000px}\n"
-                  "h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:24px 0 8px}\n"
-                  ".meta{color:#555}.plot{fill:#fafafa;stroke:#ddd}\n"
-                  ".series{fill:none;stroke:#1f77b4;stroke-width:1.2}\n"
-                  ".abandoned{fill:none;stroke:#b0b0b0;stroke-width:1.2;stroke-dasharray:3 2}\n"
-                  ".nonfinite{fill:#7b2cbf}.incident{stroke-width:1.5}\n"
-                  ".axis{font-size:11px;fill:#666}.name{font-size:12px;font-weight:600;fill:#333}\n"
-                  "table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #e5e5e5;"
-                  "padding:4px 6px;text-align:left;vertical-align:top}\n"
-                  ".t1{color:#e08a00}.t2{color:#d62728}.t3{color:#7b2cbf}.t0{color:#7f7f7f}\n"
-                  "</style></head><body>\n");
+  absl::StrAppend(
+      &h,
+      "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+      "<title>trainwatch: ",
+      HtmlEscape(run.run_id()), "</title>\n",
+      "<style>\n"
+      "body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1000px}\n"
+      "h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:24px 0 8px}\n"
+      ".meta{color:#555}.plot{fill:#fafafa;stroke:#ddd}\n"
+      ".series{fill:none;stroke:#1f77b4;stroke-width:1.2}\n"
+      ".abandoned{fill:none;stroke:#b0b0b0;stroke-width:1.2;stroke-dasharray:3 2}\n"
+      ".nonfinite{fill:#7b2cbf}.incident{stroke-width:1.5}\n"
+      ".axis{font-size:11px;fill:#666}.name{font-size:12px;font-weight:600;fill:#333}\n"
+      "table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #e5e5e5;"
+      "padding:4px 6px;text-align:left;vertical-align:top}\n"
+      ".t1{color:#e08a00}.t2{color:#d62728}.t3{color:#7b2cbf}.t0{color:#7f7f7f}\n"
+      "</style></head><body>\n");
   absl::StrAppend(&h, "<h1>run ", HtmlEscape(run.run_id()), "</h1>\n");
   absl::StrAppendFormat(
       &h,
@@ -228,8 +256,7 @@ std::string RenderReportHtml(const v1::GetRunStatusResponse& status,
       "<span class=\"t1\">%d tier 1</span>, <span class=\"t2\">%d tier 2</span>, "
       "<span class=\"t3\">%d tier 3</span>, <span class=\"t0\">%d early warning(s)</span>",
       first, last, status.recent_size(), run.world_size(), run.attempt(),
-      incidents.incidents_size(), by_tier[1],
-      by_tier[2], by_tier[3], by_tier[0]);
+      incidents.incidents_size(), by_tier[1], by_tier[2], by_tier[3], by_tier[0]);
   if (status.has_latest_checkpoint()) {
     absl::StrAppend(&h, "; latest checkpoint at step ", status.latest_checkpoint().step());
   }
@@ -262,7 +289,8 @@ std::string RenderReportHtml(const v1::GetRunStatusResponse& status,
     h += "<table><tr><th>shards</th><th>incident</th><th>decision</th><th>since</th></tr>\n";
     for (const auto& e : shards.entries()) {
       std::vector<std::string> ranges;
-      for (const auto& r : e.shards().ranges()) ranges.push_back(absl::StrCat(r.first(), "..", r.last()));
+      for (const auto& r : e.shards().ranges())
+        ranges.push_back(absl::StrCat(r.first(), "..", r.last()));
       absl::StrAppendFormat(&h, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>\n",
                             HtmlEscape(absl::StrJoin(ranges, ", ")), HtmlEscape(e.incident_id()),
                             HtmlEscape(e.decision_id()), Time(e.added_at()));

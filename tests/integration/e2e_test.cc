@@ -10,6 +10,7 @@
 #include <sqlite3.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
@@ -19,8 +20,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <catch2/catch.hpp>
 
 #include "stack.h"
 #include "test_util.h"
@@ -97,8 +96,10 @@ std::vector<std::string> Operands(const std::string& e) {
   for (size_t i = 0; i < e.size(); ++i) {
     const char c = e[i];
     if (quoted) {
-      if (c == '\\') ++i;
-      else if (c == '"') quoted = false;
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        quoted = false;
       continue;
     }
     if (c == '"') quoted = true;
@@ -179,7 +180,8 @@ TEST_CASE("e2e: the example trainer through tiers 1 and 2 and 3 with real compon
   TempDir dir;
   HttpReceiver hook;
   Alertmanager am(dir, hook.port());
-  const std::string pager = am.WritePagerConfig(dir, "http://127.0.0.1:3000/d/trainwatch/trainwatch");
+  const std::string pager =
+      am.WritePagerConfig(dir, "http://127.0.0.1:3000/d/trainwatch/trainwatch");
   const std::string root = PROJECT_SOURCE_DIR;
   const std::string rules = root + "/examples/torch/demo_rules.json";
   const std::string alert_rules = root + "/deploy/prometheus/trainwatch-rules.yml";
@@ -187,15 +189,15 @@ TEST_CASE("e2e: the example trainer through tiers 1 and 2 and 3 with real compon
   Prometheus prom(dir, daemon.metrics_port(), alert_rules);
 
   const std::string trainer_log = dir.File("trainer.log");
-  Child trainer({"/usr/bin/python3", "-u", root + "/examples/torch/train_lm.py", "--steps",
-                 std::to_string(kSteps), "--corrupt-at", std::to_string(kCorruptAt),
-                 "--drift-from", std::to_string(kDriftFrom), "--nan-at", std::to_string(kNanAt),
-                 "--server", daemon.address(), "--run-id", kRun, "--rules", ReadFile(rules),
-                 "--checkpoint-dir", dir.File("checkpoints")},
-                trainer_log,
-                {{"PYTHONPATH", PYTHON_PACKAGE_DIR},
-                 {"OMP_NUM_THREADS", "1"},
-                 {"PYTHONDONTWRITEBYTECODE", "1"}});
+  Child trainer(
+      {"/usr/bin/python3", "-u", root + "/examples/torch/train_lm.py", "--steps",
+       std::to_string(kSteps), "--corrupt-at", std::to_string(kCorruptAt), "--drift-from",
+       std::to_string(kDriftFrom), "--nan-at", std::to_string(kNanAt), "--server", daemon.address(),
+       "--run-id", kRun, "--rules", ReadFile(rules), "--checkpoint-dir", dir.File("checkpoints")},
+      trainer_log,
+      {{"PYTHONPATH", PYTHON_PACKAGE_DIR},
+       {"OMP_NUM_THREADS", "1"},
+       {"PYTHONDONTWRITEBYTECODE", "1"}});
 
   // The on-call engineer: as soon as a tier 2 incident awaits a decision,
   // approve the recommended rollback with twctl.
@@ -246,15 +248,16 @@ TEST_CASE("e2e: the example trainer through tiers 1 and 2 and 3 with real compon
     REQUIRE(skip.size() == 1);
     CHECK(skip[0][0] == a + ";" + b);
     CHECK(db.Number("SELECT count(*) FROM flagged_shards WHERE " + run +
-                    " AND incident_id=" + skip[0][1] + " AND shard IN (" + a + "," + b + ")") ==
-          2);
-    CHECK(db.Number("SELECT decision FROM steps WHERE " + run + " AND step=" +
-                    std::to_string(kCorruptAt) + " ORDER BY attempt LIMIT 1") == 1);
+                    " AND incident_id=" + skip[0][1] + " AND shard IN (" + a + "," + b + ")") == 2);
+    CHECK(db.Number("SELECT decision FROM steps WHERE " + run +
+                    " AND step=" + std::to_string(kCorruptAt) + " ORDER BY attempt LIMIT 1") == 1);
   }
 
   const std::string iid = incident.substr(incident.find('-') + 1);
-  auto inc = db.Rows("SELECT onset_step, detection_step, checkpoint_step, tier, state FROM "
-                     "incidents WHERE id=" + iid);
+  auto inc = db.Rows(
+      "SELECT onset_step, detection_step, checkpoint_step, tier, state FROM "
+      "incidents WHERE id=" +
+      iid);
   REQUIRE(inc.size() == 1);
   const int onset = std::atoi(inc[0][0].c_str()), detected = std::atoi(inc[0][1].c_str());
   const int checkpoint = std::atoi(inc[0][2].c_str());
@@ -278,8 +281,7 @@ TEST_CASE("e2e: the example trainer through tiers 1 and 2 and 3 with real compon
         }
         paged = true;
         CHECK(a.Find("labels")->Find("run")->string == kRun);
-        CHECK(a.Find("annotations")->Find("summary")->string.find(incident) !=
-              std::string::npos);
+        CHECK(a.Find("annotations")->Find("summary")->string.find(incident) != std::string::npos);
         const std::string& d = a.Find("annotations")->Find("description")->string;
         CHECK(d.find("logit drift") != std::string::npos);
         CHECK(d.find("roll back to checkpoint step " + std::to_string(checkpoint)) !=
@@ -290,8 +292,8 @@ TEST_CASE("e2e: the example trainer through tiers 1 and 2 and 3 with real compon
     CHECK(paged);
     // Every rank applied the rollback, to the recommended checkpoint, with
     // the shards quarantined and z-loss on.
-    auto acks = db.Rows("SELECT resumed_step, message FROM command_acks WHERE " + run +
-                        " AND status=2");
+    auto acks =
+        db.Rows("SELECT resumed_step, message FROM command_acks WHERE " + run + " AND status=2");
     REQUIRE(acks.size() == 1);
     CHECK(std::atoi(acks[0][0].c_str()) == checkpoint);
     CHECK(acks[0][1].find("z-loss 0.0001") != std::string::npos);
@@ -303,23 +305,24 @@ TEST_CASE("e2e: the example trainer through tiers 1 and 2 and 3 with real compon
     const double first = db.Number("SELECT min(attempt) FROM steps WHERE " + run);
     const double last = db.Number("SELECT max(attempt) FROM steps WHERE " + run);
     REQUIRE(last > first);
-    const std::string win = " AND step BETWEEN " + std::to_string(onset) + " AND " +
-                            std::to_string(detected + 300);
-    CHECK(db.Number("SELECT count(*) FROM steps WHERE " + run + " AND attempt=" +
-                    std::to_string(last) + win) == detected + 300 - onset + 1);
-    const double before = db.Number(
-        "SELECT avg(loss) FROM steps WHERE " + run + " AND decision=0 AND attempt=" +
-        std::to_string(first) + " AND step BETWEEN " + std::to_string(onset - 200) + " AND " +
-        std::to_string(onset - 1));
-    const double after = db.Number("SELECT max(m) FROM (SELECT avg(loss) m FROM steps WHERE " +
-                                   run + " AND attempt=" + std::to_string(last) + win +
-                                   " GROUP BY step / 50)");
+    const std::string win =
+        " AND step BETWEEN " + std::to_string(onset) + " AND " + std::to_string(detected + 300);
+    CHECK(db.Number("SELECT count(*) FROM steps WHERE " + run +
+                    " AND attempt=" + std::to_string(last) + win) == detected + 300 - onset + 1);
+    const double before =
+        db.Number("SELECT avg(loss) FROM steps WHERE " + run +
+                  " AND decision=0 AND attempt=" + std::to_string(first) + " AND step BETWEEN " +
+                  std::to_string(onset - 200) + " AND " + std::to_string(onset - 1));
+    const double after =
+        db.Number("SELECT max(m) FROM (SELECT avg(loss) m FROM steps WHERE " + run +
+                  " AND attempt=" + std::to_string(last) + win + " GROUP BY step / 50)");
     CHECK(after < before);
     // And log_z did not drift again: 3 above where it started is the page.
-    const double logz0 = db.Number("SELECT log_z FROM steps WHERE " + run + " AND attempt=" +
-                                   std::to_string(last) + " AND step=" + std::to_string(onset));
-    CHECK(db.Number("SELECT max(log_z) FROM steps WHERE " + run + " AND attempt=" +
-                    std::to_string(last) + win) < logz0 + 1.0);
+    const double logz0 =
+        db.Number("SELECT log_z FROM steps WHERE " + run + " AND attempt=" + std::to_string(last) +
+                  " AND step=" + std::to_string(onset));
+    CHECK(db.Number("SELECT max(log_z) FROM steps WHERE " + run +
+                    " AND attempt=" + std::to_string(last) + win) < logz0 + 1.0);
   }
 
   {  // the run as one page: five charts, the drift that the rollback undid
@@ -387,8 +390,7 @@ TEST_CASE("e2e: the example trainer through tiers 1 and 2 and 3 with real compon
         REQUIRE(comma != std::string::npos);
         const std::string metric = Trim(q.substr(13, comma - 13));
         const std::string label = Trim(q.substr(comma + 1, q.rfind(')') - comma - 1));
-        CHECK(prom.Query(metric).find("\"" + label + "\":\"" + kRun + "\"") !=
-              std::string::npos);
+        CHECK(prom.Query(metric).find("\"" + label + "\":\"" + kRun + "\"") != std::string::npos);
       }
     }
     REQUIRE(dashboards >= 1);
@@ -439,13 +441,14 @@ bool Eventually(int seconds, Fn fn) {
   return fn();
 }
 
-TEST_CASE("deploy: local-stack brings up trainwatchd and Prometheus and Alertmanager and stops them",
-          "[integration][deploy]") {
+TEST_CASE(
+    "deploy: local-stack brings up trainwatchd and Prometheus and Alertmanager and stops them",
+    "[integration][deploy]") {
   TempDir dir;
   const int grpc = FreePort(), metrics = FreePort(), prom = FreePort(), am = FreePort();
   std::string build = TRAINWATCHD_PATH;
-  build = build.substr(0, build.rfind('/'));   // .../bin
-  build = build.substr(0, build.rfind('/'));   // the build folder
+  build = build.substr(0, build.rfind('/'));  // .../bin
+  build = build.substr(0, build.rfind('/'));  // the build folder
   const std::string log = dir.File("local-stack.log");
   Child stack({"bash", std::string(PROJECT_SOURCE_DIR) + "/deploy/local-stack", build}, log,
               {{"TW_GRPC_PORT", std::to_string(grpc)},

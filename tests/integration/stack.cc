@@ -8,14 +8,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <sstream>
-
-#include <catch2/catch.hpp>
 
 namespace trainwatch::testing {
 
@@ -112,8 +111,8 @@ void Child::Stop() {
 
 Trainwatchd::Trainwatchd(const TempDir& dir, const std::string& rules, const std::string& pager)
     : db_(dir.File("trainwatch.db")) {
-  std::vector<std::string> argv = {TRAINWATCHD_PATH, "--listen", "127.0.0.1:0",
-                                    "--metrics_listen", "127.0.0.1:0", "--db", db_};
+  std::vector<std::string> argv = {
+      TRAINWATCHD_PATH, "--listen", "127.0.0.1:0", "--metrics_listen", "127.0.0.1:0", "--db", db_};
   if (!rules.empty()) argv.insert(argv.end(), {"--rules", rules});
   if (!pager.empty()) argv.insert(argv.end(), {"--pager_config", pager});
   const std::string log = dir.File("trainwatchd.log");
@@ -144,15 +143,16 @@ Alertmanager::Alertmanager(const TempDir& dir, int webhook_port) : port_(FreePor
                            "    webhook_configs:\n"
                            "      - url: http://127.0.0.1:"
                         << webhook_port << "/am-webhook\n        send_resolved: true\n";
-  child_ = StartChecked("amtool check-config", config,
-                        {"/usr/bin/prometheus-alertmanager", "--config.file=" + config,
-                         "--storage.path=" + dir.File("am-data"),
-                         "--web.listen-address=127.0.0.1:" + std::to_string(port_),
-                         "--cluster.listen-address="},
-                        dir.File("alertmanager.log"), port_, "/-/ready", "OK");
+  child_ = StartChecked(
+      "amtool check-config", config,
+      {"/usr/bin/prometheus-alertmanager", "--config.file=" + config,
+       "--storage.path=" + dir.File("am-data"),
+       "--web.listen-address=127.0.0.1:" + std::to_string(port_), "--cluster.listen-address="},
+      dir.File("alertmanager.log"), port_, "/-/ready", "OK");
 }
 
-std::string Alertmanager::WritePagerConfig(const TempDir& dir, const std::string& grafana_url) const {
+std::string Alertmanager::WritePagerConfig(const TempDir& dir,
+                                           const std::string& grafana_url) const {
   const std::string path = dir.File("pager.json");
   std::ofstream(path) << "{\"grafana_url\": \"" << grafana_url
                       << "\", \"receivers\": [{\"name\": \"am\", \"type\": \"alertmanager\", "

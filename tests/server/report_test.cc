@@ -2,13 +2,12 @@
 // chart, nonfinite values marked, earlier attempts drawn faded, incidents
 // as lines and bands, and everything a trainer or an operator wrote escaped.
 
+#include "report.h"
+
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <regex>
 #include <string>
-
-#include <catch2/catch.hpp>
-
-#include "report.h"
 
 namespace trainwatch::cli {
 namespace {

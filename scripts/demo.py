@@ -152,8 +152,11 @@ def main():
     stack, hook = Stack(work), Webhook()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.time()
+    code = 130
     try:
         code = run(build, work, stack, hook)
+    except KeyboardInterrupt:
+        say("\ndemo: interrupted; stopping everything it started")
     finally:
         stack.close()
         hook.close()

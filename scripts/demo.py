@@ -226,8 +226,14 @@ def run(build, work, stack, hook):
     lines = []
     threading.Thread(target=lambda: lines.extend(trainer.stdout), daemon=True).start()
     twctl = Twctl(f"{build}/bin/twctl", server)
+    # What an operator's terminal shows meanwhile: incident changes as they happen.
+    watch = stack.start("watch", [f"{build}/bin/twctl", "watch", "--run", RUN],
+                        stdout=subprocess.PIPE, env=twctl.env, text=True)
+    threading.Thread(target=lambda: lines.extend("[twctl watch] " + ln for ln in watch.stdout),
+                     daemon=True).start()
 
-    say("== training (every 100th step and every decision the agent took):")
+    say("== training (every 100th step and every decision the agent took), with `twctl watch`")
+    say("   showing incident changes as they happen:")
     shown, approved = 0, None
     while True:
         while shown < len(lines):

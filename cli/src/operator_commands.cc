@@ -42,6 +42,7 @@ constexpr char kUsageText[] =
     "  rollback reject ID --comment TEXT\n"
     "  shards RUN\n"
     "  report RUN [--out FILE]   one HTML page: the metrics as charts, incidents, shards\n"
+    "  watch [--run RUN] [--open] [--count N] [--timeout S]   incident changes as they happen\n"
     "  replay FILE ...  (see twctl replay --help)\n"
     "Server and token: flags, else TRAINWATCH_SERVER / TRAINWATCH_TOKEN, else $TWCTL_CONFIG or\n"
     "~/.config/trainwatch/twctl.json ({\"server\": ..., \"token\": ..., \"ca_file\": ...}).\n"
@@ -569,6 +570,62 @@ int Report(Client& c, const Options& o, std::string* out, std::string* err) {
   return kOk;
 }
 
+// Incident changes as they happen, a line each (a JSON object a line with
+// -o json), until Ctrl-C, --count events or --timeout seconds.
+int Watch(Client& c, const Options& o, const Emit& emit, std::string* out, std::string* err) {
+  int64_t count = 0, timeout_s = 0;
+  if ((o.flags.count("count") && (!absl::SimpleAtoi(o.flags.at("count"), &count) || count < 0)) ||
+      (o.flags.count("timeout") &&
+       (!absl::SimpleAtoi(o.flags.at("timeout"), &timeout_s) || timeout_s < 0))) {
+    *err = "twctl watch: --count and --timeout need a number\n";
+    return kUsage;
+  }
+  auto say = [&](const std::string& line) {
+    if (emit) {
+      emit(line);
+    } else {
+      *out += line;
+    }
+  };
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  ctx.set_deadline(timeout_s > 0 ? std::chrono::system_clock::now() + std::chrono::seconds(timeout_s)
+                                 : std::chrono::system_clock::time_point::max());
+  v1::WatchIncidentsRequest req;
+  if (o.flags.count("run")) req.set_run_id(o.flags.at("run"));
+  req.set_include_open(o.flags.count("open") > 0);
+  auto reader = c.stub()->WatchIncidents(&ctx, req);
+  if (o.output != "json") {
+    say(absl::StrFormat("%-20s %-13s %-7s %-16s %-4s %-18s %s\n", "TIME", "EVENT", "ID", "RUN",
+                        "TIER", "STATE", "TITLE"));
+  }
+  v1::IncidentEvent ev;
+  int64_t seen = 0;
+  bool enough = false;
+  while (!enough && reader->Read(&ev)) {
+    if (o.output == "json") {
+      std::string line = Json(ev);
+      say(line);
+    } else {
+      std::string kind = v1::IncidentEventKind_Name(ev.kind());
+      kind = absl::AsciiStrToLower(kind.substr(std::string("INCIDENT_EVENT_KIND_").size()));
+      const v1::Incident& i = ev.incident();
+      std::string title = i.title();
+      if (title.size() > 90) title = title.substr(0, 87) + "...";
+      say(absl::StrFormat(
+          "%-20s %-13s %-7s %-16s %-4s %-18s %s\n",
+          absl::FormatTime("%Y-%m-%d %H:%M:%SZ", absl::FromUnixSeconds(ev.time().seconds()),
+                           absl::UTCTimeZone()),
+          kind, i.incident_id(), i.run_id(), TierName(i.tier()), StateName(i.state()), title));
+    }
+    enough = count > 0 && ++seen >= count;
+  }
+  if (enough) ctx.TryCancel();
+  const grpc::Status st = reader->Finish();
+  if (enough || st.error_code() == grpc::DEADLINE_EXCEEDED) return kOk;
+  return FromStatus(st, err);
+}
+
 void LoadConfigFile(Options* o) {
   std::string path;
   if (const char* p = std::getenv("TWCTL_CONFIG")) {
@@ -624,7 +681,7 @@ bool SplitCommandLine(const std::vector<std::string>& argv, std::string* command
 }
 
 int OperatorCommand(const std::string& command, const std::vector<std::string>& args,
-                    const Prompt& prompt, std::string* out, std::string* err) {
+                    const Prompt& prompt, std::string* out, std::string* err, const Emit& emit) {
   Options o;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string a = args[i];
@@ -661,7 +718,7 @@ int OperatorCommand(const std::string& command, const std::vector<std::string>& 
       }
       static const std::set<std::string> kKnown = {
           "open", "yes", "dry-run", "run", "points", "to-step", "quarantine-shards",
-          "z-loss-alpha", "comment", "out"};
+          "z-loss-alpha", "comment", "out", "count", "timeout"};
       if (!kKnown.count(name)) {
         *err = absl::StrCat("twctl: unknown flag --", name, "\n", kUsageText);
         return kUsage;
@@ -691,6 +748,7 @@ int OperatorCommand(const std::string& command, const std::vector<std::string>& 
   if (command == "rollback") return Rollback(client, o, prompt, out, err);
   if (command == "shards") return Shards(client, o, out, err);
   if (command == "report") return Report(client, o, out, err);
+  if (command == "watch") return Watch(client, o, emit, out, err);
   *err = absl::StrCat("twctl: unknown command '", command, "'\n", kUsageText);
   return kUsage;
 }

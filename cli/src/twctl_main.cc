@@ -16,6 +16,7 @@ constexpr char kUsage[] =
     "commands:\n"
     "  runs | status RUN | incidents | incident show ID | shards RUN\n"
     "  report RUN [--out FILE]  the run as one HTML page (charts, incidents, shards)\n"
+    "  watch [--run RUN] [--open]  incident changes as they happen (Ctrl-C ends)\n"
     "  rollback approve ID [--to-step N] [--quarantine-shards A..B] [--z-loss-alpha X]\n"
     "                      [--comment TEXT] [--yes] [--dry-run]\n"
     "  rollback reject ID --comment TEXT\n"
@@ -41,7 +42,7 @@ int main(int argc, char** argv) {
     code = trainwatch::cli::ReplayCommand(args, &out, &err);
   } else if (command == "runs" || command == "status" || command == "incidents" ||
              command == "incident" || command == "rollback" || command == "shards" ||
-             command == "report") {
+             command == "report" || command == "watch") {
     code = trainwatch::cli::OperatorCommand(
         command, args,
         [](const std::string& question) {
@@ -50,7 +51,11 @@ int main(int argc, char** argv) {
           if (!std::getline(std::cin, answer)) return false;
           return answer == "y" || answer == "Y" || answer == "yes";
         },
-        &out, &err);
+        &out, &err,
+        [](const std::string& line) {
+          std::fwrite(line.data(), 1, line.size(), stdout);
+          std::fflush(stdout);
+        });
   } else if (command == "help" || command == "--help" || command == "-h") {
     out = kUsage;
     code = 0;

@@ -4,13 +4,14 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <catch2/catch.hpp>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
-
-#include <catch2/catch.hpp>
 
 #include "test_util.h"
 #include "trainwatch/cli/operator_commands.h"
@@ -146,6 +147,81 @@ TEST_CASE("twctl: every operator command - table and json - exit codes", "[serve
   CHECK(a.Close().ok());
 }
 
+TEST_CASE("twctl: watch prints incident changes as they happen", "[server][twctl]") {
+  TempDir dir;
+  ServerOptions o;
+  o.listen = "127.0.0.1:0";
+  o.metrics_listen = "";
+  o.db_path = dir.File("tw.db");
+  auto server = Server::Start(o);
+  REQUIRE(server.ok());
+  const std::string addr = "127.0.0.1:" + std::to_string((*server)->port());
+  auto ch = grpc::CreateChannel(addr, grpc::InsecureChannelCredentials());
+  const std::string run = "run-watch";
+  TestAgent a(ch);
+  a.Send(Hello(run, 0, 1));
+  for (int64_t s = 0; s < 3700; ++s) {
+    a.Send(Step(run, 0, 1, s, 2.5 + 0.01 * std::sin(s * 1.7) + (s >= 3000 ? 0.3 : 0.0), 1.0));
+  }
+  REQUIRE(a.WaitDurable(0, 3699));
+  (*server)->ingestor()->Flush();
+  core::JsonValue list =
+      ParsedJson(Twctl(addr, "incidents", {"--run", run, "--open", "-o", "json"}));
+  std::string id;
+  const size_t open = list.Find("incidents")->array.size();
+  for (const core::JsonValue& i : list.Find("incidents")->array) {
+    if (i.Find("tier")->string == "TIER_LOGIT_DRIFT") id = i.Find("incident_id")->string;
+  }
+  REQUIRE(!id.empty());
+
+  // The open incidents first (--open), then the change a human makes.
+  std::mutex mu;
+  std::vector<std::string> lines;
+  std::string out, err;
+  int code = -1;
+  std::thread watch([&] {
+    code = cli::OperatorCommand("watch",
+                                {"--server", addr, "--run", run, "--open", "--count",
+                                 std::to_string(open + 1), "--timeout", "60"},
+                                nullptr, &out, &err, [&](const std::string& line) {
+                                  std::lock_guard<std::mutex> lock(mu);
+                                  lines.push_back(line);
+                                });
+  });
+  auto seen = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return lines.size();
+  };
+  for (int i = 0; i < 300 && seen() < open + 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE(seen() == open + 1);  // the header and a snapshot per open incident
+  CHECK(Twctl(addr, "rollback", {"reject", id, "--comment", "benign"}).code == 0);
+  watch.join();
+  INFO(err);
+  CHECK(code == 0);
+  REQUIRE(lines.size() == open + 2);
+  CHECK(lines[0].rfind("TIME", 0) == 0);
+  bool snapshot = false;
+  for (size_t i = 1; i <= open; ++i) {
+    CHECK(lines[i].find("snapshot") != std::string::npos);
+    if (lines[i].find(id) != std::string::npos) {
+      snapshot = lines[i].find("awaiting_decision") != std::string::npos;
+    }
+  }
+  CHECK(snapshot);
+  CHECK(lines.back().find(id) != std::string::npos);
+  CHECK(lines.back().find("dismissed") != std::string::npos);
+  CHECK(lines.back().find("state_changed") != std::string::npos);
+  CHECK(out.empty());  // streamed, not collected
+  // A watch with nothing happening ends at its timeout, cleanly.
+  Out quiet = Twctl(addr, "watch", {"--run", "nobody", "--timeout", "1", "-o", "json"});
+  CHECK(quiet.code == 0);
+  CHECK(quiet.out.empty());
+  CHECK(Twctl(addr, "watch", {"--count", "x"}).code == 2);
+  CHECK(a.Close().ok());
+}
+
 TEST_CASE("twctl: server and token from the environment or a config file", "[server][twctl]") {
   TempDir dir;
   const std::string tokens = dir.File("tokens.json");
@@ -165,7 +241,8 @@ TEST_CASE("twctl: server and token from the environment or a config file", "[ser
     return out;
   };
   const std::string config = dir.File("twctl.json");
-  std::ofstream(config) << "{\"server\": \"" << addr << "\", \"token\": \"operator-token-0123456\"}";
+  std::ofstream(config) << "{\"server\": \"" << addr
+                        << "\", \"token\": \"operator-token-0123456\"}";
   setenv("TWCTL_CONFIG", config.c_str(), 1);
   CHECK(run({}).code == 0);  // both from the file
   setenv("TRAINWATCH_TOKEN", "wrong-token-0123456789", 1);

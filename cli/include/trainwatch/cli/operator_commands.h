@@ -29,10 +29,15 @@ namespace trainwatch::cli {
 // How a command asks the human for confirmation (tests answer it).
 using Prompt = std::function<bool(const std::string& question)>;
 
+// Where a streaming command (watch) writes each line as it happens; when
+// unset, the lines go to *out.
+using Emit = std::function<void(const std::string& line)>;
+
 // Runs `command` (the first word after twctl) with its arguments. Returns
 // the exit code; stdout and stderr text go to *out and *err.
 int OperatorCommand(const std::string& command, const std::vector<std::string>& args,
-                    const Prompt& prompt, std::string* out, std::string* err);
+                    const Prompt& prompt, std::string* out, std::string* err,
+                    const Emit& emit = nullptr);
 
 // Splits twctl's arguments (argv without the program name) into the command
 // and its arguments. Connection and output options (--server, --token,

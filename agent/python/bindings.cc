@@ -124,6 +124,7 @@ py::dict CommandToDict(const agent::Command& c) {
   d["target_step"] = c.target_step;
   d["checkpoint_uri"] = c.checkpoint_uri;
   d["quarantine"] = c.quarantine;
+  d["skip_steps"] = c.skip_steps.has_value() ? py::cast(*c.skip_steps) : py::none();
   d["z_loss_alpha"] = c.z_loss_alpha.has_value() ? py::cast(*c.z_loss_alpha) : py::none();
   d["reason"] = c.reason;
   return d;

@@ -296,6 +296,7 @@ struct Agent::Impl {
         cmd.checkpoint_uri = p.checkpoint_uri();
         for (const auto& r : p.quarantine().ranges()) cmd.quarantine.emplace_back(r.first(), r.last());
         for (uint64_t id : p.quarantine().shard_ids()) cmd.quarantine.emplace_back(id, id);
+        if (p.has_skip_steps()) cmd.skip_steps = {p.skip_steps().first(), p.skip_steps().last()};
         for (const auto& s : p.settings()) {
           if (s.has_z_loss_alpha()) cmd.z_loss_alpha = s.z_loss_alpha();
         }

@@ -38,6 +38,7 @@ constexpr char kUsageText[] =
     "  incidents [--open] [--run RUN]\n"
     "  incident show ID\n"
     "  rollback approve ID [--to-step N] [--quarantine-shards A..B[,C..D]] [--z-loss-alpha X]\n"
+    "                      [--skip-steps A..B|none]\n"
     "                      [--comment TEXT] [--yes] [--dry-run]\n"
     "  rollback reject ID --comment TEXT\n"
     "  shards RUN\n"
@@ -420,6 +421,19 @@ int Rollback(Client& c, const Options& o, const Prompt& prompt, std::string* out
     *err = "twctl rollback approve: --quarantine-shards takes A..B[,C..D]\n";
     return kUsage;
   }
+  if (o.flags.count("skip-steps")) {
+    // A..B, or "none".
+    const std::string v = o.flags.at("skip-steps");
+    const size_t dots = v.find("..");
+    int64_t a = 0, b = -1;
+    if (v != "none" && (dots == std::string::npos || !absl::SimpleAtoi(v.substr(0, dots), &a) ||
+                        !absl::SimpleAtoi(v.substr(dots + 2), &b) || a < 0 || b < a)) {
+      *err = "twctl rollback approve: --skip-steps takes A..B or none\n";
+      return kUsage;
+    }
+    req.mutable_skip_steps()->set_first(a);
+    req.mutable_skip_steps()->set_last(b);
+  }
   if (o.flags.count("z-loss-alpha")) {
     double a;
     if (!absl::SimpleAtod(o.flags.at("z-loss-alpha"), &a) || !(a >= 0)) {
@@ -443,6 +457,10 @@ int Rollback(Client& c, const Options& o, const Prompt& prompt, std::string* out
                                      p.target_step(), p.checkpoint_uri());
   for (const auto& r : p.quarantine().ranges()) {
     absl::StrAppendFormat(&what, ", quarantine shards %d..%d", r.first(), r.last());
+  }
+  if (p.has_skip_steps()) {
+    absl::StrAppendFormat(&what, ", skip the batches of steps %d..%d on every rank",
+                          p.skip_steps().first(), p.skip_steps().last());
   }
   for (const auto& st : p.settings()) {
     if (st.has_z_loss_alpha()) absl::StrAppendFormat(&what, ", z-loss alpha %g", st.z_loss_alpha());
@@ -718,7 +736,7 @@ int OperatorCommand(const std::string& command, const std::vector<std::string>& 
       }
       static const std::set<std::string> kKnown = {
           "open", "yes", "dry-run", "run", "points", "to-step", "quarantine-shards",
-          "z-loss-alpha", "comment", "out", "count", "timeout"};
+          "z-loss-alpha", "comment", "out", "count", "timeout", "skip-steps"};
       if (!kKnown.count(name)) {
         *err = absl::StrCat("twctl: unknown flag --", name, "\n", kUsageText);
         return kUsage;

@@ -18,6 +18,7 @@ constexpr char kUsage[] =
     "  report RUN [--out FILE]  the run as one HTML page (charts, incidents, shards)\n"
     "  watch [--run RUN] [--open]  incident changes as they happen (Ctrl-C ends)\n"
     "  rollback approve ID [--to-step N] [--quarantine-shards A..B] [--z-loss-alpha X]\n"
+    "                      [--skip-steps A..B|none]\n"
     "                      [--comment TEXT] [--yes] [--dry-run]\n"
     "  rollback reject ID --comment TEXT\n"
     "  replay FILE   replay exported metrics through the rule engine (backtesting)\n"

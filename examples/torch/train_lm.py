@@ -14,7 +14,8 @@ Failures can be injected to watch trainwatch react:
   --z-loss ALPHA   z-loss alpha * (log Z)^2 from the start
 
 A rollback command from the server (after a human approved it) loads the
-checkpoint, quarantines the shards, applies z-loss and acknowledges.
+checkpoint, quarantines the shards and the batches of the steps to skip,
+applies z-loss and acknowledges.
 """
 
 import argparse
@@ -45,6 +46,17 @@ def load_corpus():
     return torch.tensor(list(data), dtype=torch.long)
 
 
+def merge_ranges(ranges):
+    """Inclusive (first, last) ranges, sorted, overlapping and adjacent ones joined."""
+    out = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
 class ShardLoader:
     """A stream of shards: shard id k is the (k mod N)-th slice of the corpus
     in epoch k // N, so ids grow with the data seen, as sample indices do in a
@@ -73,6 +85,12 @@ class ShardLoader:
             else:
                 k = hit[1] + 1
         return ids
+
+    def served(self, first, last):
+        """The shard ids this loader served at steps first..last (inclusive),
+        as ranges: what a rollback's skip_steps turns into a quarantine."""
+        ids = sorted({k for step in range(first, last + 1) for k in self.shard_ids(step)})
+        return merge_ranges([(k, k) for k in ids])
 
     def get(self, step):
         ids = self.shard_ids(step)
@@ -154,15 +172,21 @@ def main():
             state = torch.load(cmd["checkpoint_uri"].replace("file://", ""))
             model.load_state_dict(state["model"])
             opt.load_state_dict(state["opt"])
-            loader.quarantine = [tuple(r) for r in cmd["quarantine"]]
+            # The batches of the skipped steps as this loader served them
+            # (before this quarantine), then everything quarantined so far.
+            skipped = loader.served(*cmd["skip_steps"]) if cmd["skip_steps"] else []
+            loader.quarantine = merge_ranges(loader.quarantine + skipped +
+                                             [tuple(r) for r in cmd["quarantine"]])
             if cmd["z_loss_alpha"] is not None:
                 z_loss = cmd["z_loss_alpha"]
             step = state["step"]
             guard.resume_from(step)
+            skip_text = (f", skipped the batches of steps {cmd['skip_steps'][0]}.."
+                         f"{cmd['skip_steps'][1]}" if cmd["skip_steps"] else "")
             agent.acknowledge(cmd["command_id"], "applied",
-                              f"loaded {cmd['checkpoint_uri']}, z-loss {z_loss}", step)
+                              f"loaded {cmd['checkpoint_uri']}, z-loss {z_loss}{skip_text}", step)
             print(f"train_lm: rollback {cmd['command_id']} to step {step}: quarantined "
-                  f"{loader.quarantine}, z-loss alpha {z_loss}", flush=True)
+                  f"{loader.quarantine}{skip_text}, z-loss alpha {z_loss}", flush=True)
             step += 1
             continue
 

@@ -1016,10 +1016,30 @@ DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
         if (k != nullptr && k->string == "set_z_loss_alpha") z_loss = a.Find("z_loss_alpha")->number;
       }
     }
+    // The batches every rank skips: the operator's steps, or for a page
+    // those from just before its onset to its detection (a numerical
+    // failure is no batch's fault). Steps up to the checkpoint are not
+    // served again anyway.
+    std::optional<std::pair<int64_t, int64_t>> skip;
+    if (r.skip_steps) {
+      if (r.skip_steps->first < 0) {
+        out.status = absl::InvalidArgumentError("skip_steps must not start below step 0");
+        return out;
+      }
+      if (r.skip_steps->second >= r.skip_steps->first) skip = r.skip_steps;
+    } else if (inc.tier == 2) {
+      skip = std::make_pair(inc.onset_step - options_.rules.shard_steps_before_onset,
+                            inc.detection_step);
+    }
+    if (skip) skip->first = std::max(skip->first, ck->step + 1);
     auto* plan = d.mutable_plan();
     plan->set_incident_id(pub);
     plan->set_target_step(ck->step);
     plan->set_checkpoint_uri(ck->uri);
+    if (skip && skip->second >= skip->first) {
+      plan->mutable_skip_steps()->set_first(skip->first);
+      plan->mutable_skip_steps()->set_last(skip->second);
+    }
     for (const auto& [first, last] : quarantine) {
       auto* range = plan->mutable_quarantine()->add_ranges();
       range->set_first(first);

@@ -693,6 +693,9 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
       d.quarantine = std::move(q);
     }
     if (req->has_z_loss_alpha()) d.z_loss_alpha = req->z_loss_alpha();
+    if (req->has_skip_steps()) {
+      d.skip_steps = std::make_pair(req->skip_steps().first(), req->skip_steps().last());
+    }
     for (const auto& s : req->settings()) {
       if (s.has_z_loss_alpha()) d.z_loss_alpha = s.z_loss_alpha();
     }
@@ -933,6 +936,22 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
         } else if (k == "widen_precision") {
           ra->set_kind(v1::ACTION_KIND_SET_LAYER_PRECISION);
         }
+      }
+    }
+    if (inc.tier == 2) {
+      // What an approval does by default besides the shards: every rank
+      // skips the batches it served from just before the onset to the
+      // detection (the shards above are rank 0's alone).
+      const int64_t first =
+          std::max(inc.onset_step - state_->ingestor()->options().rules.shard_steps_before_onset,
+                   inc.recommended_checkpoint_step + 1);
+      if (first <= inc.detection_step) {
+        v1::RecommendedAction* ra = s->add_recommended_actions();
+        ra->set_kind(v1::ACTION_KIND_SKIP_STEPS);
+        ra->mutable_steps()->set_first(first);
+        ra->mutable_steps()->set_last(inc.detection_step);
+        ra->set_description(absl::StrFormat("skip the batches of steps %d..%d on every rank",
+                                            first, inc.detection_step));
       }
     }
     if (inc.tier >= 2) {

@@ -56,6 +56,8 @@ class FakeServer final : public v1::AgentService::Service {
         range->set_first(10);
         range->set_last(20);
         rb->add_settings()->set_z_loss_alpha(1e-4);
+        rb->mutable_skip_steps()->set_first(3001);
+        rb->mutable_skip_steps()->set_last(3050);
         s->Write(c);
       }
       if (m.has_command_ack()) {
@@ -332,6 +334,8 @@ TEST_CASE("transport: commands reach the trainer by callback and poll - acks go 
   CHECK(cmd->checkpoint_uri == "ckpt://3000");
   REQUIRE(cmd->quarantine.size() == 1);
   CHECK(cmd->quarantine[0] == std::make_pair<uint64_t, uint64_t>(10, 20));
+  REQUIRE(cmd->skip_steps.has_value());
+  CHECK(*cmd->skip_steps == std::make_pair<int64_t, int64_t>(3001, 3050));
   CHECK(cmd->z_loss_alpha.value_or(0) == 1e-4);
   (*agent)->Acknowledge("cmd-1", AckStatus::kApplied, "loaded ckpt://3000", 3000);
   for (int i = 0; i < 300 && fake.command_acks().empty(); ++i) {

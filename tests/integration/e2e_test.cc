@@ -297,6 +297,10 @@ TEST_CASE("e2e: the example trainer through tiers 1 and 2 and 3 with real compon
     REQUIRE(acks.size() == 1);
     CHECK(std::atoi(acks[0][0].c_str()) == checkpoint);
     CHECK(acks[0][1].find("z-loss 0.0001") != std::string::npos);
+    // And skipped its own batches from just after the checkpoint to the
+    // detection (each rank maps the steps to its own data).
+    CHECK(acks[0][1].find("skipped the batches of steps " + std::to_string(checkpoint + 1) +
+                          ".." + std::to_string(detected)) != std::string::npos);
     CHECK(db.Number("SELECT count(*) FROM quarantined_shards WHERE incident_id=" + iid) >= 1);
     CHECK(db.Number("SELECT count(*) FROM incidents WHERE " + run + " AND tier=2") == 1);
     // Past the old onset, the loss stays below its level before the drift

@@ -116,6 +116,22 @@ TEST_CASE("twctl: every operator command - table and json - exit codes", "[serve
   Out dry = Twctl(addr, "rollback", {"approve", id, "--dry-run"});
   CHECK(dry.code == 0);
   CHECK(dry.out.find("dry run: would roll back run run-cli to step 3000") != std::string::npos);
+  // Every rank skips its batches from just after the checkpoint (the onset is
+  // at the checkpoint here) to the detection, unless the operator says else.
+  core::JsonValue dj =
+      ParsedJson(Twctl(addr, "rollback", {"approve", id, "--dry-run", "-o", "json"}));
+  const core::JsonValue* skip = dj.Find("decision")->Find("plan")->Find("skip_steps");
+  REQUIRE(skip != nullptr);
+  CHECK(skip->Find("first")->string == "3001");
+  CHECK(dry.out.find("skip the batches of steps 3001..") != std::string::npos);
+  CHECK(show.out.find("recommended: skip the batches of steps 3001..") != std::string::npos);
+  core::JsonValue none = ParsedJson(
+      Twctl(addr, "rollback", {"approve", id, "--dry-run", "--skip-steps", "none", "-o", "json"}));
+  CHECK(none.Find("decision")->Find("plan")->Find("skip_steps") == nullptr);
+  core::JsonValue mine = ParsedJson(Twctl(
+      addr, "rollback", {"approve", id, "--dry-run", "--skip-steps", "3100..3200", "-o", "json"}));
+  CHECK(mine.Find("decision")->Find("plan")->Find("skip_steps")->Find("last")->string == "3200");
+  CHECK(Twctl(addr, "rollback", {"approve", id, "--dry-run", "--skip-steps", "9..3"}).code == 2);
   Out declined = Twctl(addr, "rollback", {"approve", id, "--comment", "go"}, /*answer=*/false);
   CHECK(declined.code == 1);
   CHECK(declined.err.find("not approved") != std::string::npos);

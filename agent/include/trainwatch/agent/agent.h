@@ -104,6 +104,9 @@ struct Command {
   int64_t target_step = -1;
   std::string checkpoint_uri;
   std::vector<std::pair<uint64_t, uint64_t>> quarantine;  // inclusive ranges
+  // Steps (inclusive) whose batches this rank's loader must not serve again:
+  // whatever data this rank read at those steps, quarantined by the trainer.
+  std::optional<std::pair<int64_t, int64_t>> skip_steps;
   std::optional<double> z_loss_alpha;
   std::string reason;
 };

@@ -70,6 +70,9 @@ struct DecisionRequest {
   // Ranges to quarantine; unset: the incident's recommendation.
   std::optional<std::vector<std::pair<uint64_t, uint64_t>>> quarantine;
   std::optional<double> z_loss_alpha;
+  // Steps whose batches every rank skips; unset: the recommendation; a
+  // range with last < first: none.
+  std::optional<std::pair<int64_t, int64_t>> skip_steps;
   std::string comment;
   std::string idempotency_key;
   std::string actor;  // from the caller's authentication
@@ -120,6 +123,7 @@ struct IngestOptions {
 class Ingestor {
  public:
   Ingestor(Store* store, const IngestOptions& options, Clock* clock);
+  const IngestOptions& options() const { return options_; }
   ~Ingestor();
   Ingestor(const Ingestor&) = delete;
   Ingestor& operator=(const Ingestor&) = delete;

@@ -208,7 +208,7 @@ TEST_CASE("twctl: watch prints incident changes as they happen", "[server][twctl
     std::lock_guard<std::mutex> lock(mu);
     return lines.size();
   };
-  for (int i = 0; i < 300 && seen() < open + 1; ++i) {
+  for (int i = 0; i < 1500 && seen() < open + 1; ++i) {  // up to 30 s on a busy machine
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   REQUIRE(seen() == open + 1);  // the header and a snapshot per open incident

@@ -437,7 +437,6 @@ void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
     LOG(ERROR) << "store write failed, batch not acknowledged: " << st;
     acks_.clear();
     changed_incidents_.clear();
-    changed_opened_.clear();
     outgoing_.clear();
     for (auto& [done, out] : answers_) {
       out.status = absl::UnavailableError(
@@ -463,13 +462,12 @@ void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
     for (const auto& [key, step] : acks_) {
       listener_->OnDurable(std::get<0>(key), std::get<1>(key), std::get<2>(key), step);
     }
-    for (size_t i = 0; i < changed_incidents_.size(); ++i) {
-      listener_->OnIncident(changed_incidents_[i], changed_opened_[i]);
+    for (const auto& [incident, change] : changed_incidents_) {
+      listener_->OnIncident(incident, change);
     }
   }
   acks_.clear();
   changed_incidents_.clear();
-  changed_opened_.clear();
 }
 
 void Ingestor::Handle(IngestItem& item, int64_t now) {
@@ -620,9 +618,7 @@ void Ingestor::Evaluate(RunState& run, StoredStep s, int64_t now,
       inc.state = IncidentState::kResolved;
       inc.closed_ms = now;
       inc.updated_ms = now;
-      batch_.incidents.push_back(inc);
-      changed_incidents_.push_back(inc);
-      changed_opened_.push_back(false);
+      RecordIncident(inc, IncidentChange::kStateChanged);
       run.incidents.erase(w);
     }
     run.watch.reset();
@@ -699,14 +695,17 @@ void Ingestor::CompleteRollback(RunState& run, int64_t now) {
   for (auto& [key, inc] : run.incidents) {
     if (inc.id != cmd.incident_id) continue;
     inc.updated_ms = now;
-    batch_.incidents.push_back(inc);
-    changed_incidents_.push_back(inc);
-    changed_opened_.push_back(false);
+    RecordIncident(inc, IncidentChange::kUpdated);
     run.watch = RunState::Watch{inc.id, key, inc.detection_step};
   }
   LOG(INFO) << "run " << run.row.run_id << ": rollback " << cmd.id << " applied by all "
             << run.row.world_size << " ranks; attempt " << run.row.attempt << " resumes after step "
             << target << " (" << fed << " steps of history)";
+}
+
+void Ingestor::RecordIncident(const IncidentRow& incident, IncidentChange change) {
+  batch_.incidents.push_back(incident);
+  changed_incidents_.emplace_back(incident, change);
 }
 
 void Ingestor::RecordEvents(RunState& run, const std::vector<core::Event>& events,
@@ -720,9 +719,7 @@ void Ingestor::RecordEvents(RunState& run, const std::vector<core::Event>& event
         w->second.state = IncidentState::kAwaitingDecision;
         w->second.updated_ms = now;
         w->second.title = absl::StrCat("recurred after rollback: ", w->second.title);
-        batch_.incidents.push_back(w->second);
-        changed_incidents_.push_back(w->second);
-        changed_opened_.push_back(false);
+        RecordIncident(w->second, IncidentChange::kStateChanged);
       }
       run.watch.reset();
     }
@@ -749,6 +746,7 @@ void Ingestor::RecordEvents(RunState& run, const std::vector<core::Event>& event
       opened = true;
     }
     IncidentRow& inc = it->second;
+    const IncidentState before = inc.state;
     if (opened && (e.action == core::Action::kSkipUpdate || e.action == core::Action::kHalt)) {
       // The agents acted on their own (same rules, same numbers): recorded
       // like a human decision, with the rule as the actor.
@@ -792,9 +790,9 @@ void Ingestor::RecordEvents(RunState& run, const std::vector<core::Event>& event
     }
     inc.updated_ms = now;
     batch_.events.push_back({run.row.run_id, inc.id, e, now});
-    batch_.incidents.push_back(inc);
-    changed_incidents_.push_back(inc);
-    changed_opened_.push_back(opened);
+    RecordIncident(inc, opened                 ? IncidentChange::kOpened
+                        : inc.state != before ? IncidentChange::kStateChanged
+                                              : IncidentChange::kUpdated);
     if (IsClosed(inc.state)) run.incidents.erase(it);
   }
 }
@@ -1084,9 +1082,8 @@ DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
     updated.closed_ms = now;
   }
   out.state = updated.state;
-  batch_.incidents.push_back(updated);
-  changed_incidents_.push_back(updated);
-  changed_opened_.push_back(false);
+  RecordIncident(updated, updated.state != inc.state ? IncidentChange::kStateChanged
+                                                     : IncidentChange::kUpdated);
   if (live != nullptr) {
     if (IsClosed(updated.state)) {
       for (auto it = run->incidents.begin(); it != run->incidents.end(); ++it) {

@@ -119,16 +119,7 @@ class ServiceState : public IngestListener {
         store_(store),
         auth_(std::move(auth)),
         clock_(clock),
-        grafana_url_(std::move(grafana_url)) {
-    // The states watchers would have heard of before a restart: the open
-    // incidents' (closed ones change only by re-opening).
-    IncidentFilter f;
-    f.open_only = true;
-    if (absl::StatusOr<std::vector<IncidentRow>> open = store_->ListIncidents(f); open.ok()) {
-      absl::MutexLock lock(&watch_mu_);
-      for (const IncidentRow& r : *open) last_state_[r.id] = r.state;
-    }
-  }
+        grafana_url_(std::move(grafana_url)) {}
 
   Ingestor* ingestor() { return ingestor_; }
   Store* store() { return store_; }
@@ -180,7 +171,7 @@ class ServiceState : public IngestListener {
     }
     AgentStream::Deliver(s);
   }
-  void OnIncident(const IncidentRow& incident, bool opened) override;
+  void OnIncident(const IncidentRow& incident, IncidentChange change) override;
   void OnServerMessage(const std::string& run_id, uint64_t stream_id,
                        const std::string& serialized) override {
     std::vector<std::shared_ptr<Session>> targets;
@@ -225,7 +216,6 @@ class ServiceState : public IngestListener {
   std::map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   absl::Mutex watch_mu_;
   std::set<Watcher*> watchers_ ABSL_GUARDED_BY(watch_mu_);
-  std::map<int64_t, IncidentState> last_state_ ABSL_GUARDED_BY(watch_mu_);
 };
 
 // ------------------------------------------------------------- AgentStream
@@ -518,19 +508,13 @@ class ServiceState::Watcher : public grpc::ServerWriteReactor<v1::IncidentEvent>
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-void ServiceState::OnIncident(const IncidentRow& incident, bool opened) {
+void ServiceState::OnIncident(const IncidentRow& incident, IncidentChange change) {
+  const v1::IncidentEventKind kind =
+      change == IncidentChange::kOpened         ? v1::INCIDENT_EVENT_KIND_OPENED
+      : change == IncidentChange::kStateChanged ? v1::INCIDENT_EVENT_KIND_STATE_CHANGED
+                                                : v1::INCIDENT_EVENT_KIND_UPDATED;
   absl::MutexLock lock(&watch_mu_);
-  // A change of state is told apart from new evidence by the state the
-  // watchers last heard of (incidents are few; the map stays small).
-  auto [it, unknown] = last_state_.try_emplace(incident.id, incident.state);
-  // Unknown and not opened: closed before a restart, now re-opened.
-  const bool state_changed = !opened && (unknown || it->second != incident.state);
-  it->second = incident.state;
-  for (Watcher* w : watchers_) {
-    w->Push(incident, opened          ? v1::INCIDENT_EVENT_KIND_OPENED
-                      : state_changed ? v1::INCIDENT_EVENT_KIND_STATE_CHANGED
-                                      : v1::INCIDENT_EVENT_KIND_UPDATED);
-  }
+  for (Watcher* w : watchers_) w->Push(incident, kind);
 }
 
 // --------------------------------------------------------- OperatorService

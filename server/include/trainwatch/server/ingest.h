@@ -48,13 +48,20 @@ struct IngestItem {
 
 // Told about durable steps and incident changes, on the writer thread. An
 // implementation must not block.
+// What happened to an incident, as its listeners hear it.
+enum class IncidentChange {
+  kOpened,
+  kUpdated,       // new evidence; the state is as it was
+  kStateChanged,  // resolved, re-opened, approved, rejected, ...
+};
+
 class IngestListener {
  public:
   virtual ~IngestListener() = default;
   // Every step report from `stream_id` for (run, rank) up to `step` is durable.
   virtual void OnDurable(uint64_t stream_id, const std::string& run_id, int32_t rank,
                          int64_t step) = 0;
-  virtual void OnIncident(const IncidentRow& incident, bool opened) = 0;
+  virtual void OnIncident(const IncidentRow& incident, IncidentChange change) = 0;
   // A server message (a command, the quarantine list) for every stream of
   // `run_id`, or only for `stream_id` when it is not 0.
   virtual void OnServerMessage(const std::string& run_id, uint64_t stream_id,
@@ -170,6 +177,8 @@ class Ingestor {
                 absl::Span<const core::TensorStat> tensors = {});
   void CompletePending(RunState& run, int64_t now, bool force);
   void RecordEvents(RunState& run, const std::vector<core::Event>& events, int64_t now);
+  // Writes the incident with this batch and tells the listener after commit.
+  void RecordIncident(const IncidentRow& incident, IncidentChange change);
   void PublishSnapshot();
   DecisionOutcome RunDecision(const DecisionRequest& r, int64_t now);
   void HandleCommandAck(RunState& run, const trainwatch::v1::CommandAck& a, int64_t now);
@@ -204,8 +213,7 @@ class Ingestor {
   WriteBatch batch_;
   // (stream, run, rank) -> highest step in this batch, for acks.
   std::map<std::tuple<uint64_t, std::string, int32_t>, int64_t> acks_;
-  std::vector<IncidentRow> changed_incidents_;
-  std::vector<bool> changed_opened_;
+  std::vector<std::pair<IncidentRow, IncidentChange>> changed_incidents_;
 
   mutable absl::Mutex snap_mu_;
   std::vector<RunSnapshot> snapshot_ ABSL_GUARDED_BY(snap_mu_);

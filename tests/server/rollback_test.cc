@@ -5,10 +5,12 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <fstream>
 #include <iterator>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include <catch2/catch.hpp>
 
@@ -297,7 +299,13 @@ TEST_CASE("rollback: a rejected incident cannot be approved - tier 1 needs no ro
     if (i.tier() == v1::TIER_NUMERICAL_FAILURE) t3 = i.incident_id();
   }
   REQUIRE_FALSE(t3.empty());
-  const v1::Incident t3_full = op.Get(t3);
+  // The rank's own report travels after the global record on the stream, so
+  // the global record's ack does not cover it yet: wait until it is stored.
+  v1::Incident t3_full = op.Get(t3);
+  for (int i = 0; i < 200 && t3_full.summary().tensor_breakdown_size() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    t3_full = op.Get(t3);
+  }
   CHECK(t3_full.summary().explanation().find("layers.11.mlp.fc2.weight (42 of 1048576") !=
         std::string::npos);
   REQUIRE(t3_full.decisions_size() == 1);

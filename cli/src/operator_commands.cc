@@ -13,12 +13,13 @@
 #include <memory>
 #include <optional>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/time/time.h"
+#include "proto_text.h"
 #include "report.h"
 #include "trainwatch/core/json.h"
 #include "trainwatch/v1/operator.grpc.pb.h"
@@ -60,20 +61,7 @@ bool IsSwitch(const std::string& name) {
   return name == "open" || name == "yes" || name == "dry-run";
 }
 
-std::string StateName(v1::IncidentState s) {
-  std::string n = v1::IncidentState_Name(s);
-  n = n.substr(std::string("INCIDENT_STATE_").size());
-  return absl::AsciiStrToLower(n);
-}
-
-std::string TierName(v1::Tier t) {
-  switch (t) {
-    case v1::TIER_DATA_ANOMALY: return "1";
-    case v1::TIER_LOGIT_DRIFT: return "2";
-    case v1::TIER_NUMERICAL_FAILURE: return "3";
-    default: return "0";
-  }
-}
+std::string TierName(v1::Tier t) { return std::to_string(TierNumber(t)); }
 
 std::string Json(const google::protobuf::Message& m) {
   std::string out;
@@ -512,8 +500,7 @@ int Shards(Client& c, const Options& o, std::string* out, std::string* err) {
     absl::StrAppendFormat(
         out, "%-24s %-8s %-8s %s\n", absl::StrCat(r.first(), "..", r.last()), e.incident_id(),
         e.decision_id(),
-        absl::FormatTime("%Y-%m-%d %H:%M:%SZ", absl::FromUnixSeconds(e.added_at().seconds()),
-                         absl::UTCTimeZone()));
+        UtcTime(e.added_at().seconds()));
   }
   if (resp.entries_size() == 0) *out += "(none quarantined)\n";
   return kOk;
@@ -632,8 +619,7 @@ int Watch(Client& c, const Options& o, const Emit& emit, std::string* out, std::
       if (title.size() > 90) title = title.substr(0, 87) + "...";
       say(absl::StrFormat(
           "%-20s %-13s %-7s %-16s %-4s %-18s %s\n",
-          absl::FormatTime("%Y-%m-%d %H:%M:%SZ", absl::FromUnixSeconds(ev.time().seconds()),
-                           absl::UTCTimeZone()),
+          UtcTime(ev.time().seconds()),
           kind, i.incident_id(), i.run_id(), TierName(i.tier()), StateName(i.state()), title));
     }
     enough = count > 0 && ++seen >= count;

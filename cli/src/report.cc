@@ -6,12 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_replace.h"
-#include "absl/time/time.h"
+#include "proto_text.h"
 
 namespace trainwatch::cli {
 namespace {
@@ -19,11 +17,6 @@ namespace {
 namespace v1 = trainwatch::v1;
 
 constexpr int kWidth = 960, kHeight = 170, kLeft = 72, kRight = 12, kTop = 12, kBottom = 24;
-
-int TierNumber(v1::Tier t) {
-  const int n = static_cast<int>(t);
-  return n >= 1 && n <= 3 ? n : 0;
-}
 
 const char* TierColour(int tier) {
   switch (tier) {
@@ -36,14 +29,6 @@ const char* TierColour(int tier) {
     default:
       return "#7f7f7f";
   }
-}
-
-std::string StateWord(v1::IncidentState s) {
-  std::string n = v1::IncidentState_Name(s);
-  const std::string prefix = "INCIDENT_STATE_";
-  if (n.rfind(prefix, 0) == 0) n = n.substr(prefix.size());
-  absl::StrReplaceAll({{"_", " "}}, &n);
-  return absl::AsciiStrToLower(n);
 }
 
 std::string Number(double v) {
@@ -161,12 +146,6 @@ std::string Chart(const Series& s, int64_t first, int64_t last,
   return svg;
 }
 
-std::string Time(const google::protobuf::Timestamp& t) {
-  if (t.seconds() == 0) return "";
-  return absl::FormatTime("%Y-%m-%d %H:%M:%SZ", absl::FromUnixSeconds(t.seconds()),
-                          absl::UTCTimeZone());
-}
-
 }  // namespace
 
 std::string HtmlEscape(const std::string& text) {
@@ -277,8 +256,8 @@ std::string RenderReportHtml(const v1::GetRunStatusResponse& status,
                             "<tr><td>%s</td><td class=\"t%d\">%d</td><td>%s</td><td>%d</td>"
                             "<td>%d</td><td>%s</td><td>%s</td></tr>\n",
                             HtmlEscape(i.incident_id()), tier, tier,
-                            HtmlEscape(StateWord(i.state())), i.onset_step(), i.detection_step(),
-                            Time(i.opened_at()), HtmlEscape(i.title()));
+                            HtmlEscape(StateName(i.state())), i.onset_step(), i.detection_step(),
+                            UtcTime(i.opened_at().seconds()), HtmlEscape(i.title()));
     }
     h += "</table>\n";
   }
@@ -293,7 +272,7 @@ std::string RenderReportHtml(const v1::GetRunStatusResponse& status,
         ranges.push_back(absl::StrCat(r.first(), "..", r.last()));
       absl::StrAppendFormat(&h, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>\n",
                             HtmlEscape(absl::StrJoin(ranges, ", ")), HtmlEscape(e.incident_id()),
-                            HtmlEscape(e.decision_id()), Time(e.added_at()));
+                            HtmlEscape(e.decision_id()), UtcTime(e.added_at().seconds()));
     }
     h += "</table>\n";
   }

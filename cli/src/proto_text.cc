@@ -1,0 +1,26 @@
+#include "proto_text.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/time/time.h"
+
+namespace trainwatch::cli {
+
+int TierNumber(trainwatch::v1::Tier tier) {
+  const int n = static_cast<int>(tier);
+  return n >= 1 && n <= 3 ? n : 0;
+}
+
+std::string StateName(trainwatch::v1::IncidentState state) {
+  const std::string prefix = "INCIDENT_STATE_";
+  std::string n = trainwatch::v1::IncidentState_Name(state);
+  if (n.rfind(prefix, 0) == 0) n = n.substr(prefix.size());
+  return absl::AsciiStrToLower(n);
+}
+
+std::string UtcTime(int64_t unix_seconds) {
+  if (unix_seconds == 0) return "";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%SZ", absl::FromUnixSeconds(unix_seconds),
+                          absl::UTCTimeZone());
+}
+
+}  // namespace trainwatch::cli

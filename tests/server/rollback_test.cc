@@ -14,6 +14,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "server_fixture.h"
 #include "test_util.h"
 #include "trainwatch/cli/operator_commands.h"
 #include "trainwatch/server/server.h"
@@ -26,6 +27,8 @@ using testing::Hello;
 using testing::Step;
 using testing::TempDir;
 using testing::TestAgent;
+using testing::Running;
+using testing::StartServer;
 
 v1::AgentMessage Checkpoint(const std::string& run, int64_t step) {
   v1::AgentMessage m;
@@ -101,14 +104,8 @@ class Operator {
 TEST_CASE("rollback: approve - command every rank - acknowledge - resolve past the old point",
           "[server][rollback]") {
   TempDir dir;
-  ServerOptions o;
-  o.listen = "127.0.0.1:0";
-  o.metrics_listen = "";
-  o.db_path = dir.File("tw.db");
-  auto server = Server::Start(o);
-  REQUIRE(server.ok());
-  auto ch = grpc::CreateChannel("127.0.0.1:" + std::to_string((*server)->port()),
-                                grpc::InsecureChannelCredentials());
+  Running tw = StartServer(dir.File("tw.db"));
+  auto ch = tw.channel;
   const std::string run = "run-rb";
   TestAgent r0(ch), r1(ch);
   r0.Send(Hello(run, 0, 2));
@@ -185,7 +182,7 @@ TEST_CASE("rollback: approve - command every rank - acknowledge - resolve past t
   // The run resumes after the checkpoint and passes the old detection step.
   for (int64_t s = 3001; s < 3800; ++s) r0.Send(Step(run, 0, 2, s, Loss(s), 1.0));
   REQUIRE(r0.WaitDurable(0, 3799));
-  (*server)->ingestor()->Flush();
+  tw.server->ingestor()->Flush();
   const v1::Incident done = op.Get(id);
   CHECK(done.state() == v1::INCIDENT_STATE_RESOLVED);
   REQUIRE(done.decisions_size() == 1);
@@ -195,7 +192,7 @@ TEST_CASE("rollback: approve - command every rank - acknowledge - resolve past t
   // After a resolution nothing more can be decided.
   v1::ApproveRollbackResponse late;
   CHECK(op.Approve(id, "key-3", false, &late).error_code() == grpc::FAILED_PRECONDITION);
-  const auto snap = (*server)->ingestor()->Snapshot();
+  const auto snap = tw.server->ingestor()->Snapshot();
   REQUIRE(snap.size() == 1);
   CHECK(snap[0].row.attempt == 1);
   CHECK(snap[0].row.last_step == 3799);
@@ -222,7 +219,7 @@ TEST_CASE("rollback: approve - command every rank - acknowledge - resolve past t
   std::string out, err;
   const std::string report = dir.File("report.html");
   REQUIRE(cli::OperatorCommand("report", {run, "--out", report, "--server",
-                                          "127.0.0.1:" + std::to_string((*server)->port())},
+                                          tw.address()},
                                nullptr, &out, &err) == 0);
   std::ifstream in(report);
   const std::string html((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -236,14 +233,8 @@ TEST_CASE("rollback: approve - command every rank - acknowledge - resolve past t
 TEST_CASE("rollback: a rejected incident cannot be approved - tier 1 needs no rollback",
           "[server][rollback]") {
   TempDir dir;
-  ServerOptions o;
-  o.listen = "127.0.0.1:0";
-  o.metrics_listen = "";
-  o.db_path = dir.File("tw.db");
-  auto server = Server::Start(o);
-  REQUIRE(server.ok());
-  auto ch = grpc::CreateChannel("127.0.0.1:" + std::to_string((*server)->port()),
-                                grpc::InsecureChannelCredentials());
+  Running tw = StartServer(dir.File("tw.db"));
+  auto ch = tw.channel;
   const std::string run = "run-rj";
   TestAgent a(ch);
   a.Send(Hello(run, 0, 1));

@@ -16,6 +16,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "server_fixture.h"
 #include "test_util.h"
 #include "trainwatch/core/rule_engine.h"
 #include "trainwatch/server/server.h"
@@ -28,26 +29,8 @@ using testing::Hello;
 using testing::Step;
 using testing::TempDir;
 using testing::TestAgent;
-
-struct Running {
-  std::unique_ptr<Server> server;
-  std::shared_ptr<grpc::Channel> channel;
-};
-
-Running StartServer(const std::string& db, Clock* clock = SystemClock(),
-                    ServerOptions options = ServerOptions()) {
-  options.listen = "127.0.0.1:0";
-  options.metrics_listen = "127.0.0.1:0";
-  options.db_path = db;
-  auto s = Server::Start(options, clock);
-  INFO(s.status().message());
-  REQUIRE(s.ok());
-  Running r;
-  r.server = *std::move(s);
-  r.channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(r.server->port()),
-                                  grpc::InsecureChannelCredentials());
-  return r;
-}
+using testing::Running;
+using testing::StartServer;
 
 // Baseline step values with a little deterministic noise.
 double Loss(int64_t s) { return 2.5 + 0.01 * std::sin(static_cast<double>(s) * 1.7); }

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "server_fixture.h"
 #include "test_util.h"
 #include "trainwatch/cli/operator_commands.h"
 #include "trainwatch/core/json.h"
@@ -25,6 +26,8 @@ using testing::Hello;
 using testing::Step;
 using testing::TempDir;
 using testing::TestAgent;
+using testing::Running;
+using testing::StartServer;
 
 struct Out {
   int code;
@@ -60,14 +63,9 @@ v1::AgentMessage Checkpoint(const std::string& run, int64_t step) {
 
 TEST_CASE("twctl: every operator command - table and json - exit codes", "[server][twctl]") {
   TempDir dir;
-  ServerOptions o;
-  o.listen = "127.0.0.1:0";
-  o.metrics_listen = "";
-  o.db_path = dir.File("tw.db");
-  auto server = Server::Start(o);
-  REQUIRE(server.ok());
-  const std::string addr = "127.0.0.1:" + std::to_string((*server)->port());
-  auto ch = grpc::CreateChannel(addr, grpc::InsecureChannelCredentials());
+  Running r = StartServer(dir.File("tw.db"));
+  const std::string addr = r.address();
+  auto ch = r.channel;
   const std::string run = "run-cli";
   TestAgent a(ch);
   a.Send(Hello(run, 0, 1));
@@ -165,14 +163,9 @@ TEST_CASE("twctl: every operator command - table and json - exit codes", "[serve
 
 TEST_CASE("twctl: watch prints incident changes as they happen", "[server][twctl]") {
   TempDir dir;
-  ServerOptions o;
-  o.listen = "127.0.0.1:0";
-  o.metrics_listen = "";
-  o.db_path = dir.File("tw.db");
-  auto server = Server::Start(o);
-  REQUIRE(server.ok());
-  const std::string addr = "127.0.0.1:" + std::to_string((*server)->port());
-  auto ch = grpc::CreateChannel(addr, grpc::InsecureChannelCredentials());
+  Running r = StartServer(dir.File("tw.db"));
+  const std::string addr = r.address();
+  auto ch = r.channel;
   const std::string run = "run-watch";
   TestAgent a(ch);
   a.Send(Hello(run, 0, 1));
@@ -180,7 +173,7 @@ TEST_CASE("twctl: watch prints incident changes as they happen", "[server][twctl
     a.Send(Step(run, 0, 1, s, 2.5 + 0.01 * std::sin(s * 1.7) + (s >= 3000 ? 0.3 : 0.0), 1.0));
   }
   REQUIRE(a.WaitDurable(0, 3699));
-  (*server)->ingestor()->Flush();
+  r.server->ingestor()->Flush();
   core::JsonValue list =
       ParsedJson(Twctl(addr, "incidents", {"--run", run, "--open", "-o", "json"}));
   std::string id;
@@ -244,13 +237,9 @@ TEST_CASE("twctl: server and token from the environment or a config file", "[ser
   std::ofstream(tokens) << R"({"tokens": [
       {"name": "oncall", "token": "operator-token-0123456", "role": "operator"}]})";
   ServerOptions o;
-  o.listen = "127.0.0.1:0";
-  o.metrics_listen = "";
-  o.db_path = dir.File("tw.db");
   o.tokens_file = tokens;
-  auto server = Server::Start(o);
-  REQUIRE(server.ok());
-  const std::string addr = "127.0.0.1:" + std::to_string((*server)->port());
+  Running r = StartServer(dir.File("tw.db"), SystemClock(), o);
+  const std::string addr = r.address();
   auto run = [](std::vector<std::string> args) {
     Out out;
     out.code = cli::OperatorCommand("runs", args, nullptr, &out.out, &out.err);

@@ -7,12 +7,9 @@ server must hold one merged record per step."""
 
 import json
 import os
-import re
 import socket
 import sqlite3
-import subprocess
 import tempfile
-import time
 import unittest
 
 import torch
@@ -21,6 +18,7 @@ import torch.multiprocessing as mp
 
 import trainwatch
 import trainwatch.torch as twt
+from trainwatchd_process import Trainwatchd
 
 RULES = {"warmup_steps": 100, "warmup_min_records": 20, "warmup_min_grad_samples": 20}
 CORRUPT_AT, NAN_AT, STEPS = 250, 320, 400
@@ -69,41 +67,23 @@ def rank_main(rank, world, port, server, out_dir):
 
 class DistributedTest(unittest.TestCase):
     def setUp(self):
-        self.dir = tempfile.TemporaryDirectory()
-        self.db = os.path.join(self.dir.name, "tw.db")
-        self.log = open(os.path.join(self.dir.name, "trainwatchd.log"), "w+")
-        self.daemon = subprocess.Popen(
-            [os.environ["TRAINWATCHD"], "--listen", "127.0.0.1:0", "--metrics_listen=",
-             "--db", self.db, "--rules", self.rules_file()],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        self.address = None
-        for _ in range(200):
-            self.log.seek(0)
-            m = re.search(r"listening on (127\.0\.0\.1:\d+)", self.log.read())
-            if m:
-                self.address = m.group(1)
-                break
-            time.sleep(0.05)
-        self.assertIsNotNone(self.address, "trainwatchd did not start")
-
-    def rules_file(self):
-        path = os.path.join(self.dir.name, "rules.json")
-        with open(path, "w") as f:
+        self.work = tempfile.TemporaryDirectory()
+        rules = os.path.join(self.work.name, "rules.json")
+        with open(rules, "w") as f:
             json.dump(RULES, f)
-        return path
+        self.daemon = Trainwatchd("--rules", rules)
+        self.address, self.db = self.daemon.address, self.daemon.db
 
     def tearDown(self):
-        self.daemon.terminate()
-        self.daemon.wait(timeout=20)
-        self.log.close()
-        self.dir.cleanup()
+        self.daemon.stop()
+        self.work.cleanup()
 
     def test_two_ranks_skip_and_halt_at_the_same_steps(self):
-        mp.spawn(rank_main, args=(2, free_port(), self.address, self.dir.name), nprocs=2,
+        mp.spawn(rank_main, args=(2, free_port(), self.address, self.work.name), nprocs=2,
                  join=True)
         ranks = []
         for r in (0, 1):
-            with open(os.path.join(self.dir.name, f"rank{r}.json")) as f:
+            with open(os.path.join(self.work.name, f"rank{r}.json")) as f:
                 ranks.append(json.load(f))
         # The same verdict at every step on both ranks, though only one rank
         # saw each failure.

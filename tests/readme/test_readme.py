@@ -6,14 +6,12 @@ shard ids."""
 import os
 import re
 import sqlite3
-import subprocess
-import tempfile
-import time
 import unittest
 
 import torch
 
 import trainwatch
+from trainwatchd_process import Trainwatchd
 
 CORRUPT_AT, NAN_AT = 1100, 1200
 
@@ -42,27 +40,11 @@ def loader(seen):
 
 class ReadmeSnippetTest(unittest.TestCase):
     def setUp(self):
-        self.dir = tempfile.TemporaryDirectory()
-        self.db = os.path.join(self.dir.name, "tw.db")
-        self.log = open(os.path.join(self.dir.name, "trainwatchd.log"), "w+")
-        self.daemon = subprocess.Popen(
-            [os.environ["TRAINWATCHD"], "--listen", "127.0.0.1:0", "--metrics_listen=",
-             "--db", self.db], stdout=self.log, stderr=subprocess.STDOUT)
-        self.address = None
-        for _ in range(200):
-            self.log.seek(0)
-            m = re.search(r"listening on (127\.0\.0\.1:\d+)", self.log.read())
-            if m:
-                self.address = m.group(1)
-                break
-            time.sleep(0.05)
-        self.assertIsNotNone(self.address, "trainwatchd did not start")
+        self.daemon = Trainwatchd()
+        self.address, self.db = self.daemon.address, self.daemon.db
 
     def tearDown(self):
-        self.daemon.terminate()
-        self.daemon.wait(timeout=20)
-        self.log.close()
-        self.dir.cleanup()
+        self.daemon.stop()
 
     def test_snippet_skips_the_bad_batch_and_halts_on_the_nan(self):
         snippet = readme_python_block()

@@ -1,0 +1,37 @@
+"""trainwatchd ($TRAINWATCHD) as a child process on a free loopback port,
+with its database in a temporary folder; for the Python tests."""
+
+import os
+import re
+import subprocess
+import tempfile
+import time
+
+
+class Trainwatchd:
+    def __init__(self, *extra_args):
+        self.dir = tempfile.TemporaryDirectory()
+        self.db = os.path.join(self.dir.name, "tw.db")
+        self.log = open(os.path.join(self.dir.name, "trainwatchd.log"), "w+")
+        self.process = subprocess.Popen(
+            [os.environ["TRAINWATCHD"], "--listen", "127.0.0.1:0", "--metrics_listen=",
+             "--db", self.db, *extra_args], stdout=self.log, stderr=subprocess.STDOUT)
+        self.address = None
+        for _ in range(200):
+            self.log.seek(0)
+            m = re.search(r"listening on (127\.0\.0\.1:\d+)", self.log.read())
+            if m:
+                self.address = m.group(1)
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("trainwatchd did not start")
+
+    def path(self, name):
+        return os.path.join(self.dir.name, name)
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait(timeout=20)
+        self.log.close()
+        self.dir.cleanup()

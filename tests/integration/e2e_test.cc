@@ -31,11 +31,6 @@ namespace {
 constexpr int kCorruptAt = 400, kDriftFrom = 600, kNanAt = 1300, kSteps = 1400;
 const char* const kRun = "e2e-lm";
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 // Read-only queries on trainwatchd's database while it runs (WAL).
 class Db {
  public:

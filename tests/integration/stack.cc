@@ -20,11 +20,6 @@ namespace trainwatch::testing {
 
 namespace {
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 bool WaitReady(int port, const std::string& path, const std::string& want, int seconds) {
   for (int i = 0; i < seconds * 20; ++i) {
     if (HttpGet(port, path).find(want) != std::string::npos) return true;

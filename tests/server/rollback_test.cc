@@ -6,8 +6,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
-#include <fstream>
-#include <iterator>
 #include <optional>
 #include <string>
 #include <thread>
@@ -221,8 +219,7 @@ TEST_CASE("rollback: approve - command every rank - acknowledge - resolve past t
   REQUIRE(cli::OperatorCommand("report", {run, "--out", report, "--server",
                                           tw.address()},
                                nullptr, &out, &err) == 0);
-  std::ifstream in(report);
-  const std::string html((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string html = testing::ReadFile(report);
   CHECK(html.find("class=\"abandoned\"") != std::string::npos);
   CHECK(html.find("attempt 1") != std::string::npos);
   CHECK(html.find(id) != std::string::npos);

@@ -361,11 +361,6 @@ bool MakeCerts(const TempDir& d) {
   return rc == 0;
 }
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 TEST_CASE("server: the auth matrix over TLS - and mutual TLS", "[server][auth][tls]") {
   TempDir dir;
   REQUIRE(MakeCerts(dir));
@@ -376,7 +371,7 @@ TEST_CASE("server: the auth matrix over TLS - and mutual TLS", "[server][auth][t
   SECTION("TLS") {
     Running r = StartServer(dir.File("tw.db"), SystemClock(), o);
     grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = Slurp(dir.File("ca.pem"));
+    ssl.pem_root_certs = testing::ReadFile(dir.File("ca.pem"));
     auto ch = grpc::CreateChannel("127.0.0.1:" + std::to_string(r.server->port()),
                                   grpc::SslCredentials(ssl));
     CheckMatrix(ch);
@@ -389,14 +384,14 @@ TEST_CASE("server: the auth matrix over TLS - and mutual TLS", "[server][auth][t
     o.tls_client_ca_file = dir.File("ca.pem");
     Running r = StartServer(dir.File("tw.db"), SystemClock(), o);
     grpc::SslCredentialsOptions with_cert;
-    with_cert.pem_root_certs = Slurp(dir.File("ca.pem"));
-    with_cert.pem_private_key = Slurp(dir.File("client.key"));
-    with_cert.pem_cert_chain = Slurp(dir.File("client.pem"));
+    with_cert.pem_root_certs = testing::ReadFile(dir.File("ca.pem"));
+    with_cert.pem_private_key = testing::ReadFile(dir.File("client.key"));
+    with_cert.pem_cert_chain = testing::ReadFile(dir.File("client.pem"));
     auto ch = grpc::CreateChannel("127.0.0.1:" + std::to_string(r.server->port()),
                                   grpc::SslCredentials(with_cert));
     CheckMatrix(ch);
     grpc::SslCredentialsOptions no_cert;
-    no_cert.pem_root_certs = Slurp(dir.File("ca.pem"));
+    no_cert.pem_root_certs = testing::ReadFile(dir.File("ca.pem"));
     auto anon = grpc::CreateChannel("127.0.0.1:" + std::to_string(r.server->port()),
                                     grpc::SslCredentials(no_cert));
     CHECK(CallAll(anon, "operator-token-0123456").at("ListRuns") == grpc::UNAVAILABLE);

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include <catch2/catch.hpp>
 
@@ -186,6 +187,11 @@ void HttpReceiver::Loop() {
     (void)!write(c, resp.data(), resp.size());
     close(c);
   }
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 int FreePort() {

@@ -94,6 +94,9 @@ class HttpReceiver {
   std::map<std::string, std::pair<int, int>> failures_;  // path -> (count, status)
 };
 
+// The whole file; empty when it cannot be read.
+std::string ReadFile(const std::string& path);
+
 // A port on 127.0.0.1 that was free a moment ago.
 int FreePort();
 

@@ -81,6 +81,7 @@ class Guard:
         # Statistics with torch operations even for host tensors (they are
         # always used for tensors elsewhere).
         self.on_device = on_device
+        self._grads_on_device = None
         self.params = list(params) if params is not None else None
         self.verdict = None
         self.skipped = 0
@@ -106,7 +107,10 @@ class Guard:
         kw = {}
         grads = self._grads()
         tensors = list(grads.values()) if isinstance(grads, dict) else grads
-        if self.on_device or any(g.device.type != "cpu" for g in tensors):
+        if self._grads_on_device is None and tensors:
+            # Parameters do not change devices while training: decided once.
+            self._grads_on_device = any(g.device.type != "cpu" for g in tensors)
+        if self.on_device or self._grads_on_device:
             names = list(grads.keys()) if isinstance(grads, dict) else None
             ss, bad, n, per_tensor = grad_stats(tensors, names)
             kw["grad_stats"] = (ss, bad, n)

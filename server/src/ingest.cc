@@ -703,6 +703,16 @@ void Ingestor::CompleteRollback(RunState& run, int64_t now) {
             << target << " (" << fed << " steps of history)";
 }
 
+std::optional<std::pair<int64_t, int64_t>> Ingestor::DefaultSkipSteps(
+    const IncidentRow& incident, int64_t checkpoint_step) const {
+  // A numerical failure is no batch's fault.
+  if (incident.tier != 2) return std::nullopt;
+  const int64_t first = std::max(incident.onset_step - options_.rules.shard_steps_before_onset,
+                                 checkpoint_step + 1);
+  if (first > incident.detection_step) return std::nullopt;
+  return std::make_pair(first, incident.detection_step);
+}
+
 void Ingestor::RecordIncident(const IncidentRow& incident, IncidentChange change) {
   batch_.incidents.push_back(incident);
   changed_incidents_.emplace_back(incident, change);
@@ -1014,10 +1024,7 @@ DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
         if (k != nullptr && k->string == "set_z_loss_alpha") z_loss = a.Find("z_loss_alpha")->number;
       }
     }
-    // The batches every rank skips: the operator's steps, or for a page
-    // those from just before its onset to its detection (a numerical
-    // failure is no batch's fault). Steps up to the checkpoint are not
-    // served again anyway.
+    // The batches every rank skips: the operator's steps, or the default.
     std::optional<std::pair<int64_t, int64_t>> skip;
     if (r.skip_steps) {
       if (r.skip_steps->first < 0) {
@@ -1025,11 +1032,10 @@ DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
         return out;
       }
       if (r.skip_steps->second >= r.skip_steps->first) skip = r.skip_steps;
-    } else if (inc.tier == 2) {
-      skip = std::make_pair(inc.onset_step - options_.rules.shard_steps_before_onset,
-                            inc.detection_step);
+      if (skip) skip->first = std::max(skip->first, ck->step + 1);
+    } else {
+      skip = DefaultSkipSteps(inc, ck->step);
     }
-    if (skip) skip->first = std::max(skip->first, ck->step + 1);
     auto* plan = d.mutable_plan();
     plan->set_incident_id(pub);
     plan->set_target_step(ck->step);

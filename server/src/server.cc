@@ -922,21 +922,15 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
         }
       }
     }
-    if (inc.tier == 2) {
-      // What an approval does by default besides the shards: every rank
-      // skips the batches it served from just before the onset to the
-      // detection (the shards above are rank 0's alone).
-      const int64_t first =
-          std::max(inc.onset_step - state_->ingestor()->options().rules.shard_steps_before_onset,
-                   inc.recommended_checkpoint_step + 1);
-      if (first <= inc.detection_step) {
-        v1::RecommendedAction* ra = s->add_recommended_actions();
-        ra->set_kind(v1::ACTION_KIND_SKIP_STEPS);
-        ra->mutable_steps()->set_first(first);
-        ra->mutable_steps()->set_last(inc.detection_step);
-        ra->set_description(absl::StrFormat("skip the batches of steps %d..%d on every rank",
-                                            first, inc.detection_step));
-      }
+    // What an approval does by default besides the shards: every rank skips
+    // the batches it served around the spike (the shards above are rank 0's).
+    if (auto skip = state_->ingestor()->DefaultSkipSteps(inc, inc.recommended_checkpoint_step)) {
+      v1::RecommendedAction* ra = s->add_recommended_actions();
+      ra->set_kind(v1::ACTION_KIND_SKIP_STEPS);
+      ra->mutable_steps()->set_first(skip->first);
+      ra->mutable_steps()->set_last(skip->second);
+      ra->set_description(absl::StrFormat("skip the batches of steps %d..%d on every rank",
+                                          skip->first, skip->second));
     }
     if (inc.tier >= 2) {
       s->set_approve_command(absl::StrCat(

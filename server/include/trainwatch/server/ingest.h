@@ -130,7 +130,13 @@ struct IngestOptions {
 class Ingestor {
  public:
   Ingestor(Store* store, const IngestOptions& options, Clock* clock);
-  const IngestOptions& options() const { return options_; }
+  // The steps whose batches every rank skips by default when `incident` is
+  // rolled back to the checkpoint at `checkpoint_step`: for a page, from just
+  // before its onset to its detection, after the checkpoint (earlier steps
+  // are not served again anyway); none for other tiers or an empty range.
+  // Any thread (reads only the options fixed at construction).
+  std::optional<std::pair<int64_t, int64_t>> DefaultSkipSteps(const IncidentRow& incident,
+                                                              int64_t checkpoint_step) const;
   ~Ingestor();
   Ingestor(const Ingestor&) = delete;
   Ingestor& operator=(const Ingestor&) = delete;

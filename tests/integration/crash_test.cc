@@ -3,12 +3,9 @@
 // restarted on the same database. No page and no command may be lost or
 // doubled.
 
-#include <signal.h>
 #include <sqlite3.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <fstream>
 #include <map>
 #include <string>
@@ -17,6 +14,7 @@
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
+#include "stack.h"
 #include "test_util.h"
 #include "trainwatch/cli/operator_commands.h"
 
@@ -29,48 +27,7 @@ using testing::HttpReceiver;
 using testing::Step;
 using testing::TempDir;
 using testing::TestAgent;
-
-// trainwatchd as a child process; SIGKILLed (not stopped) by Kill().
-class Daemon {
- public:
-  Daemon(const std::string& db, const std::string& pager) {
-    int out[2];
-    REQUIRE(pipe(out) == 0);
-    pid_ = fork();
-    REQUIRE(pid_ >= 0);
-    if (pid_ == 0) {
-      dup2(out[1], 1);
-      close(out[0]);
-      execl(TRAINWATCHD_PATH, "trainwatchd", "--listen", "127.0.0.1:0", "--metrics_listen=",
-            "--db", db.c_str(), "--pager_config", pager.c_str(), nullptr);
-      _exit(127);
-    }
-    close(out[1]);
-    FILE* f = fdopen(out[0], "r");
-    char line[256];
-    while (fgets(line, sizeof line, f) != nullptr) {
-      if (std::sscanf(line, "listening on 127.0.0.1:%d", &port_) == 1) break;
-    }
-    fclose(f);
-    REQUIRE(port_ > 0);
-    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
-                                   grpc::InsecureChannelCredentials());
-  }
-  ~Daemon() { Kill(); }
-  void Kill() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
-  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
-
- private:
-  pid_t pid_ = -1;
-  int port_ = 0;
-  std::shared_ptr<grpc::Channel> channel_;
-};
+using testing::Trainwatchd;
 
 int64_t Count(const std::string& db, const std::string& sql) {
   sqlite3* h = nullptr;
@@ -97,7 +54,7 @@ double Loss(int64_t s) { return 2.5 + 0.01 * std::sin(static_cast<double>(s) * 1
 TEST_CASE("crash: SIGKILL between every stage loses and doubles nothing", "[server][crash]") {
   TempDir dir;
   HttpReceiver rx;
-  const std::string db = dir.File("tw.db");
+  const std::string db = dir.File("trainwatch.db");  // where Trainwatchd keeps it
   const std::string pager = dir.File("pager.json");
   const std::string base = "http://127.0.0.1:" + std::to_string(rx.port());
   std::ofstream(pager) << "{\"receivers\": [{\"name\": \"am\", \"type\": \"alertmanager\", "
@@ -107,7 +64,7 @@ TEST_CASE("crash: SIGKILL between every stage loses and doubles nothing", "[serv
   const std::string run = "run-crash";
   // Stage 1: records arrive, an incident opens, its pages go in the outbox.
   {
-    Daemon d(db, pager);
+    Trainwatchd d(dir, "", pager);
     TestAgent a(d.channel());
     a.Send(Hello(run, 0, 2));
     for (int64_t s = 0; s < 3600; ++s) {
@@ -133,7 +90,7 @@ TEST_CASE("crash: SIGKILL between every stage loses and doubles nothing", "[serv
   const std::string id = "I-" + std::to_string(incident);
   // Stage 3: the approval, then a kill.
   {
-    Daemon d(db, pager);
+    Trainwatchd d(dir, "", pager);
     std::string out, err;
     const int rc = cli::OperatorCommand(
         "rollback", {"--server", d.address(), "approve", id, "--comment", "crash test", "--yes"},
@@ -152,7 +109,7 @@ TEST_CASE("crash: SIGKILL between every stage loses and doubles nothing", "[serv
   // Stage 4: every rank gets the command after the restart and acknowledges.
   std::string command_id;
   {
-    Daemon d(db, pager);
+    Trainwatchd d(dir, "", pager);
     TestAgent r0(d.channel()), r1(d.channel());
     r0.Send(Hello(run, 0, 2));
     r1.Send(Hello(run, 1, 2));
@@ -176,7 +133,7 @@ TEST_CASE("crash: SIGKILL between every stage loses and doubles nothing", "[serv
   }
   // Stage 5: the run passes the old point; the incident resolves.
   {
-    Daemon d(db, pager);
+    Trainwatchd d(dir, "", pager);
     TestAgent r0(d.channel()), r1(d.channel());
     r0.Send(Hello(run, 0, 2));
     r1.Send(Hello(run, 1, 2));  // an applied command is not sent again

@@ -53,6 +53,9 @@ Child::Child(const std::vector<std::string>& argv, const std::string& log,
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // Emptied here, not only in the child: a reader of the log right after
+  // this constructor must never see an earlier process's lines.
+  close(open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
   pid_ = fork();
   REQUIRE(pid_ >= 0);
   if (pid_ == 0) {
@@ -102,6 +105,12 @@ void Child::Stop() {
   // Whatever the child left behind in its group goes too.
   if (pgid_ > 0) kill(-pgid_, SIGKILL);
   pgid_ = -1;
+}
+
+void Child::Kill() {
+  if (pgid_ > 0) kill(-pgid_, SIGKILL);
+  if (pid_ > 0) waitpid(pid_, nullptr, 0);
+  pid_ = pgid_ = -1;
 }
 
 Trainwatchd::Trainwatchd(const TempDir& dir, const std::string& rules, const std::string& pager)

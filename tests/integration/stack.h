@@ -6,6 +6,7 @@
 #ifndef TRAINWATCH_TESTS_INTEGRATION_STACK_H_
 #define TRAINWATCH_TESTS_INTEGRATION_STACK_H_
 
+#include <grpcpp/grpcpp.h>
 #include <sys/types.h>
 
 #include <map>
@@ -33,6 +34,8 @@ class Child {
   int Wait(int seconds);
   bool running();
   void Stop();
+  // SIGKILL to the whole group, no grace: a crash.
+  void Kill();
 
  private:
   pid_t pid_ = -1;
@@ -40,8 +43,9 @@ class Child {
   int status_ = -1;
 };
 
-// trainwatchd with a database and optional rules and pager config; the ports
-// it chose are read from its first lines of output.
+// trainwatchd with its database in `dir` (a restart in the same folder finds
+// it again) and optional rules and pager config; the ports it chose are read
+// from its first lines of output.
 class Trainwatchd {
  public:
   Trainwatchd(const TempDir& dir, const std::string& rules, const std::string& pager);
@@ -49,6 +53,10 @@ class Trainwatchd {
   int metrics_port() const { return metrics_port_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   std::string db() const { return db_; }
+  std::shared_ptr<grpc::Channel> channel() const {
+    return grpc::CreateChannel(address(), grpc::InsecureChannelCredentials());
+  }
+  void Kill() { child_->Kill(); }
 
  private:
   std::string db_;

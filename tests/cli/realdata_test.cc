@@ -1,4 +1,4 @@
-// Replays of real public training logs (../shared/realdata, metric lines
+// Replays of real public training logs (tests/data/realdata, metric lines
 // only), asserting what their README says happens in each.
 
 #include <chrono>

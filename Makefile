@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython_EXECUTABLE=/usr/bin/python3
 
-.PHONY: demo demo-replay test deps configure build bench clean
+.PHONY: demo demo-replay test deps configure build bench package clean
 
 # The end-to-end story: a PyTorch trainer, trainwatchd, Prometheus and
 # Alertmanager on loopback (about a minute).
@@ -26,6 +26,10 @@ configure: deps
 
 build: configure
 	cmake --build $(BUILD) -j$(JOBS)
+
+# The Debian package of trainwatchd and twctl, in $(BUILD)/package.
+package: build
+	cmake --build $(BUILD) --target package
 
 bench: build
 	$(BUILD)/bin/rule_engine_bench

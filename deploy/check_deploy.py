@@ -123,11 +123,28 @@ if not errors:
 unit = open(os.path.join(root, "deploy/systemd/trainwatchd.service")).read()
 exec_start = re.search(r"ExecStart=(.*?)\n(?!\s)", unit.replace("\\\n", " "), re.S).group(1)
 unit_args = [a for a in exec_start.split() if a.startswith("--")]
-if not unit_args:
+# The unit reads its flags from /etc/trainwatch/trainwatchd.flags, which the
+# Debian package installs from deploy/systemd/; every file under
+# /etc/trainwatch that they name must be one the package ships (rules.json is
+# printed by twctl at build time).
+shipped = set(os.listdir(os.path.join(root, "deploy/systemd"))) | {"rules.json"}
+for a in list(unit_args):
+    if a.startswith("--flagfile="):
+        path = a.split("=", 1)[1]
+        if not path.startswith("/etc/trainwatch/") or os.path.basename(path) not in shipped:
+            errors.append(f"systemd: --flagfile {path} is not a file the package ships")
+            continue
+        lines = open(os.path.join(root, "deploy/systemd", os.path.basename(path))).read()
+        unit_args += [l.strip() for l in lines.splitlines() if l.strip().startswith("--")]
+for a in unit_args:
+    value = a.split("=", 1)[1] if "=" in a else ""
+    if value.startswith("/etc/trainwatch/") and os.path.basename(value) not in shipped:
+        errors.append(f"systemd: {a} names a file the package does not ship")
+if len(unit_args) < 2:
     errors.append("systemd: ExecStart passes no flags")
 checked = 0
 if len(sys.argv) > 1:
-    helptext = subprocess.run([sys.argv[1], "--help"], capture_output=True, text=True)
+    helptext = subprocess.run([sys.argv[1], "--helpfull"], capture_output=True, text=True)
     known = set(re.findall(r"^\s+--([a-z_]+) ", helptext.stdout + helptext.stderr, re.M))
     if "db" not in known:
         errors.append("cannot read trainwatchd's flags from its --help")

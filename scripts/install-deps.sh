@@ -11,6 +11,8 @@ packages=(
   catch2 libbenchmark-dev
   prometheus prometheus-alertmanager openssl
   pybind11-dev python3-dev python3-numpy python3-torch python3-yaml
+  python3-venv python3-pip python3-setuptools python3-wheel python3-build
+  dpkg-dev lintian
 )
 
 missing=()

@@ -19,6 +19,7 @@
 #include "trainwatch/agent/agent.h"
 #include "trainwatch/core/config.h"
 #include "trainwatch/core/event.h"
+#include "trainwatch/core/version.h"
 #include "trainwatch/kernels/grad_stats.h"
 #include "trainwatch/kernels/logit_stats.h"
 
@@ -374,6 +375,7 @@ PYBIND11_MODULE(_trainwatch, m) {
   using trainwatch::python::PyAgent;
   using trainwatch::python::PyVerdict;
   m.doc() = "trainwatch agent (native part)";
+  m.attr("__version__") = trainwatch::kVersion;
   py::class_<PyVerdict>(m, "Verdict")
       .def_readonly("decision", &PyVerdict::decision)
       .def_readonly("tier", &PyVerdict::tier)

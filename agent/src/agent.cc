@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "spill.h"
+#include "trainwatch/core/version.h"
 #include "trainwatch/v1/agent.grpc.pb.h"
 
 namespace trainwatch::agent {
@@ -39,7 +40,8 @@ int64_t NowMs() {
 
 // One step's record as it crosses from the training thread to the pump:
 // plain data, no allocation in the steady state (gathered_shards is filled
-// only on a skipped or halted step of a multi-rank run).
+// only on a skipped or halted step of a multi-rank run, tensor_report only
+// when this rank's gradients held a nonfinite value).
 struct Slot {
   enum Kind : uint8_t { kStep, kCheckpoint, kAck } kind = kStep;
   bool rank_scope = false;
@@ -52,6 +54,11 @@ struct Slot {
   uint16_t shard_count = 0;
   uint64_t shards[kMaxShards];
   std::vector<uint64_t> gathered_shards;  // every rank's, when not empty
+  // This rank's own report naming the tensors that held nonfinite values,
+  // serialized, sent right after the step's record. It shares the record's
+  // (run, rank, step) acknowledgement, so it must not overtake records of
+  // earlier steps: an ack for its step would cover them before they are sent.
+  std::string tensor_report;
   int64_t time_ms = 0;
 };
 
@@ -168,6 +175,34 @@ struct Agent::Impl {
 
   // ------------------------------------------------------------- the pump
 
+  // A failure path, allocation allowed: this rank's own report with the
+  // tensors that hold nonfinite values.
+  std::string TensorReport(const StepInput& in) {
+    v1::AgentMessage m;
+    auto* r = m.mutable_step_report();
+    r->set_run_id(cfg.run_id);
+    r->set_rank(reducer->rank());
+    r->set_world_size(reducer->world_size());
+    r->set_step(in.step);
+    r->set_scope(v1::REPORT_SCOPE_RANK);
+    r->set_nonfinite_count(static_cast<uint64_t>(in.grad_nonfinite));
+    r->set_element_count(static_cast<uint64_t>(in.grad_elements));
+    r->mutable_metrics()->set_nan_frac(in.grad_elements > 0
+                                           ? static_cast<double>(in.grad_nonfinite) /
+                                                 static_cast<double>(in.grad_elements)
+                                           : 0.0);
+    int kept = 0;
+    for (const core::TensorStat& t : in.tensors) {
+      if (t.nonfinite <= 0 || kept++ >= 64) continue;
+      auto* ts = r->add_tensors();
+      ts->set_name(std::string(t.name));
+      ts->set_sum_squares(t.sum_squares);
+      ts->set_nonfinite_count(static_cast<uint64_t>(t.nonfinite));
+      ts->set_element_count(static_cast<uint64_t>(t.elements));
+    }
+    return m.SerializeAsString();
+  }
+
   std::string Serialize(const Slot& s) {
     v1::AgentMessage m;
     auto* r = m.mutable_step_report();
@@ -220,6 +255,7 @@ struct Agent::Impl {
     std::vector<std::pair<int64_t, std::string>> fresh;
     while (const Slot* s = ring.Front()) {
       fresh.emplace_back(s->step, Serialize(*s));
+      if (!s->tensor_report.empty()) fresh.emplace_back(s->step, s->tensor_report);
       ring.Pop();
     }
     if (fresh.empty()) return;
@@ -333,7 +369,7 @@ struct Agent::Impl {
     h->set_run_id(cfg.run_id);
     h->set_rank(reducer->rank());
     h->set_world_size(reducer->world_size());
-    h->set_agent_version("trainwatch-agent 0.1");
+    h->set_agent_version(absl::StrCat("trainwatch-agent ", kVersion));
     h->set_host_name(cfg.host_name);
     h->add_capabilities(v1::CAPABILITY_SHARD_IDS);
     h->add_capabilities(v1::CAPABILITY_ROLLBACK);
@@ -348,7 +384,7 @@ struct Agent::Impl {
     h->set_rank(reducer->rank());
     const int64_t now = NowMs();
     h->mutable_time()->set_seconds(now / 1000);
-    h->set_agent_version("trainwatch-agent 0.1");
+    h->set_agent_version(absl::StrCat("trainwatch-agent ", kVersion));
     std::lock_guard<std::mutex> lock(mu);
     h->set_queue_depth(static_cast<uint32_t>(memory.size()));
     h->set_queue_capacity(static_cast<uint32_t>(cfg.memory_records));
@@ -628,39 +664,13 @@ struct Agent::Impl {
         std::copy_n(in.shards.begin(), slot->shard_count, slot->shards);
         slot->gathered_shards.clear();
         if (!slot->rank_scope && !gathered.empty()) slot->gathered_shards = std::move(gathered);
+        slot->tensor_report.clear();
+        if (local_nonfinite && !in.tensors.empty()) slot->tensor_report = TensorReport(in);
         slot->time_ms = NowMs();
+        const bool with_report = !slot->tensor_report.empty();
         ring.EndPush();
-        queued.fetch_add(1, std::memory_order_relaxed);
+        queued.fetch_add(with_report ? 2 : 1, std::memory_order_relaxed);
       }
-    }
-    if (!cfg.server_address.empty() && local_nonfinite && !in.tensors.empty()) {
-      // A failure path, allocation allowed: this rank's own report with the
-      // tensors that hold nonfinite values.
-      v1::AgentMessage m;
-      auto* r = m.mutable_step_report();
-      r->set_run_id(cfg.run_id);
-      r->set_rank(reducer->rank());
-      r->set_world_size(reducer->world_size());
-      r->set_step(in.step);
-      r->set_scope(v1::REPORT_SCOPE_RANK);
-      r->set_nonfinite_count(static_cast<uint64_t>(in.grad_nonfinite));
-      r->set_element_count(static_cast<uint64_t>(in.grad_elements));
-      r->mutable_metrics()->set_nan_frac(in.grad_elements > 0
-                                             ? static_cast<double>(in.grad_nonfinite) /
-                                                   static_cast<double>(in.grad_elements)
-                                             : 0.0);
-      int kept = 0;
-      for (const core::TensorStat& t : in.tensors) {
-        if (t.nonfinite <= 0 || kept++ >= 64) continue;
-        auto* ts = r->add_tensors();
-        ts->set_name(std::string(t.name));
-        ts->set_sum_squares(t.sum_squares);
-        ts->set_nonfinite_count(static_cast<uint64_t>(t.nonfinite));
-        ts->set_element_count(static_cast<uint64_t>(t.elements));
-      }
-      std::lock_guard<std::mutex> lock(mu);
-      control.push_back(m.SerializeAsString());
-      writer_cv.notify_all();
     }
     return outcome.verdict;
   }

@@ -8,6 +8,7 @@
 
 #include "trainwatch/cli/operator_commands.h"
 #include "trainwatch/cli/replay.h"
+#include "trainwatch/core/version.h"
 
 namespace {
 
@@ -23,6 +24,7 @@ constexpr char kUsage[] =
     "  rollback reject ID --comment TEXT\n"
     "  replay FILE   replay exported metrics through the rule engine (backtesting)\n"
     "  help          this text\n"
+    "  version       twctl's release\n"
     "Connection: --server/--token, TRAINWATCH_SERVER/TRAINWATCH_TOKEN, or\n"
     "~/.config/trainwatch/twctl.json; output: -o table|json.\n"
     "Run 'twctl COMMAND --help' for a command's flags.\n"
@@ -57,6 +59,9 @@ int main(int argc, char** argv) {
           std::fwrite(line.data(), 1, line.size(), stdout);
           std::fflush(stdout);
         });
+  } else if (command == "version" || command == "--version") {
+    out = std::string("twctl ") + trainwatch::kVersion + "\n";
+    code = 0;
   } else if (command == "help" || command == "--help" || command == "-h") {
     out = kUsage;
     code = 0;

@@ -7,8 +7,11 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "trainwatch/core/config.h"
+#include "trainwatch/core/version.h"
 #include "trainwatch/server/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "gRPC address (port 0: pick a free one)");
@@ -37,8 +40,18 @@ void OnSignal(int) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // absl prints "<program>: <message>" and groups flags under the path the
+  // defining file was compiled from (a build machine's folder); name the
+  // program once, and group our flags under it.
+  absl::FlagsUsageConfig usage;
+  usage.version_string = [] { return std::string("trainwatchd ") + trainwatch::kVersion + "\n"; };
+  usage.normalize_filename = [](absl::string_view file) {
+    return absl::EndsWith(file, "trainwatchd_main.cc") ? std::string("trainwatchd.cc")
+                                                      : std::string(file);
+  };
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
-      "trainwatchd: the training-health server. Agents stream step records to it; it runs\n"
+      "the training-health server. Agents stream step records to it; it runs\n"
       "the tiered rule engine, keeps every record in SQLite, serves the operator API and\n"
       "Prometheus metrics. Defaults work with no configuration (loopback, ./trainwatch.db).");
   absl::ParseCommandLine(argc, argv);

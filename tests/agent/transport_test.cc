@@ -70,7 +70,12 @@ class FakeServer final : public v1::AgentService::Service {
         const auto [it, fresh] = steps_.insert(m.step_report().step());
         if (!fresh) ++duplicates_;
         ++received_;
+        if (m.step_report().tensors_size() > 0) {
+          tensor_reports_.push_back(m.step_report().step());
+          globals_before_report_.push_back(global_steps_.size());
+        }
         if (m.step_report().scope() != v1::REPORT_SCOPE_RANK) {
+          global_steps_.insert(m.step_report().step());
           shards_[m.step_report().step()].assign(m.step_report().shard_ids().begin(),
                                                  m.step_report().shard_ids().end());
         }
@@ -94,6 +99,21 @@ class FakeServer final : public v1::AgentService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return steps_;
   }
+  // The steps of the run's (global) records, and of the rank reports that
+  // name nonfinite tensors.
+  std::set<int64_t> global_steps() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return global_steps_;
+  }
+  std::vector<int64_t> tensor_reports() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return tensor_reports_;
+  }
+  // How many distinct global records had arrived before each tensor report.
+  std::vector<size_t> globals_before_report() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return globals_before_report_;
+  }
   std::vector<v1::CommandAck> command_acks() {
     std::lock_guard<std::mutex> lock(mu_);
     return acks_;
@@ -106,7 +126,9 @@ class FakeServer final : public v1::AgentService::Service {
 
  private:
   std::mutex mu_;
-  std::set<int64_t> steps_;
+  std::set<int64_t> steps_, global_steps_;
+  std::vector<int64_t> tensor_reports_;
+  std::vector<size_t> globals_before_report_;
   std::map<int64_t, std::vector<uint64_t>> shards_;
   int64_t duplicates_ = 0, received_ = 0;
   std::vector<v1::CommandAck> acks_;
@@ -229,6 +251,48 @@ TEST_CASE("transport: slow acks and repeated or stale acks", "[agent][transport]
   CHECK(s.records_acked == 400);
   CHECK(s.unacked == 0);
   (*agent)->Close();
+}
+
+TEST_CASE("transport: a NaN's tensor report does not overtake the records before it",
+          "[agent][transport]") {
+  // The report shares its step's acknowledgement. Sent ahead of the records
+  // still waiting in the ring (the pump moves them every few milliseconds),
+  // its ack would cover records the agent had not sent yet, and the agent
+  // would drop them as durable.
+  const int port = FreePort();
+  FakeServer fake;
+  Running server(&fake, port);
+  AgentConfig config = Config(port);
+  config.ring_records = 1 << 16;  // room for every record: none dropped on a busy machine
+  auto agent = Agent::Create(config, std::make_unique<SingleProcessReducer>());
+  REQUIRE(agent.ok());
+  // Each round is a chance for the race: steps, then a NaN at once.
+  constexpr int64_t kRound = 1000, kRounds = 5;
+  const std::vector<core::TensorStat> tensors = {{"layers.3.mlp.weight", 0.0, 2, 64}};
+  std::vector<int64_t> nan_steps;
+  for (int64_t round = 0; round < kRounds; ++round) {
+    Feed(**agent, round * kRound, (round + 1) * kRound - 1);
+    StepInput in;
+    in.step = (round + 1) * kRound - 1;
+    in.loss = 2.5;
+    in.grad_sum_squares = std::nan("");
+    in.grad_nonfinite = 2;
+    in.grad_elements = 100;
+    in.tensors = tensors;
+    (*agent)->Step(in);
+    nan_steps.push_back(in.step);
+  }
+  const bool durable = WaitDurable(**agent, kRounds * kRound - 1, 60);
+  INFO("dropped " << (*agent)->Stats().records_dropped << ", durable step "
+                  << (*agent)->Stats().durable_step);
+  REQUIRE(durable);
+  (*agent)->Close(10000);
+  CHECK(fake.global_steps() == Range(0, kRounds * kRound));
+  CHECK(fake.tensor_reports() == nan_steps);
+  // Each report arrived after every record up to its own step.
+  std::vector<size_t> in_order;
+  for (int64_t step : nan_steps) in_order.push_back(static_cast<size_t>(step) + 1);
+  CHECK(fake.globals_before_report() == in_order);
 }
 
 TEST_CASE("transport: records spill to disk while the server is away - then drain",

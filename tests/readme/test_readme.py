@@ -6,6 +6,7 @@ shard ids."""
 import os
 import re
 import sqlite3
+import time
 import unittest
 
 import torch
@@ -70,6 +71,16 @@ class ReadmeSnippetTest(unittest.TestCase):
                          [(CORRUPT_AT, str(50_000 + CORRUPT_AT))])
         self.assertIn((50_000 + CORRUPT_AT,), q("SELECT shard FROM flagged_shards"))
         self.assertEqual(q("SELECT step FROM events WHERE action=4"), [(NAN_AT,)])
+        # params=model.named_parameters() in the snippet names the tensors: the
+        # rank's report of the halted step carries them. It travels after the
+        # step's record, whose acknowledgement does not cover it: wait for it.
+        deadline = time.monotonic() + 30
+        while True:
+            reports = [bytes(r) for (r,) in q(f"SELECT report FROM rank_steps WHERE step={NAN_AT}")]
+            if any(b"0.weight" in r for r in reports) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        self.assertTrue(any(b"0.weight" in r for r in reports), reports)
 
 
 if __name__ == "__main__":

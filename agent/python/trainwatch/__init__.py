@@ -24,9 +24,10 @@ TRAINWATCH_TOKEN and TRAINWATCH_SPILL_DIR.
 import json as _json
 
 from ._trainwatch import Verdict  # noqa: F401
+from ._trainwatch import __version__  # noqa: F401  (the C++ build's, one source)
 from ._trainwatch import Agent as _NativeAgent
 
-__all__ = ["Agent", "Verdict", "TrainingHalted"]
+__all__ = ["Agent", "Verdict", "TrainingHalted", "__version__"]
 
 
 class TrainingHalted(RuntimeError):

@@ -1,0 +1,78 @@
+"""Builds the `trainwatch` Python package: the pure-Python modules from
+agent/python/trainwatch and the native module `_trainwatch`, which CMake builds
+with the interpreter running this script (its headers, its extension suffix).
+
+The version is the C++ one: project(trainwatch VERSION ...) in CMakeLists.txt.
+
+Environment:
+  TRAINWATCH_CMAKE_ARGS  extra arguments for CMake's configure step, e.g.
+                         "-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc"
+  CMAKE_BUILD_PARALLEL_LEVEL  build jobs (default: every CPU)
+
+The module links the system's gRPC and Abseil shared libraries (Debian:
+libgrpc++1.51, libabsl20220623), which must be present where it is imported.
+"""
+
+import os
+import pathlib
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = pathlib.Path(__file__).resolve().parent
+
+
+def cmake_version():
+    text = (ROOT / "CMakeLists.txt").read_text()
+    m = re.search(r"project\(trainwatch\s+VERSION\s+([0-9.]+)", text)
+    if m is None:
+        raise RuntimeError("CMakeLists.txt: no project(trainwatch VERSION ...)")
+    return m.group(1)
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name, target):
+        super().__init__(name, sources=[])
+        self.target = target
+
+
+class CMakeBuild(build_ext):
+    """Configures the tree with only the agent and its binding (no server,
+    tests or benchmarks), builds the one target and copies it where setuptools
+    expects the extension."""
+
+    def build_extension(self, ext):
+        build_dir = pathlib.Path(self.build_temp).resolve() / "cmake"
+        configure = [
+            "cmake", "-S", str(ROOT), "-B", str(build_dir),
+            "-DCMAKE_BUILD_TYPE=Release",
+            f"-DPython_EXECUTABLE={sys.executable}",
+            "-DTRAINWATCH_BUILD_SERVER=OFF",
+            "-DTRAINWATCH_BUILD_TESTS=OFF",
+            "-DTRAINWATCH_BUILD_BENCH=OFF",
+        ] + shlex.split(os.environ.get("TRAINWATCH_CMAKE_ARGS", ""))
+        jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 1)
+        subprocess.run(configure, check=True)
+        subprocess.run(["cmake", "--build", str(build_dir), "--target", ext.target, "-j", jobs],
+                       check=True)
+        built = sorted((build_dir / "python" / "trainwatch").glob(ext.target + ".*.so"))
+        if len(built) != 1:
+            raise RuntimeError(f"expected one {ext.target} module in {build_dir}, found {built}")
+        dest = pathlib.Path(self.get_ext_fullpath(ext.name))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(built[0], dest)
+
+
+setup(
+    version=cmake_version(),
+    package_dir={"": "agent/python"},
+    packages=["trainwatch"],
+    ext_modules=[CMakeExtension("trainwatch._trainwatch", target="_trainwatch")],
+    cmdclass={"build_ext": CMakeBuild},
+    zip_safe=False,
+)

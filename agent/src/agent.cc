@@ -177,14 +177,20 @@ struct Agent::Impl {
 
   // A failure path, allocation allowed: this rank's own report with the
   // tensors that hold nonfinite values.
-  std::string TensorReport(const StepInput& in) {
-    v1::AgentMessage m;
-    auto* r = m.mutable_step_report();
+  // A step report of this rank's, addressed (run, rank, world, step, scope).
+  v1::StepReport* NewStepReport(v1::AgentMessage* m, int64_t step, bool rank_scope) {
+    v1::StepReport* r = m->mutable_step_report();
     r->set_run_id(cfg.run_id);
     r->set_rank(reducer->rank());
     r->set_world_size(reducer->world_size());
-    r->set_step(in.step);
-    r->set_scope(v1::REPORT_SCOPE_RANK);
+    r->set_step(step);
+    r->set_scope(rank_scope ? v1::REPORT_SCOPE_RANK : v1::REPORT_SCOPE_GLOBAL);
+    return r;
+  }
+
+  std::string TensorReport(const StepInput& in) {
+    v1::AgentMessage m;
+    v1::StepReport* r = NewStepReport(&m, in.step, /*rank_scope=*/true);
     r->set_nonfinite_count(static_cast<uint64_t>(in.grad_nonfinite));
     r->set_element_count(static_cast<uint64_t>(in.grad_elements));
     r->mutable_metrics()->set_nan_frac(in.grad_elements > 0
@@ -205,12 +211,7 @@ struct Agent::Impl {
 
   std::string Serialize(const Slot& s) {
     v1::AgentMessage m;
-    auto* r = m.mutable_step_report();
-    r->set_run_id(cfg.run_id);
-    r->set_rank(reducer->rank());
-    r->set_world_size(reducer->world_size());
-    r->set_step(s.step);
-    r->set_scope(s.rank_scope ? v1::REPORT_SCOPE_RANK : v1::REPORT_SCOPE_GLOBAL);
+    v1::StepReport* r = NewStepReport(&m, s.step, s.rank_scope);
     auto* mt = r->mutable_metrics();
     auto has = [&](Signal sig) { return (s.present & core::Bit(sig)) != 0; };
     auto val = [&](Signal sig) { return s.values[static_cast<int>(sig)]; };

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <unordered_map>
 
 #include "absl/strings/ascii.h"
@@ -172,6 +173,11 @@ bool TensorScalar(const tensorboard::TensorProto& t, double* out) {
 
 absl::Status DecodeScalarEvent(absl::string_view record, ScalarEvent* out) {
   tensorboard::Event event;
+  // protobuf's parser takes an int size; no scalar event comes near it.
+  if (record.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a record of ", record.size(), " bytes is too large for an Event"));
+  }
   if (!event.ParseFromArray(record.data(), static_cast<int>(record.size()))) {
     return absl::InvalidArgumentError("the record is not a TensorBoard Event (bad protobuf)");
   }

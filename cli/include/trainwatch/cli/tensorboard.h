@@ -136,7 +136,8 @@ struct EventFileData {
 // files), the one with the latest wall time wins, then the later file and
 // record. Tags become signals by --map (`map`: {signal, tag}) or by their
 // usual names (loss, train/loss, Loss/train, grad_norm, lr, learning_rate, ...,
-// case-insensitively); other tags are read past. A torn final record ends
+// case-insensitively); other tags are read past, loss_ema_ratio among them
+// (the engine derives it, as it does from every format). A torn final record ends
 // its file with a warning in Trace::warnings(); a bad CRC is an error.
 // `label` names the run in messages that concern no single file (the folder);
 // empty: the first file's name.

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "trainwatch/cli/tensorboard.h"
 #include "trainwatch/core/json.h"
 #include "trace_builder.h"
 
@@ -84,36 +86,6 @@ bool IsStepColumn(absl::string_view lower) {
   for (absl::string_view n : {"step", "_step", "global_step", "iteration", "iter",
                               "trainer/global_step", "train/step"}) {
     if (lower == n) return true;
-  }
-  return false;
-}
-
-// Default names of each signal in CSV exports (lower case).
-bool SignalByAlias(absl::string_view lower, Signal* out) {
-  struct Alias {
-    Signal signal;
-    const char* names[8];
-  };
-  static const Alias kAliases[] = {
-      {Signal::kLoss, {"loss", "train/loss", "train_loss", "lm loss", "lm_loss", "train/lm_loss",
-                       "training_loss", "train/loss_step"}},
-      {Signal::kGradNorm, {"grad_norm", "train/grad_norm", "grad-norm", "gradient_norm",
-                           "global_grad_norm", "train/global_grad_norm", "grad norm", nullptr}},
-      {Signal::kLogZ, {"log_z", "train/log_z", "logz", "train/logz", nullptr}},
-      {Signal::kNanFrac, {"nan_frac", "train/nan_frac", nullptr}},
-      {Signal::kLearningRate, {"lr", "learning_rate", "train/lr", "train/learning_rate",
-                               "learning rate", nullptr}},
-      {Signal::kZLossAlpha, {"z_loss_alpha", nullptr}},
-      {Signal::kActivationMax, {"activation_max", nullptr}},
-      {Signal::kAttentionLogitP99, {"attention_logit_p99", nullptr}},
-  };
-  for (const Alias& a : kAliases) {
-    for (const char* n : a.names) {
-      if (n != nullptr && lower == n) {
-        *out = a.signal;
-        return true;
-      }
-    }
   }
   return false;
 }
@@ -370,6 +342,35 @@ absl::StatusOr<Trace> ParseJsonLines(absl::string_view content, absl::string_vie
 
 }  // namespace
 
+bool SignalByAlias(absl::string_view lower, Signal* out) {
+  struct Alias {
+    Signal signal;
+    const char* names[8];
+  };
+  static const Alias kAliases[] = {
+      {Signal::kLoss, {"loss", "train/loss", "train_loss", "lm loss", "lm_loss", "train/lm_loss",
+                       "training_loss", "train/loss_step"}},
+      {Signal::kGradNorm, {"grad_norm", "train/grad_norm", "grad-norm", "gradient_norm",
+                           "global_grad_norm", "train/global_grad_norm", "grad norm", nullptr}},
+      {Signal::kLogZ, {"log_z", "train/log_z", "logz", "train/logz", nullptr}},
+      {Signal::kNanFrac, {"nan_frac", "train/nan_frac", nullptr}},
+      {Signal::kLearningRate, {"lr", "learning_rate", "train/lr", "train/learning_rate",
+                               "learning rate", nullptr}},
+      {Signal::kZLossAlpha, {"z_loss_alpha", nullptr}},
+      {Signal::kActivationMax, {"activation_max", nullptr}},
+      {Signal::kAttentionLogitP99, {"attention_logit_p99", nullptr}},
+  };
+  for (const Alias& a : kAliases) {
+    for (const char* n : a.names) {
+      if (n != nullptr && lower == n) {
+        *out = a.signal;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 absl::string_view FormatName(MetricsFormat f) {
   switch (f) {
     case MetricsFormat::kAuto: return "auto";
@@ -379,6 +380,7 @@ absl::string_view FormatName(MetricsFormat f) {
     case MetricsFormat::kLlmc: return "llmc";
     case MetricsFormat::kStepLog: return "steplog";
     case MetricsFormat::kMegatron: return "megatron";
+    case MetricsFormat::kTensorBoard: return "tensorboard";
   }
   return "unknown";
 }
@@ -386,7 +388,8 @@ absl::string_view FormatName(MetricsFormat f) {
 bool ParseFormatName(absl::string_view name, MetricsFormat* out) {
   for (MetricsFormat f : {MetricsFormat::kAuto, MetricsFormat::kCsv, MetricsFormat::kGenericCsv,
                           MetricsFormat::kJsonLines, MetricsFormat::kLlmc,
-                          MetricsFormat::kStepLog, MetricsFormat::kMegatron}) {
+                          MetricsFormat::kStepLog, MetricsFormat::kMegatron,
+                          MetricsFormat::kTensorBoard}) {
     if (FormatName(f) == name) {
       *out = f;
       return true;
@@ -430,6 +433,9 @@ absl::StatusOr<ColumnMap> ParseColumnMap(absl::string_view spec) {
 absl::StatusOr<Trace> ParseMetrics(absl::string_view content, absl::string_view source,
                                    const ReadOptions& options) {
   MetricsFormat format = options.format;
+  if (format == MetricsFormat::kAuto && LooksLikeEventFile(content)) {
+    format = MetricsFormat::kTensorBoard;
+  }
   if (format == MetricsFormat::kAuto) {
     if (absl::StripLeadingAsciiWhitespace(content).empty()) {
       return At(source, 1, 1,
@@ -455,11 +461,24 @@ absl::StatusOr<Trace> ParseMetrics(absl::string_view content, absl::string_view 
       return ParseStepLog(content, source);
     case MetricsFormat::kMegatron:
       return ParseMegatronLog(content, source);
+    case MetricsFormat::kTensorBoard:
+      return ParseEventFiles({EventFileData{std::string(source), content}}, options.column_map);
   }
   return absl::InternalError("unreachable");
 }
 
 absl::StatusOr<Trace> ReadMetricsFile(const std::string& path, const ReadOptions& options) {
+  std::error_code ec;
+  const bool folder = std::filesystem::is_directory(path, ec);
+  if (folder || (options.format == MetricsFormat::kAuto &&
+                 IsEventFileName(std::filesystem::path(path).filename().string()))) {
+    if (options.format != MetricsFormat::kAuto && options.format != MetricsFormat::kTensorBoard) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": a folder is read as TensorBoard event files, not as ",
+          FormatName(options.format)));
+    }
+    return ReadEventFiles(path, options.column_map);
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
   std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

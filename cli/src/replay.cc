@@ -1,6 +1,7 @@
 #include "trainwatch/cli/replay.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "trainwatch/cli/tensorboard.h"
 #include "trainwatch/core/json.h"
 #include "trainwatch/core/rule_engine.h"
 
@@ -170,7 +172,7 @@ std::string FormatSummaryJson(const ReplayResult& r) {
 namespace {
 
 constexpr char kReplayUsage[] =
-    "usage: twctl replay FILE [--config FILE] [--format FORMAT] [--map SIGNAL=COLUMN,...]\n"
+    "usage: twctl replay FILE|DIR [--config FILE] [--format FORMAT] [--map SIGNAL=COLUMN,...]\n"
     "                         [-o table|json] [--summary] [--print-config]\n"
     "Replays a run's metrics through the rule engine that runs in the agent and the\n"
     "server, and prints one event per line ('-' reads stdin).\n"
@@ -183,6 +185,11 @@ constexpr char kReplayUsage[] =
     "  llmc       llm.c main.log (s:STEP trl:LOSS lr:LR norm:NORM)\n"
     "  steplog    step:S/N train_loss:L ... (modded-nanogpt family)\n"
     "  megatron   Megatron-LM iteration lines\n"
+    "  tensorboard  TensorBoard event files (events.out.tfevents.*): one file, or a\n"
+    "             folder whose event files are merged by step; tags found by name\n"
+    "             (loss, train/loss, Loss/train, grad_norm, lr, ...) or mapped:\n"
+    "             --map loss=train/total_loss. A torn final record is a warning\n"
+    "             (the rest is replayed); a bad CRC is an error naming file and offset\n"
     "Metrics a log never reports are unknown: the rules that need them stay silent and\n"
     "each event lists them under lacked_signals.\n"
     "--config FILE   JSON object of rule thresholds (see --print-config)\n"
@@ -257,7 +264,7 @@ int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::s
   ReadOptions read;
   if (!ParseFormatName(format, &read.format)) {
     *err = absl::StrCat("twctl replay: unknown --format ", format,
-                        " (auto, csv, wandb-csv, jsonl, llmc, steplog, megatron)\n");
+                        " (auto, csv, wandb-csv, jsonl, llmc, steplog, megatron, tensorboard)\n");
     return 2;
   }
   if (!map_spec.empty()) {
@@ -287,18 +294,35 @@ int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::s
     return 0;
   }
   if (file.empty()) {
-    *err = absl::StrCat("twctl replay: a metrics FILE is required\n", kReplayUsage);
+    *err = absl::StrCat("twctl replay: a metrics FILE or folder is required\n", kReplayUsage);
     return 2;
   }
-  std::string content;
-  if (!ReadAll(file, &content)) {
-    *err = absl::StrCat("twctl replay: cannot read ", file, "\n");
-    return 1;
+  std::error_code ec;
+  absl::StatusOr<Trace> trace = absl::UnknownError("unread");
+  if (file != "-" &&
+      (std::filesystem::is_directory(file, ec) ||
+       (read.format == MetricsFormat::kAuto && IsEventFileName(file)))) {
+    // Folders and event files by name: their own reader, whose messages name
+    // the file and byte offset.
+    trace = ReadMetricsFile(file, read);
+    if (!trace.ok() && absl::IsNotFound(trace.status())) {
+      *err = absl::StrCat("twctl replay: ", trace.status().message(), "\n");
+      return 1;
+    }
+  } else {
+    std::string content;
+    if (!ReadAll(file, &content)) {
+      *err = absl::StrCat("twctl replay: cannot read ", file, "\n");
+      return 1;
+    }
+    trace = ParseMetrics(content, file == "-" ? "<stdin>" : file, read);
   }
-  absl::StatusOr<Trace> trace = ParseMetrics(content, file == "-" ? "<stdin>" : file, read);
   if (!trace.ok()) {
     *err = absl::StrCat("twctl replay: ", trace.status().message(), "\n");
     return 2;
+  }
+  for (const std::string& w : trace->warnings()) {
+    absl::StrAppend(err, "twctl replay: warning: ", w, "\n");
   }
   absl::StatusOr<ReplayResult> result = Replay(*trace, config);
   if (!result.ok()) {

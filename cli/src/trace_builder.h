@@ -27,6 +27,9 @@ bool ParseUint64(absl::string_view text, uint64_t* out);
 
 // Signal by its file name ("loss", "grad_norm", ...).
 bool SignalByName(absl::string_view name, core::Signal* out);
+// Signal by the usual names trainers and exporters give it ("train/loss",
+// "learning_rate", ...); `lower` is lower case.
+bool SignalByAlias(absl::string_view lower, core::Signal* out);
 
 class TraceBuilder {
  public:
@@ -41,6 +44,7 @@ class TraceBuilder {
   absl::Status AddShards(Row& r, absl::string_view text, int column);
   void AddShard(Row& r, uint64_t id);
   void SetCheckpoint(Row& r, absl::string_view uri);
+  void AddWarning(std::string message) { trace_.warnings_.push_back(std::move(message)); }
   // Step of the last row, -1 when none.
   int64_t last_step() const { return have_last_ ? last_step_ : -1; }
   size_t rows() const { return trace_.rows_.size(); }

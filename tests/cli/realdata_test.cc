@@ -2,14 +2,18 @@
 // only), asserting what their README says happens in each.
 
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
+#include "event_file_writer.h"
 #include "synthetic.h"
 #include "trainwatch/cli/metrics_file.h"
 #include "trainwatch/cli/replay.h"
+#include "trainwatch/cli/tensorboard.h"
 
 namespace trainwatch::cli {
 namespace {
@@ -102,6 +106,79 @@ TEST_CASE("real log: Behemoth's NaN loss at step 1200 is tier 3 at that step",
   CHECK(t3[0].reason.find("loss is nan") != std::string::npos);
   CHECK(r.result.halted_at == 1200);
   CHECK(CountTierAtLeast(r.result, 2) == 1);
+}
+
+// Writes `trace` as a TensorBoard log folder, the way a trainer calling
+// add_scalar once per metric and step would: loss as simple_value (float, as
+// torch writes it), grad_norm as a double tensor, the rest as float tensors
+// in tensor_content; the run split into two files at its middle step, the
+// second written after the first (a restart).
+std::string ToEventFolder(const Trace& trace, const std::string& name) {
+  using testing::ScalarKind;
+  const std::string dir = std::string(P_tmpdir) + "/tw_realdata_tfevents_" + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::string files[2];
+  const double t0 = 1.7e9;
+  files[0] = testing::FileVersionRecord(t0);
+  files[1] = testing::FileVersionRecord(t0 + 1e6);
+  for (size_t i = 0; i < trace.size(); ++i) {
+    const core::StepRecord r = trace.Record(i);
+    const int f = i < trace.size() / 2 ? 0 : 1;
+    const double wall = t0 + static_cast<double>(i);
+    for (int s = 0; s < core::kNumSignals; ++s) {
+      const auto sig = static_cast<core::Signal>(s);
+      if (!r.Has(sig)) continue;
+      std::string tag(core::SignalName(sig));
+      ScalarKind kind = ScalarKind::kFloatContent;
+      if (sig == core::Signal::kLoss) {
+        tag = "train/loss";
+        kind = ScalarKind::kSimpleValue;
+      } else if (sig == core::Signal::kGradNorm) {
+        kind = ScalarKind::kDoubleVal;
+      } else if (sig == core::Signal::kLearningRate) {
+        tag = "learning_rate";
+      }
+      files[f] += testing::ScalarRecord(r.step, wall, tag, r.Get(sig), kind);
+    }
+  }
+  testing::WriteFile(dir + "/events.out.tfevents.1700000000.host.1.0", files[0]);
+  testing::WriteFile(dir + "/events.out.tfevents.1701000000.host.2.0", files[1]);
+  return dir;
+}
+
+TEST_CASE("realdata as tensorboard event files: the text logs' verdicts",
+          "[cli][realdata][tensorboard]") {
+  for (const auto& [name, format] :
+       std::vector<std::pair<std::string, MetricsFormat>>{
+           {"llmc-gpt2-124m.main.log", MetricsFormat::kLlmc},
+           {"modded-nanogpt-1p5b.log", MetricsFormat::kStepLog},
+           {"parameter-golf-bitnet.train.log", MetricsFormat::kStepLog},
+           {"parameter-golf-behemoth-v10.log", MetricsFormat::kStepLog}}) {
+    INFO(name);
+    const Replayed text = Load(name, format);
+    auto events = ReadEventFiles(ToEventFolder(text.trace, name));
+    REQUIRE(events.ok());
+    CHECK(events->format() == MetricsFormat::kTensorBoard);
+    CHECK(events->size() == text.trace.size());
+    CHECK(events->reported() == text.trace.reported());
+    CHECK(events->warnings().empty());
+    auto result = Replay(*events, core::RuleConfig());
+    REQUIRE(result.ok());
+    INFO("text:\n" << Dump(text.result) << "event files:\n" << Dump(*result));
+    CHECK(result->halted_at == text.result.halted_at);
+    CHECK(result->skipped_steps == text.result.skipped_steps);
+    REQUIRE(result->events.size() == text.result.events.size());
+    for (size_t i = 0; i < result->events.size(); ++i) {
+      const core::Event& a = result->events[i];
+      const core::Event& b = text.result.events[i];
+      CHECK(a.step == b.step);
+      CHECK(a.tier == b.tier);
+      CHECK(a.kind == b.kind);
+      CHECK(a.action == b.action);
+      CHECK(a.onset_step == b.onset_step);
+    }
+  }
 }
 
 TEST_CASE("replay speed: a 500k-step metrics file in well under a few seconds",

@@ -13,7 +13,8 @@
 //   steplog   "step:S/N train_loss:L ..." (modded-nanogpt and its family;
 //             val_loss-only lines are read past);
 //   megatron  Megatron-LM's "iteration N/ M | ... | lm loss: ... | grad norm:
-//             ... | learning rate: ... | number of nan iterations: ... |".
+//             ... | learning rate: ... | number of nan iterations: ... |";
+//   tensorboard  TensorBoard event files (tensorboard.h), one or a folder.
 //
 // Reading is all or nothing: malformed input (a garbage number, a step out
 // of order) is an error naming the file, line and column, and no record is
@@ -36,9 +37,18 @@
 
 namespace trainwatch::cli {
 
-enum class MetricsFormat { kAuto, kCsv, kGenericCsv, kJsonLines, kLlmc, kStepLog, kMegatron };
+enum class MetricsFormat {
+  kAuto,
+  kCsv,
+  kGenericCsv,
+  kJsonLines,
+  kLlmc,
+  kStepLog,
+  kMegatron,
+  kTensorBoard,
+};
 
-// "auto", "csv", "wandb-csv", "jsonl", "llmc", "steplog", "megatron".
+// "auto", "csv", "wandb-csv", "jsonl", "llmc", "steplog", "megatron", "tensorboard".
 absl::string_view FormatName(MetricsFormat f);
 bool ParseFormatName(absl::string_view name, MetricsFormat* out);
 
@@ -67,6 +77,9 @@ class Trace {
   uint32_t reported() const { return reported_; }
   // The format the content was read as (never kAuto).
   MetricsFormat format() const { return format_; }
+  // What the reader read past but a user should hear about (a torn final
+  // record in an event file), one message each.
+  const std::vector<std::string>& warnings() const { return warnings_; }
 
  private:
   friend class TraceBuilder;
@@ -82,6 +95,7 @@ class Trace {
   std::vector<Row> rows_;
   std::vector<uint64_t> shards_;
   std::vector<std::string> checkpoints_;
+  std::vector<std::string> warnings_;
   uint32_t reported_ = 0;
   MetricsFormat format_ = MetricsFormat::kCsv;
 };
@@ -91,7 +105,8 @@ class Trace {
 absl::StatusOr<Trace> ParseMetrics(absl::string_view content, absl::string_view source,
                                    const ReadOptions& options = ReadOptions());
 
-// Reads and parses a file.
+// Reads and parses a file; a folder is read as TensorBoard event files, as is
+// a file named events.out.tfevents.* when the format is kAuto.
 absl::StatusOr<Trace> ReadMetricsFile(const std::string& path,
                                       const ReadOptions& options = ReadOptions());
 

@@ -29,6 +29,10 @@ namespace {
 constexpr int kRowThreads = 256;  // several rows per SM in flight, so one row's
                                   // reduction overlaps the others' loads
 constexpr int kRowWarps = kRowThreads / 32;
+// RowLogZKernel asks for at least 4 blocks per SM: a register budget of 64,
+// which its row walk fits without spilling (left to itself, ptxas picked 40
+// registers and spilled 36 bytes for bf16).
+constexpr int kRowMinBlocksPerSm = 4;
 constexpr unsigned kMaxGrid = 1u << 30;
 // Long rows of a short batch are cut into chunks, one block each, so that
 // the grid fills the GPU (one block per row leaves most of an H200 idle
@@ -212,16 +216,19 @@ struct ChunkLse {
 };
 
 template <int D>
-__device__ ChunkLse BlockChunkLse(const void* p, int64_t n, Lse* scratch) {
+__device__ __forceinline__ ChunkLse BlockChunkLse(const void* p, int64_t n,
+                                                  Lse* scratch) {
   Lse st{NegInf(), 0.0f};
   bool bad = false, unused = false;
   RowWalk<D, false>(p, n, st, bad, unused);
-  if (!__syncthreads_or(bad)) return {BlockCombine(st, scratch), false, false};
-  st = Lse{NegInf(), 0.0f};
-  bool has_nan = false, has_pinf = false;
-  RowWalk<D, true>(p, n, st, has_nan, has_pinf);
-  const bool any_nan = __syncthreads_or(has_nan);
-  const bool any_pinf = __syncthreads_or(has_pinf);
+  bool any_nan = false, any_pinf = false;
+  if (__syncthreads_or(bad)) {
+    st = Lse{NegInf(), 0.0f};
+    bool has_nan = false, has_pinf = false;
+    RowWalk<D, true>(p, n, st, has_nan, has_pinf);
+    any_nan = __syncthreads_or(has_nan);
+    any_pinf = __syncthreads_or(has_pinf);
+  }
   return {BlockCombine(st, scratch), any_nan, any_pinf};
 }
 
@@ -237,7 +244,7 @@ __device__ __forceinline__ double LogZOf(const ChunkLse& c) {
 // log Z of the row at `row` (every thread of the block calls; every thread
 // gets the same value). *row_max: the largest finite logit, -inf if none.
 template <int D>
-__device__ double BlockRowLogZ(const void* row, int64_t vocab, Lse* scratch,
+__device__ __forceinline__ double BlockRowLogZ(const void* row, int64_t vocab, Lse* scratch,
                                float* row_max) {
   const ChunkLse c = BlockChunkLse<D>(row, vocab, scratch);
   *row_max = c.lse.m;
@@ -334,7 +341,7 @@ __global__ void __launch_bounds__(kRowThreads)
 // ---- logit stats
 
 template <int D>
-__global__ void __launch_bounds__(kRowThreads)
+__global__ void __launch_bounds__(kRowThreads, kRowMinBlocksPerSm)
     RowLogZKernel(const char* __restrict__ base, int64_t rows, int64_t vocab,
                   int64_t stride_bytes, const int32_t* __restrict__ labels,
                   int32_t ignore_index, const uint8_t* __restrict__ row_mask,

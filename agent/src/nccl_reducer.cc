@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "reduce_buffers.h"
 
 #ifdef TRAINWATCH_AGENT_HAVE_NCCL
 #include <cuda_runtime.h>
@@ -26,13 +27,24 @@ absl::Status Nccl(ncclResult_t r, const char* what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", ncclGetErrorString(r)));
 }
 
+class CudaStagingMemory : public internal::StagingMemory {
+ public:
+  absl::Status AllocDevice(size_t bytes, void** out) override {
+    return Cuda(cudaMalloc(out, bytes), "cudaMalloc");
+  }
+  void FreeDevice(void* p) override { cudaFree(p); }
+  // Pinned, so that the copies are truly asynchronous on the stream.
+  absl::Status AllocHost(size_t bytes, void** out) override {
+    return Cuda(cudaMallocHost(out, bytes), "cudaMallocHost");
+  }
+  void FreeHost(void* p) override { cudaFreeHost(p); }
+};
+
 class NcclReducer : public Reducer {
  public:
   NcclReducer(ncclComm_t comm, bool owned, cudaStream_t stream, int rank, int world)
       : comm_(comm), owned_(owned), stream_(stream), rank_(rank), world_(world) {}
   ~NcclReducer() override {
-    if (device_ != nullptr) cudaFree(device_);
-    if (host_ != nullptr) cudaFreeHost(host_);
     if (owned_) ncclCommDestroy(comm_);
   }
 
@@ -41,46 +53,48 @@ class NcclReducer : public Reducer {
 
   absl::Status AllReduce(absl::Span<double> sums, absl::Span<double> maxes) override {
     const size_t n = sums.size() + maxes.size();
-    if (n > capacity_) {
-      if (device_ != nullptr) cudaFree(device_);
-      if (host_ != nullptr) cudaFreeHost(host_);
-      device_ = nullptr;
-      host_ = nullptr;
-      if (absl::Status s = Cuda(cudaMalloc(&device_, n * sizeof(double)), "cudaMalloc"); !s.ok()) {
-        return s;
-      }
-      // Pinned, so that the copies are truly asynchronous on the stream.
-      if (absl::Status s = Cuda(cudaMallocHost(&host_, n * sizeof(double)), "cudaMallocHost");
-          !s.ok()) {
-        return s;
-      }
-      capacity_ = n;
-    }
-    std::memcpy(host_, sums.data(), sums.size() * sizeof(double));
-    std::memcpy(host_ + sums.size(), maxes.data(), maxes.size() * sizeof(double));
-    absl::Status s = Cuda(cudaMemcpyAsync(device_, host_, n * sizeof(double),
-                                          cudaMemcpyHostToDevice, stream_),
-                          "copy to device");
-    if (s.ok() && !sums.empty()) {
-      s = Nccl(ncclAllReduce(device_, device_, sums.size(), ncclDouble, ncclSum, comm_, stream_),
-               "ncclAllReduce(sum)");
-    }
-    if (s.ok() && !maxes.empty()) {
-      s = Nccl(ncclAllReduce(device_ + sums.size(), device_ + sums.size(), maxes.size(),
-                             ncclDouble, ncclMax, comm_, stream_),
-               "ncclAllReduce(max)");
-    }
+    if (n == 0) return absl::OkStatus();
+    if (absl::Status s = buffers_.Reserve(n); !s.ok()) return s;
+    double* host = buffers_.host();
+    double* device = buffers_.device();
+    std::memcpy(host, sums.data(), sums.size() * sizeof(double));
+    std::memcpy(host + sums.size(), maxes.data(), maxes.size() * sizeof(double));
+    absl::Status s = Cuda(
+        cudaMemcpyAsync(device, host, n * sizeof(double), cudaMemcpyHostToDevice, stream_),
+        "copy to device");
+    if (s.ok()) s = AllReduceDevice(device, sums.size(), nullptr, 0, device + sums.size(),
+                                    maxes.size());
     if (s.ok()) {
-      s = Cuda(cudaMemcpyAsync(host_, device_, n * sizeof(double), cudaMemcpyDeviceToHost,
+      s = Cuda(cudaMemcpyAsync(host, device, n * sizeof(double), cudaMemcpyDeviceToHost,
                                stream_),
                "copy to host");
     }
     // The verdict is needed before optimizer.step(): this is the one sync.
     if (s.ok()) s = Cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     if (!s.ok()) return s;
-    std::memcpy(sums.data(), host_, sums.size() * sizeof(double));
-    std::memcpy(maxes.data(), host_ + sums.size(), maxes.size() * sizeof(double));
+    std::memcpy(sums.data(), host, sums.size() * sizeof(double));
+    std::memcpy(maxes.data(), host + sums.size(), maxes.size() * sizeof(double));
     return absl::OkStatus();
+  }
+
+  absl::Status AllReduceDevice(double* sums, size_t n_sums, uint64_t* counts, size_t n_counts,
+                               double* maxes, size_t n_maxes) override {
+    if (absl::Status s = Nccl(ncclGroupStart(), "ncclGroupStart"); !s.ok()) return s;
+    absl::Status s;
+    if (n_sums > 0) {
+      s = Nccl(ncclAllReduce(sums, sums, n_sums, ncclDouble, ncclSum, comm_, stream_),
+               "ncclAllReduce(sum)");
+    }
+    if (s.ok() && n_counts > 0) {
+      s = Nccl(ncclAllReduce(counts, counts, n_counts, ncclUint64, ncclSum, comm_, stream_),
+               "ncclAllReduce(count)");
+    }
+    if (s.ok() && n_maxes > 0) {
+      s = Nccl(ncclAllReduce(maxes, maxes, n_maxes, ncclDouble, ncclMax, comm_, stream_),
+               "ncclAllReduce(max)");
+    }
+    const absl::Status end = Nccl(ncclGroupEnd(), "ncclGroupEnd");
+    return s.ok() ? end : s;
   }
 
  private:
@@ -88,9 +102,8 @@ class NcclReducer : public Reducer {
   bool owned_;
   cudaStream_t stream_;
   int rank_, world_;
-  double* device_ = nullptr;
-  double* host_ = nullptr;
-  size_t capacity_ = 0;
+  CudaStagingMemory memory_;
+  internal::ReduceBuffers buffers_{&memory_};
 };
 
 }  // namespace

@@ -7,7 +7,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "trainwatch/kernels/status.h"
@@ -34,6 +36,17 @@ inline Status CudaError(cudaError_t err, const char* what) {
 
 // Fails with Unavailable when no device is usable.
 Status RequireDevice();
+
+// One host-to-device copy out of pinned memory.
+struct Upload {
+  void* device;
+  const void* pinned_host;
+  size_t bytes;
+};
+// Enqueues the copies on a private non-blocking stream and waits for it, so
+// that when it returns OK the data is in device memory and visible to work
+// launched afterwards on any stream.
+Status UploadAndWait(std::initializer_list<Upload> uploads);
 
 // Device memory freed on destruction.
 template <typename T>

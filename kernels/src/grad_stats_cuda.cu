@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -23,13 +24,12 @@ namespace trainwatch::kernels {
 namespace internal {
 namespace {
 
-// 256 threads, at least 4 blocks per SM (64 registers, no spills): one
-// block's reduction overlaps the others' loads, and 4 x 16-byte loads per
-// thread in flight keep ~64 KiB per SM outstanding.
-constexpr int kThreads = 256;
+// 256 threads (kPartialThreads), at least 4 blocks per SM (64 registers, no
+// spills): one block's reduction overlaps the others' loads, and 4 x 16-byte
+// loads per thread in flight keep ~64 KiB per SM outstanding.
+constexpr int kThreads = kPartialThreads;
 constexpr int kMinBlocksPerSm = 4;
-constexpr int kWarps = kThreads / 32;
-constexpr int kFinalThreads = 1024;
+constexpr int kWarps = kPartialWarps;
 
 // Each thread first walks its elements on the fast path, which assumes they
 // are all finite: per 32-bit word only a magnitude mask, an integer max of
@@ -40,34 +40,28 @@ constexpr int kFinalThreads = 1024;
 // walks them again in fp64. Both second walks are per thread and only happen
 // in a step that is failing or holds gradients near 1e19.
 
-// Visits thread `tid`'s share (stride kStride) of n elements at `data`:
-// single elements before the first 16-byte boundary and after the last one
-// (elem(bits)), 16-byte vectors in between (vec(uint4)), kUnroll loads in
-// flight.
+// Visits thread `tid`'s share (stride kStride) of n elements at `data`, in
+// the order of WalkThread (gpu_partition.h): single elements before the
+// first 16-byte boundary and after the last one (elem(bits)), 16-byte
+// vectors in between (vec(uint4)), kUnroll loads in flight.
 template <int D, int kStride, int kUnroll, typename ElemFn, typename VecFn>
 __device__ __forceinline__ void Walk(const void* data, int64_t n, int tid,
                                      ElemFn elem, VecFn vec) {
   constexpr int kElemBytes = D == kDTypeF32 ? 4 : 2;
-  constexpr int kPerVec = 16 / kElemBytes;
-  const uintptr_t addr = reinterpret_cast<uintptr_t>(data);
-  int64_t head = static_cast<int64_t>(((16 - (addr & 15)) & 15) / kElemBytes);
-  head = head < n ? head : n;
-  for (int64_t i = tid; i < head; i += kStride) elem(LoadBits<D>(data, i));
+  const WalkShape shape =
+      ShapeOfWalk(reinterpret_cast<uintptr_t>(data), n, kElemBytes);
   const uint4* v = reinterpret_cast<const uint4*>(
-      static_cast<const char*>(data) + head * kElemBytes);
-  const int64_t nvec = (n - head) / kPerVec;
-  int64_t i = tid;
-  for (; i + (kUnroll - 1) * kStride < nvec; i += kUnroll * kStride) {
-    uint4 r[kUnroll];
+      static_cast<const char*>(data) + shape.head * kElemBytes);
+  WalkThread<kStride, kUnroll>(
+      shape, n, tid, [&](int64_t i) { elem(LoadBits<D>(data, i)); },
+      [&](int64_t i) {
+        uint4 r[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) r[u] = __ldg(v + i + u * kStride);
+        for (int u = 0; u < kUnroll; ++u) r[u] = __ldg(v + i + u * kStride);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) vec(r[u]);
-  }
-  for (; i < nvec; i += kStride) vec(__ldg(v + i));
-  for (int64_t k = head + nvec * kPerVec + tid; k < n; k += kStride) {
-    elem(LoadBits<D>(data, k));
-  }
+        for (int u = 0; u < kUnroll; ++u) vec(r[u]);
+      },
+      [&](int64_t i) { vec(__ldg(v + i)); });
 }
 
 // ---- fast path
@@ -253,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     double sum;
     unsigned bad;
     float mx;
-    ThreadPartial<kThreads, 4>(first, threadIdx.x, &sum, &bad, &mx);
+    ThreadPartial<kThreads, kWideUnroll>(first, threadIdx.x, &sum, &bad, &mx);
     const auto add = [](auto x, auto y) { return x + y; };
     const double bsum = BlockReduce<kThreads>(
         sum, 0.0, s_sum, [](double v) { return WarpSum(v); }, add);
@@ -276,7 +270,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     double sum;
     unsigned bad;
     float mx;
-    ThreadPartial<32, 2>(segs[k], lane, &sum, &bad, &mx);
+    ThreadPartial<32, kPackedUnroll>(segs[k], lane, &sum, &bad, &mx);
     sum = WarpSum(sum);
     const unsigned long long wbad =
         WarpSum(static_cast<unsigned long long>(bad));
@@ -289,65 +283,71 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   }
 }
 
+// Grid: FinalizeGrid(ntensors, per_tensor) blocks (gpu_partition.h). Block
+// 0 writes the header; every other block writes the per-tensor results of
+// up to 32 tensors, one warp each.
 __global__ void __launch_bounds__(kFinalThreads)
     GradFinalizeKernel(const double* __restrict__ seg_sum,
                        const unsigned* __restrict__ seg_bad,
                        const float* __restrict__ seg_max, int64_t nseg,
                        const int32_t* __restrict__ tensor_seg_begin,
-                       int32_t ntensors, long long numel, int per_tensor,
+                       int32_t ntensors, long long numel,
                        char* __restrict__ result) {
-  __shared__ double s_sum[kFinalThreads / 32];
-  __shared__ unsigned long long s_bad[kFinalThreads / 32];
-  __shared__ float s_max[kFinalThreads / 32];
-  double sum = 0.0;
-  unsigned long long bad = 0;
-  float mx = 0.0f;
-  for (int64_t s = threadIdx.x; s < nseg; s += kFinalThreads) {
-    sum += seg_sum[s];
-    bad += seg_bad[s];
-    mx = fmaxf(mx, seg_max[s]);
+  if (blockIdx.x == 0) {
+    __shared__ double s_sum[kFinalThreads / 32];
+    __shared__ unsigned long long s_bad[kFinalThreads / 32];
+    __shared__ float s_max[kFinalThreads / 32];
+    double sum = 0.0;
+    unsigned long long bad = 0;
+    float mx = 0.0f;
+    for (int64_t s = threadIdx.x; s < nseg; s += kFinalThreads) {
+      sum += seg_sum[s];
+      bad += seg_bad[s];
+      mx = fmaxf(mx, seg_max[s]);
+    }
+    const auto add = [](auto x, auto y) { return x + y; };
+    sum = BlockReduce<kFinalThreads>(
+        sum, 0.0, s_sum, [](double v) { return WarpSum(v); }, add);
+    bad = BlockReduce<kFinalThreads>(
+        bad, 0ull, s_bad, [](unsigned long long v) { return WarpSum(v); },
+        add);
+    mx = BlockReduce<kFinalThreads>(
+        mx, 0.0f, s_max, [](float v) { return WarpMax(v); },
+        [](float x, float y) { return fmaxf(x, y); });
+    if (threadIdx.x == 0) {
+      GpuGradStatsHeader* h = reinterpret_cast<GpuGradStatsHeader*>(result);
+      h->sum_squares = sum;
+      h->nonfinite = bad;
+      h->numel = numel;
+      h->max_abs = mx;
+    }
+    return;
   }
-  const auto add = [](auto x, auto y) { return x + y; };
-  sum = BlockReduce<kFinalThreads>(
-      sum, 0.0, s_sum, [](double v) { return WarpSum(v); }, add);
-  bad = BlockReduce<kFinalThreads>(
-      bad, 0ull, s_bad, [](unsigned long long v) { return WarpSum(v); }, add);
-  mx = BlockReduce<kFinalThreads>(
-      mx, 0.0f, s_max, [](float v) { return WarpMax(v); },
-      [](float x, float y) { return fmaxf(x, y); });
-  if (threadIdx.x == 0) {
-    GpuGradStatsHeader* h = reinterpret_cast<GpuGradStatsHeader*>(result);
-    h->sum_squares = sum;
-    h->nonfinite = bad;
-    h->numel = numel;
-    h->max_abs = mx;
-  }
-  if (!per_tensor) return;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int64_t t = FinalizeTensorOf(blockIdx.x, warp);
+  if (t >= ntensors) return;  // the whole warp; no block barrier follows
   double* t_sum =
       reinterpret_cast<double*>(result + sizeof(GpuGradStatsHeader));
   unsigned long long* t_bad =
       reinterpret_cast<unsigned long long*>(t_sum + ntensors);
   double* t_max = reinterpret_cast<double*>(t_bad + ntensors);
-  const int warp = threadIdx.x >> 5;
-  const int lane = threadIdx.x & 31;
-  for (int t = warp; t < ntensors; t += kFinalThreads / 32) {
-    double ts = 0.0;
-    unsigned long long tb = 0;
-    float tm = 0.0f;
-    for (int s = tensor_seg_begin[t] + lane; s < tensor_seg_begin[t + 1];
-         s += 32) {
-      ts += seg_sum[s];
-      tb += seg_bad[s];
-      tm = fmaxf(tm, seg_max[s]);
-    }
-    ts = WarpSum(ts);
-    tb = WarpSum(tb);
-    tm = WarpMax(tm);
-    if (lane == 0) {
-      t_sum[t] = ts;
-      t_bad[t] = tb;
-      t_max[t] = tm;
-    }
+  double ts = 0.0;
+  unsigned long long tb = 0;
+  float tm = 0.0f;
+  for (int64_t s = tensor_seg_begin[t] + lane; s < tensor_seg_begin[t + 1];
+       s += 32) {
+    ts += seg_sum[s];
+    tb += seg_bad[s];
+    tm = fmaxf(tm, seg_max[s]);
+  }
+  ts = WarpSum(ts);
+  tb = WarpSum(tb);
+  tm = WarpMax(tm);
+  if (lane == 0) {
+    t_sum[t] = ts;
+    t_bad[t] = tb;
+    t_max[t] = tm;
   }
 }
 
@@ -359,6 +359,25 @@ size_t ResultBytes(size_t ntensors, bool per_tensor) {
 }
 
 }  // namespace
+
+Status UploadAndWait(std::initializer_list<Upload> uploads) {
+  cudaStream_t stream = nullptr;
+  TRAINWATCH_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+      "upload stream");
+  cudaError_t err = cudaSuccess;
+  for (const Upload& u : uploads) {
+    if (u.bytes == 0) continue;
+    err = cudaMemcpyAsync(u.device, u.pinned_host, u.bytes,
+                          cudaMemcpyHostToDevice, stream);
+    if (err != cudaSuccess) break;
+  }
+  // Waited for even after a failed enqueue: the stream is destroyed next.
+  const cudaError_t sync = cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
+  if (err != cudaSuccess) return CudaError(err, "upload");
+  return CudaError(sync, "wait for the upload");
+}
 
 Status RequireDevice() {
   int n = 0;
@@ -396,7 +415,10 @@ struct GradStatsGpuPlan::Impl {
   internal::DeviceArray<float> d_seg_max;
   internal::DeviceArray<char> d_result;
   internal::PinnedArray<char> h_result;
-  internal::PinnedArray<internal::GpuSegment> h_staging;
+  // The tables' upload at Create, then each Rebind's segment table. Pinned
+  // and allocated at Create: an allocation of pinned memory synchronizes the
+  // whole device, which Rebind promises not to do.
+  internal::PinnedArray<char> h_staging;
   cudaEvent_t upload_done = nullptr;
   bool upload_pending = false;
 
@@ -450,24 +472,32 @@ Status GradStatsGpuPlan::Create(const TensorView* tensors, size_t count,
   TRAINWATCH_KERNELS_RETURN_IF_ERROR(
       impl->h_result.Allocate(result_bytes, "pinned result"));
   std::memset(impl->h_result.get(), 0, result_bytes);
+  // Segments, blocks and the tensor table, back to back in one staging
+  // buffer (each part stays aligned: 24-, 8- and 4-byte entries).
+  const size_t seg_bytes = nseg * sizeof(internal::GpuSegment);
+  const size_t block_bytes = part.blocks.size() * sizeof(internal::GpuBlock);
+  const size_t table_bytes = (count + 1) * sizeof(int32_t);
+  TRAINWATCH_KERNELS_RETURN_IF_ERROR(impl->h_staging.Allocate(
+      seg_bytes + block_bytes + table_bytes, "pinned staging"));
   TRAINWATCH_CUDA_RETURN_IF_ERROR(
       cudaEventCreateWithFlags(&impl->upload_done, cudaEventDisableTiming),
       "event");
-  if (nseg > 0) {
-    TRAINWATCH_CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(impl->d_segs.get(), part.segs.data(),
-                   nseg * sizeof(internal::GpuSegment), cudaMemcpyHostToDevice),
-        "upload segments");
-    TRAINWATCH_CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(impl->d_blocks.get(), part.blocks.data(),
-                   part.blocks.size() * sizeof(internal::GpuBlock),
-                   cudaMemcpyHostToDevice),
-        "upload blocks");
-  }
-  TRAINWATCH_CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(impl->d_tensor_seg_begin.get(), part.tensor_seg_begin.data(),
-                 (count + 1) * sizeof(int32_t), cudaMemcpyHostToDevice),
-      "upload tensor table");
+  char* staging = impl->h_staging.get();
+  std::memcpy(staging, part.segs.data(), seg_bytes);
+  std::memcpy(staging + seg_bytes, part.blocks.data(), block_bytes);
+  std::memcpy(staging + seg_bytes + block_bytes, part.tensor_seg_begin.data(),
+              table_bytes);
+  // The upload must be complete, not merely started, when Create returns: a
+  // plain cudaMemcpy from pageable memory may return while its last chunk
+  // is still in flight, and a Launch on a cudaStreamNonBlocking stream is
+  // not ordered after it. So: async copies from pinned memory on a private
+  // stream, then a wait for that stream (which leaves the caller's streams
+  // alone).
+  TRAINWATCH_KERNELS_RETURN_IF_ERROR(internal::UploadAndWait(
+      {{impl->d_segs.get(), staging, seg_bytes},
+       {impl->d_blocks.get(), staging + seg_bytes, block_bytes},
+       {impl->d_tensor_seg_begin.get(), staging + seg_bytes + block_bytes,
+        table_bytes}}));
   out->reset(new GradStatsGpuPlan(std::move(impl)));
   return OkStatus();
 }
@@ -490,9 +520,6 @@ Status GradStatsGpuPlan::Rebind(const TensorView* tensors, size_t count,
   }
   const size_t nseg = m.part.segs.size();
   if (nseg == 0) return OkStatus();
-  if (m.h_staging.get() == nullptr) {
-    TRAINWATCH_KERNELS_RETURN_IF_ERROR(m.h_staging.Allocate(nseg, "staging"));
-  }
   if (m.upload_pending) {
     // The previous upload must have left the staging buffer before it is
     // overwritten; it was enqueued a step ago, so this does not wait.
@@ -522,11 +549,14 @@ Status GradStatsGpuPlan::Launch(cudaStream_t stream) {
         m.d_segs.get(), m.d_blocks.get(), m.d_seg_sum.get(), m.d_seg_bad.get(),
         m.d_seg_max.get());
   }
-  internal::GradFinalizeKernel<<<1, internal::kFinalThreads, 0, stream>>>(
+  const unsigned final_grid = static_cast<unsigned>(
+      internal::FinalizeGrid(static_cast<int64_t>(m.tensors.size()),
+                             m.per_tensor));
+  internal::GradFinalizeKernel<<<final_grid, internal::kFinalThreads, 0,
+                                 stream>>>(
       m.d_seg_sum.get(), m.d_seg_bad.get(), m.d_seg_max.get(),
       static_cast<int64_t>(m.part.segs.size()), m.d_tensor_seg_begin.get(),
-      static_cast<int32_t>(m.tensors.size()), m.part.numel,
-      m.per_tensor ? 1 : 0, m.d_result.get());
+      static_cast<int32_t>(m.tensors.size()), m.part.numel, m.d_result.get());
   return internal::CudaError(cudaGetLastError(), "grad stats launch");
 }
 

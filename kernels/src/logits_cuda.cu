@@ -4,19 +4,22 @@
 // per-thread states in a fixed order, and a one-block kernel reduces the rows
 // in a fixed order in fp64.
 //
-// exp is the hardware ex2.approx (about 2 ulp) on u * log2(e) - max *
-// log2(e), one FMA: at bf16 rates the special-function units would be the
-// bottleneck with an exact expf. Rows a label or mask leaves out are never
-// read.
+// exp is the hardware ex2.approx (about 2 ulp) on (u - max) * log2(e)
+// (SoftmaxExp2Arg, softmax_math.h): at bf16 rates the special-function units
+// would be the bottleneck with an exact expf. Rows a label or mask leaves
+// out are never read.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
 
 #include "cuda_common.cuh"
+#include "gpu_partition.h"
+#include "softmax_math.h"
 #include "trainwatch/kernels/cuda.h"
 
 namespace trainwatch::kernels {
@@ -26,9 +29,18 @@ namespace {
 constexpr int kRowThreads = 256;  // several rows per SM in flight, so one row's
                                   // reduction overlaps the others' loads
 constexpr int kRowWarps = kRowThreads / 32;
-constexpr int kFinalThreads = 1024;
-constexpr float kLog2e = 1.4426950408889634f;
+// RowLogZKernel asks for at least 4 blocks per SM: a register budget of 64,
+// which its row walk fits without spilling (left to itself, ptxas picked 40
+// registers and spilled 36 bytes for bf16).
+constexpr int kRowMinBlocksPerSm = 4;
 constexpr unsigned kMaxGrid = 1u << 30;
+// Long rows of a short batch are cut into chunks, one block each, so that
+// the grid fills the GPU (one block per row leaves most of an H200 idle
+// below ~1,000 rows): enough chunks for kSplitBlocksPerSm blocks per SM,
+// none shorter than kMinChunkElems, at most kMaxSplits per row.
+constexpr int kSplitBlocksPerSm = 8;
+constexpr int64_t kMinChunkElems = 4096;
+constexpr int kMaxSplits = 64;
 
 struct LogitResultDev {
   double sum_log_z;
@@ -98,10 +110,9 @@ __device__ __forceinline__ void LseAddGroup(const float (&x)[N], Lse& st) {
     st.m = lm;
   }
   if (st.m != NegInf()) {
-    const float ml = st.m * kLog2e;
     float acc = 0.0f;
 #pragma unroll
-    for (int k = 0; k < N; ++k) acc += FastExp2(fmaf(x[k], kLog2e, -ml));
+    for (int k = 0; k < N; ++k) acc += FastExp2(SoftmaxExp2Arg(x[k], st.m));
     st.s += acc;
   }
 }
@@ -192,30 +203,52 @@ __device__ __forceinline__ Lse BlockCombine(Lse st, Lse* scratch) {
   return r;
 }
 
-// log Z of the row at `row` (every thread of the block calls; every thread
-// gets the same value). *row_max: the largest finite logit, -inf if none.
-// A row holding a NaN or +inf (rare: a failing step) is read a second time
-// on the careful path, which tells the two apart and finds the finite max.
+// The softmax state of the n logits at `p`, for the whole block (every
+// thread calls and gets the same result): m = the largest finite logit
+// (-inf: none), s = the sum of exp(x - m) over the finite ones, and whether
+// a NaN or a +inf was seen. A piece holding a NaN or +inf (rare: a failing
+// step) is read a second time on the careful path, which tells the two apart
+// and finds the finite max.
+struct ChunkLse {
+  Lse lse;
+  bool nan;
+  bool pinf;
+};
+
 template <int D>
-__device__ double BlockRowLogZ(const void* row, int64_t vocab, Lse* scratch,
-                               float* row_max) {
+__device__ __forceinline__ ChunkLse BlockChunkLse(const void* p, int64_t n,
+                                                  Lse* scratch) {
   Lse st{NegInf(), 0.0f};
   bool bad = false, unused = false;
-  RowWalk<D, false>(row, vocab, st, bad, unused);
-  if (!__syncthreads_or(bad)) {
-    const Lse r = BlockCombine(st, scratch);
-    *row_max = r.m;
-    if (r.m == NegInf()) return static_cast<double>(NegInf());
-    return static_cast<double>(r.m) + log(static_cast<double>(r.s));
+  RowWalk<D, false>(p, n, st, bad, unused);
+  bool any_nan = false, any_pinf = false;
+  if (__syncthreads_or(bad)) {
+    st = Lse{NegInf(), 0.0f};
+    bool has_nan = false, has_pinf = false;
+    RowWalk<D, true>(p, n, st, has_nan, has_pinf);
+    any_nan = __syncthreads_or(has_nan);
+    any_pinf = __syncthreads_or(has_pinf);
   }
-  st = Lse{NegInf(), 0.0f};
-  bool has_nan = false, has_pinf = false;
-  RowWalk<D, true>(row, vocab, st, has_nan, has_pinf);
-  const bool any_nan = __syncthreads_or(has_nan);
-  const Lse r = BlockCombine(st, scratch);
-  *row_max = r.m;
-  // No NaN: the flag came from a +inf.
-  return any_nan ? nan("") : static_cast<double>(PosInf());
+  return {BlockCombine(st, scratch), any_nan, any_pinf};
+}
+
+// log Z of a row from its softmax state: NaN when it holds a NaN, +inf when
+// it holds a +inf (and no NaN), -inf when every logit is -inf.
+__device__ __forceinline__ double LogZOf(const ChunkLse& c) {
+  if (c.nan) return nan("");
+  if (c.pinf) return static_cast<double>(PosInf());
+  if (c.lse.m == NegInf()) return static_cast<double>(NegInf());
+  return static_cast<double>(c.lse.m) + log(static_cast<double>(c.lse.s));
+}
+
+// log Z of the row at `row` (every thread of the block calls; every thread
+// gets the same value). *row_max: the largest finite logit, -inf if none.
+template <int D>
+__device__ __forceinline__ double BlockRowLogZ(const void* row, int64_t vocab, Lse* scratch,
+                               float* row_max) {
+  const ChunkLse c = BlockChunkLse<D>(row, vocab, scratch);
+  *row_max = c.lse.m;
+  return LogZOf(c);
 }
 
 __device__ __forceinline__ bool RowCounted(const int32_t* labels,
@@ -225,8 +258,90 @@ __device__ __forceinline__ bool RowCounted(const int32_t* labels,
          (row_mask == nullptr || row_mask[r] != 0);
 }
 
+// ---- rows split into chunks
+
+// Rows are cut into `splits` chunks of `chunk` elements (the last one
+// shorter); splits == 1: one block per row.
+struct Split {
+  int64_t splits;
+  int64_t chunk;
+};
+
+Split SplitFor(int64_t rows, int64_t vocab, int sm_count, int elem_bytes) {
+  const int64_t target = int64_t{kSplitBlocksPerSm} * sm_count;
+  if (rows <= 0 || rows >= target) return {1, vocab};
+  int64_t splits = (target + rows - 1) / rows;
+  splits = std::min(splits, vocab / kMinChunkElems);
+  splits = std::min<int64_t>(splits, kMaxSplits);
+  if (splits <= 1) return {1, vocab};
+  const int64_t per_vec = 16 / elem_bytes;
+  int64_t chunk = (vocab + splits - 1) / splits;
+  chunk = (chunk + per_vec - 1) / per_vec * per_vec;
+  return {(vocab + chunk - 1) / chunk, chunk};
+}
+
+// rows * splits < 2 * target whenever splits > 1 (rows < target and
+// splits <= ceil(target / rows)): the partials' capacity.
+int64_t SplitCapacity(int sm_count) {
+  return 2 * int64_t{kSplitBlocksPerSm} * sm_count;
+}
+
+// One chunk's softmax state, as the first kernel leaves it for the second.
+struct ChunkPartial {
+  float m;
+  float s;
+  uint32_t flags;  // 1: NaN seen, 2: +inf seen
+};
+
+// The row's state from its chunks' partials, merged in chunk order (every
+// caller gets the same bits).
+__device__ __forceinline__ ChunkLse MergeRow(const ChunkPartial* part,
+                                             int64_t r, int64_t splits) {
+  ChunkLse out{{NegInf(), 0.0f}, false, false};
+  for (int64_t c = 0; c < splits; ++c) {
+    const ChunkPartial p = part[r * splits + c];
+    out.lse = LseCombine(out.lse, Lse{p.m, p.s});
+    out.nan |= (p.flags & 1u) != 0;
+    out.pinf |= (p.flags & 2u) != 0;
+  }
+  return out;
+}
+
+// Kernel 1 of a split launch: block b takes chunk b % splits of row
+// b / splits. For cross entropy (uy set) the row's first chunk also keeps
+// the label's logit, read here because the second kernel may overwrite the
+// row (an in-place gradient).
 template <int D>
 __global__ void __launch_bounds__(kRowThreads)
+    ChunkLseKernel(const char* __restrict__ base, int64_t rows, int64_t vocab,
+                   int64_t stride_bytes, int64_t splits, int64_t chunk,
+                   const int32_t* __restrict__ labels, int32_t ignore_index,
+                   const uint8_t* __restrict__ row_mask,
+                   ChunkPartial* __restrict__ part, float* __restrict__ uy) {
+  __shared__ Lse scratch[kRowWarps];
+  const int64_t nblocks = rows * splits;
+  for (int64_t b = blockIdx.x; b < nblocks; b += gridDim.x) {
+    const int64_t r = b / splits;
+    const int64_t c = b % splits;
+    if (!RowCounted(labels, ignore_index, row_mask, r)) continue;
+    const char* row = base + r * stride_bytes;
+    const int64_t j0 = c * chunk;
+    const int64_t n = chunk < vocab - j0 ? chunk : vocab - j0;
+    const ChunkLse cl = BlockChunkLse<D>(row + j0 * ElemBytes<D>(), n, scratch);
+    if (threadIdx.x == 0) {
+      part[b] = {cl.lse.m, cl.lse.s, (cl.nan ? 1u : 0u) | (cl.pinf ? 2u : 0u)};
+      if (uy != nullptr && c == 0) {
+        const int32_t y = labels[r];
+        uy[r] = y >= 0 && y < vocab ? ToFloat<D>(LoadBits<D>(row, y)) : 0.0f;
+      }
+    }
+  }
+}
+
+// ---- logit stats
+
+template <int D>
+__global__ void __launch_bounds__(kRowThreads, kRowMinBlocksPerSm)
     RowLogZKernel(const char* __restrict__ base, int64_t rows, int64_t vocab,
                   int64_t stride_bytes, const int32_t* __restrict__ labels,
                   int32_t ignore_index, const uint8_t* __restrict__ row_mask,
@@ -249,10 +364,14 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
+// splits == 1: the rows' log Z and max are in ws_log_z / ws_max (and
+// user_log_z is written); splits > 1: merged here from the chunks' partials.
 __global__ void __launch_bounds__(kFinalThreads) LogitFinalizeKernel(
     const double* __restrict__ ws_log_z, const float* __restrict__ ws_max,
-    int64_t rows, const int32_t* __restrict__ labels, int32_t ignore_index,
-    const uint8_t* __restrict__ row_mask, LogitResultDev* __restrict__ out) {
+    const ChunkPartial* __restrict__ part, int64_t splits, int64_t rows,
+    const int32_t* __restrict__ labels, int32_t ignore_index,
+    const uint8_t* __restrict__ row_mask, float* __restrict__ user_log_z,
+    LogitResultDev* __restrict__ out) {
   __shared__ double s_sum[kFinalThreads / 32];
   __shared__ unsigned long long s_cnt[kFinalThreads / 32];
   __shared__ float s_max[kFinalThreads / 32];
@@ -260,15 +379,28 @@ __global__ void __launch_bounds__(kFinalThreads) LogitFinalizeKernel(
   unsigned long long counted = 0, bad = 0;
   float mx = NegInf();
   for (int64_t r = threadIdx.x; r < rows; r += kFinalThreads) {
-    if (!RowCounted(labels, ignore_index, row_mask, r)) continue;
+    if (!RowCounted(labels, ignore_index, row_mask, r)) {
+      if (splits > 1 && user_log_z != nullptr) user_log_z[r] = nanf("");
+      continue;
+    }
     ++counted;
-    const double lz = ws_log_z[r];
+    double lz;
+    float row_max;
+    if (splits > 1) {
+      const ChunkLse c = MergeRow(part, r, splits);
+      lz = LogZOf(c);
+      row_max = c.lse.m;
+      if (user_log_z != nullptr) user_log_z[r] = static_cast<float>(lz);
+    } else {
+      lz = ws_log_z[r];
+      row_max = ws_max[r];
+    }
     if (isfinite(lz)) {
       sum += lz;
     } else {
       ++bad;
     }
-    mx = fmaxf(mx, ws_max[r]);
+    mx = fmaxf(mx, row_max);
   }
   const auto add = [](auto x, auto y) { return x + y; };
   const auto warp_ull = [](unsigned long long v) { return WarpSum(v); };
@@ -286,6 +418,8 @@ __global__ void __launch_bounds__(kFinalThreads) LogitFinalizeKernel(
     out->max_logit = mx;
   }
 }
+
+// ---- cross entropy
 
 template <int D>
 __device__ __forceinline__ uint32_t FromFloat(float g) {
@@ -308,120 +442,117 @@ __device__ __forceinline__ void StoreBits(void* p, int64_t i, uint32_t bits) {
 }
 
 template <int D>
-__global__ void __launch_bounds__(kRowThreads)
-    CrossEntropyKernel(const char* __restrict__ base, int64_t rows,
-                       int64_t vocab, int64_t stride_bytes,
-                       const int32_t* __restrict__ labels, int32_t ignore_index,
-                       double alpha, char* __restrict__ grad,
-                       int64_t grad_stride_bytes, double grad_scale,
-                       double* __restrict__ ws_loss, double* __restrict__ ws_z,
-                       double* __restrict__ ws_log_z,
-                       float* __restrict__ user_row_loss) {
-  constexpr int kEB = ElemBytes<D>();
-  constexpr int kPerVec = 16 / kEB;
-  __shared__ Lse scratch[kRowWarps];
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const int32_t y = labels[r];
-    char* grow = grad == nullptr ? nullptr : grad + r * grad_stride_bytes;
-    if (y == ignore_index) {
-      if (grow != nullptr) {
-        for (int64_t j = threadIdx.x; j < vocab; j += kRowThreads) {
-          StoreBits<D>(grow, j, 0u);
-        }
-      }
-      if (threadIdx.x == 0) {
-        ws_loss[r] = 0.0;
-        ws_z[r] = 0.0;
-        ws_log_z[r] = 0.0;
-        if (user_row_loss != nullptr) user_row_loss[r] = 0.0f;
-      }
-      continue;
-    }
-    const bool valid = y >= 0 && y < vocab;
-    const char* row = base + r * stride_bytes;
-    float row_max;
-    const double log_z = BlockRowLogZ<D>(row, vocab, scratch, &row_max);
-    if (threadIdx.x == 0) {
-      const double z = alpha * log_z * log_z;
-      const double uy =
-          valid ? static_cast<double>(ToFloat<D>(LoadBits<D>(row, y))) : 0.0;
-      const double loss = valid ? log_z - uy + z : nan("");
-      ws_loss[r] = loss;
-      ws_z[r] = z;
-      ws_log_z[r] = log_z;
-      if (user_row_loss != nullptr) user_row_loss[r] = static_cast<float>(loss);
-    }
-    if (grow == nullptr) continue;
-    // g_j = (p_j * (1 + 2 alpha log Z) - [j == y]) * scale, p_j = exp(u_j - log
-    // Z).
-    const float lzl = static_cast<float>(log_z * static_cast<double>(kLog2e));
-    const float coef =
-        valid ? static_cast<float>((1.0 + 2.0 * alpha * log_z) * grad_scale)
-              : nanf("");
-    const float one = static_cast<float>(grad_scale);
-    const auto grad_of = [&](float u, int64_t j) {
-      const float p = FastExp2(fmaf(u, kLog2e, -lzl));
-      return p * coef - (j == y ? one : 0.0f);
-    };
-    const bool aligned = ((reinterpret_cast<uintptr_t>(row) |
-                           reinterpret_cast<uintptr_t>(grow)) &
-                          15) == 0;
-    const int64_t nvec = aligned ? vocab / kPerVec : 0;
-    const uint4* vin = reinterpret_cast<const uint4*>(row);
-    uint4* vout = reinterpret_cast<uint4*>(grow);
-    for (int64_t v = threadIdx.x; v < nvec; v += kRowThreads) {
-      const uint4 in = __ldg(vin + v);
-      const uint32_t w[4] = {in.x, in.y, in.z, in.w};
-      uint32_t o[4];
-      const int64_t j0 = v * kPerVec;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        if constexpr (D == kDTypeF32) {
-          o[k] = FromFloat<D>(grad_of(__uint_as_float(w[k]), j0 + k));
-        } else {
-          const uint32_t lo =
-              FromFloat<D>(grad_of(ToFloat<D>(w[k] & 0xffffu), j0 + 2 * k));
-          const uint32_t hi =
-              FromFloat<D>(grad_of(ToFloat<D>(w[k] >> 16), j0 + 2 * k + 1));
-          o[k] = lo | (hi << 16);
-        }
-      }
-      vout[v] = make_uint4(o[0], o[1], o[2], o[3]);
-    }
-    for (int64_t j = nvec * kPerVec + threadIdx.x; j < vocab;
-         j += kRowThreads) {
-      StoreBits<D>(grow, j,
-                   FromFloat<D>(grad_of(ToFloat<D>(LoadBits<D>(row, j)), j)));
-    }
+__device__ __forceinline__ uint32_t GradWord(uint32_t w, int64_t j,
+                                             const float lz, float coef,
+                                             float one, int32_t y) {
+  const auto g = [&](float u, int64_t jj) {
+    return FromFloat<D>(FastExp2(SoftmaxExp2Arg(u, lz)) * coef -
+                        (jj == y ? one : 0.0f));
+  };
+  if constexpr (D == kDTypeF32) {
+    return g(__uint_as_float(w), j);
+  } else {
+    return g(ToFloat<D>(w & 0xffffu), j) | (g(ToFloat<D>(w >> 16), j + 1) << 16);
   }
 }
 
-__global__ void __launch_bounds__(kFinalThreads) CrossEntropyFinalizeKernel(
-    const double* __restrict__ ws_loss, const double* __restrict__ ws_z,
-    const double* __restrict__ ws_log_z, int64_t rows, int64_t vocab,
-    const int32_t* __restrict__ labels, int32_t ignore_index,
-    CrossEntropyResultDev* __restrict__ out) {
-  __shared__ double s_d[kFinalThreads / 32];
-  __shared__ unsigned long long s_u[kFinalThreads / 32];
+// The gradient of elements [j0, j0 + n) of row r:
+// g_j = (p_j * (1 + 2 alpha log Z) - [j == y]) * scale, p_j = exp(u_j - log Z).
+// Each thread reads a logit and then writes its gradient in the same place,
+// so grad_logits == logits (in place) is safe. Where the two rows have the
+// same phase within a 16-byte line (always, for same-shaped buffers) a
+// scalar head is peeled so that any row offset — vocab 50,257 in bf16 puts
+// 7 rows in 8 off the 16-byte grid — takes the vector path.
+template <int D>
+__device__ __forceinline__ void GradSweep(const char* row, char* grow,
+                                          int64_t j0, int64_t n, int32_t y,
+                                          double log_z, double alpha,
+                                          double grad_scale, bool valid) {
+  constexpr int kEB = ElemBytes<D>();
+  constexpr int kPerVec = 16 / kEB;
+  const float lz = static_cast<float>(log_z);
+  const float coef =
+      valid ? static_cast<float>((1.0 + 2.0 * alpha * log_z) * grad_scale)
+            : nanf("");
+  const float one = static_cast<float>(grad_scale);
+  const char* in = row + j0 * kEB;
+  char* out = grow + j0 * kEB;
+  const int32_t yl = y - static_cast<int32_t>(j0);  // y within the chunk
+  const auto scalar = [&](int64_t i) {
+    const float u = ToFloat<D>(LoadBits<D>(in, i));
+    StoreBits<D>(out, i,
+                 FromFloat<D>(FastExp2(SoftmaxExp2Arg(u, lz)) * coef -
+                              (i == yl ? one : 0.0f)));
+  };
+  if (((reinterpret_cast<uintptr_t>(in) ^ reinterpret_cast<uintptr_t>(out)) &
+       15) != 0) {
+    for (int64_t i = threadIdx.x; i < n; i += kRowThreads) scalar(i);
+    return;
+  }
+  const WalkShape shape =
+      ShapeOfWalk(reinterpret_cast<uintptr_t>(out), n, kEB);
+  const uint4* vin = reinterpret_cast<const uint4*>(in + shape.head * kEB);
+  uint4* vout = reinterpret_cast<uint4*>(out + shape.head * kEB);
+  constexpr int kWordElems = 4 / kEB;
+  const auto convert = [&](const uint4& x, int64_t v) {
+    const int64_t i0 = shape.head + v * kPerVec;
+    return make_uint4(GradWord<D>(x.x, i0, lz, coef, one, yl),
+                      GradWord<D>(x.y, i0 + kWordElems, lz, coef, one, yl),
+                      GradWord<D>(x.z, i0 + 2 * kWordElems, lz, coef, one, yl),
+                      GradWord<D>(x.w, i0 + 3 * kWordElems, lz, coef, one, yl));
+  };
+  constexpr int kUnroll = 2;
+  WalkThread<kRowThreads, kUnroll>(
+      shape, n, threadIdx.x, scalar,
+      [&](int64_t v) {
+        uint4 x[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) x[u] = __ldg(vin + v + u * kRowThreads);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          vout[v + u * kRowThreads] = convert(x[u], v + u * kRowThreads);
+        }
+      },
+      [&](int64_t v) { vout[v] = convert(__ldg(vin + v), v); });
+}
+
+template <int D>
+__device__ __forceinline__ void ZeroRow(char* grow, int64_t j0, int64_t n) {
+  for (int64_t j = j0 + threadIdx.x; j < j0 + n; j += kRowThreads) {
+    StoreBits<D>(grow, j, 0u);
+  }
+}
+
+// The rows' sums, in a fixed order, by one block of kThreads threads. The
+// per-row values are read through L2 (__ldcg): in a split launch they were
+// written by other blocks of the same kernel.
+template <int kThreads>
+__device__ void CrossEntropyReduce(const double* ws_loss, const double* ws_z,
+                                   const double* ws_log_z, int64_t rows,
+                                   int64_t vocab, const int32_t* labels,
+                                   int32_t ignore_index,
+                                   CrossEntropyResultDev* out) {
+  __shared__ double s_d[kThreads / 32];
+  __shared__ unsigned long long s_u[kThreads / 32];
   double loss = 0.0, z = 0.0, lz = 0.0;
   unsigned long long counted = 0, invalid = 0;
-  for (int64_t r = threadIdx.x; r < rows; r += kFinalThreads) {
+  for (int64_t r = threadIdx.x; r < rows; r += kThreads) {
     const int32_t y = labels[r];
     if (y == ignore_index) continue;
     ++counted;
     if (y < 0 || y >= vocab) ++invalid;
-    loss += ws_loss[r];
-    z += ws_z[r];
-    lz += ws_log_z[r];
+    loss += __ldcg(ws_loss + r);
+    z += __ldcg(ws_z + r);
+    lz += __ldcg(ws_log_z + r);
   }
   const auto add = [](auto x, auto y) { return x + y; };
   const auto wd = [](double v) { return WarpSum(v); };
   const auto wu = [](unsigned long long v) { return WarpSum(v); };
-  loss = BlockReduce<kFinalThreads>(loss, 0.0, s_d, wd, add);
-  z = BlockReduce<kFinalThreads>(z, 0.0, s_d, wd, add);
-  lz = BlockReduce<kFinalThreads>(lz, 0.0, s_d, wd, add);
-  counted = BlockReduce<kFinalThreads>(counted, 0ull, s_u, wu, add);
-  invalid = BlockReduce<kFinalThreads>(invalid, 0ull, s_u, wu, add);
+  loss = BlockReduce<kThreads>(loss, 0.0, s_d, wd, add);
+  z = BlockReduce<kThreads>(z, 0.0, s_d, wd, add);
+  lz = BlockReduce<kThreads>(lz, 0.0, s_d, wd, add);
+  counted = BlockReduce<kThreads>(counted, 0ull, s_u, wu, add);
+  invalid = BlockReduce<kThreads>(invalid, 0ull, s_u, wu, add);
   if (threadIdx.x == 0) {
     out->loss_sum = loss;
     out->z_loss_sum = z;
@@ -431,8 +562,131 @@ __global__ void __launch_bounds__(kFinalThreads) CrossEntropyFinalizeKernel(
   }
 }
 
-unsigned GridFor(int64_t rows) {
-  return static_cast<unsigned>(rows < kMaxGrid ? rows : kMaxGrid);
+// Thread 0 of a row's (first) block: the row's loss and its parts.
+__device__ __forceinline__ void StoreRowLoss(int64_t r, bool valid, float uy,
+                                             double log_z, double alpha,
+                                             double* ws_loss, double* ws_z,
+                                             double* ws_log_z,
+                                             float* user_row_loss) {
+  const double z = alpha * log_z * log_z;
+  const double loss = valid ? log_z - static_cast<double>(uy) + z : nan("");
+  ws_loss[r] = loss;
+  ws_z[r] = z;
+  ws_log_z[r] = log_z;
+  if (user_row_loss != nullptr) user_row_loss[r] = static_cast<float>(loss);
+}
+
+__device__ __forceinline__ void StoreIgnoredRow(int64_t r, double* ws_loss,
+                                                double* ws_z, double* ws_log_z,
+                                                float* user_row_loss) {
+  ws_loss[r] = 0.0;
+  ws_z[r] = 0.0;
+  ws_log_z[r] = 0.0;
+  if (user_row_loss != nullptr) user_row_loss[r] = 0.0f;
+}
+
+// One block per row: log Z, the loss, then the gradient sweep. `base` and
+// `grad` may be the same memory (in place), so neither is __restrict__.
+template <int D>
+__global__ void __launch_bounds__(kRowThreads)
+    CrossEntropyKernel(const char* base, int64_t rows, int64_t vocab,
+                       int64_t stride_bytes, const int32_t* __restrict__ labels,
+                       int32_t ignore_index, double alpha, char* grad,
+                       int64_t grad_stride_bytes, double grad_scale,
+                       double* __restrict__ ws_loss, double* __restrict__ ws_z,
+                       double* __restrict__ ws_log_z,
+                       float* __restrict__ user_row_loss) {
+  __shared__ Lse scratch[kRowWarps];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int32_t y = labels[r];
+    char* grow = grad == nullptr ? nullptr : grad + r * grad_stride_bytes;
+    if (y == ignore_index) {
+      if (grow != nullptr) ZeroRow<D>(grow, 0, vocab);
+      if (threadIdx.x == 0) {
+        StoreIgnoredRow(r, ws_loss, ws_z, ws_log_z, user_row_loss);
+      }
+      continue;
+    }
+    const bool valid = y >= 0 && y < vocab;
+    const char* row = base + r * stride_bytes;
+    // Read before the barriers in BlockRowLogZ: once they are passed, other
+    // threads overwrite the row when the gradient is in place.
+    float uy = 0.0f;
+    if (threadIdx.x == 0 && valid) uy = ToFloat<D>(LoadBits<D>(row, y));
+    float row_max;
+    const double log_z = BlockRowLogZ<D>(row, vocab, scratch, &row_max);
+    if (threadIdx.x == 0) {
+      StoreRowLoss(r, valid, uy, log_z, alpha, ws_loss, ws_z, ws_log_z,
+                   user_row_loss);
+    }
+    if (grow == nullptr) continue;
+    GradSweep<D>(row, grow, 0, vocab, y, log_z, alpha, grad_scale, valid);
+  }
+}
+
+__global__ void __launch_bounds__(kFinalThreads) CrossEntropyFinalizeKernel(
+    const double* __restrict__ ws_loss, const double* __restrict__ ws_z,
+    const double* __restrict__ ws_log_z, int64_t rows, int64_t vocab,
+    const int32_t* __restrict__ labels, int32_t ignore_index,
+    CrossEntropyResultDev* __restrict__ out) {
+  CrossEntropyReduce<kFinalThreads>(ws_loss, ws_z, ws_log_z, rows, vocab,
+                                    labels, ignore_index, out);
+}
+
+// Kernel 2 of a split launch: block b merges the partials of row
+// b / splits, writes the gradient of its chunk, and the row's first chunk
+// its loss; the last block to finish (an integer ticket, so no float
+// atomics) sums the rows in a fixed order and rearms the ticket.
+template <int D>
+__global__ void __launch_bounds__(kRowThreads) CrossEntropySplitKernel(
+    const char* base, int64_t rows, int64_t vocab, int64_t stride_bytes,
+    int64_t splits, int64_t chunk, const int32_t* __restrict__ labels,
+    int32_t ignore_index, double alpha, char* grad, int64_t grad_stride_bytes,
+    double grad_scale, const ChunkPartial* __restrict__ part,
+    const float* __restrict__ ws_uy, double* ws_loss, double* ws_z,
+    double* ws_log_z, float* __restrict__ user_row_loss, unsigned* ticket,
+    CrossEntropyResultDev* __restrict__ out) {
+  const int64_t nblocks = rows * splits;
+  for (int64_t b = blockIdx.x; b < nblocks; b += gridDim.x) {
+    const int64_t r = b / splits;
+    const int64_t c = b % splits;
+    const int64_t j0 = c * chunk;
+    const int64_t n = chunk < vocab - j0 ? chunk : vocab - j0;
+    const int32_t y = labels[r];
+    char* grow = grad == nullptr ? nullptr : grad + r * grad_stride_bytes;
+    if (y == ignore_index) {
+      if (grow != nullptr) ZeroRow<D>(grow, j0, n);
+      if (c == 0 && threadIdx.x == 0) {
+        StoreIgnoredRow(r, ws_loss, ws_z, ws_log_z, user_row_loss);
+      }
+      continue;
+    }
+    const bool valid = y >= 0 && y < vocab;
+    const double log_z = LogZOf(MergeRow(part, r, splits));
+    if (c == 0 && threadIdx.x == 0) {
+      StoreRowLoss(r, valid, ws_uy[r], log_z, alpha, ws_loss, ws_z, ws_log_z,
+                   user_row_loss);
+    }
+    if (grow == nullptr) continue;
+    GradSweep<D>(base + r * stride_bytes, grow, j0, n, y, log_z, alpha,
+                 grad_scale, valid);
+  }
+  __shared__ bool s_last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();  // this block's row results before its ticket
+    s_last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  CrossEntropyReduce<kRowThreads>(ws_loss, ws_z, ws_log_z, rows, vocab, labels,
+                                  ignore_index, out);
+  if (threadIdx.x == 0) *ticket = 0;
+}
+
+unsigned GridFor(int64_t blocks) {
+  return static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid);
 }
 
 Status CheckRows(const LogitsView& logits, int64_t max_rows) {
@@ -445,6 +699,15 @@ Status CheckRows(const LogitsView& logits, int64_t max_rows) {
   return OkStatus();
 }
 
+Status SmCount(int* out) {
+  int device = 0;
+  TRAINWATCH_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device), "cudaGetDevice");
+  TRAINWATCH_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(out, cudaDevAttrMultiProcessorCount, device),
+      "multiprocessor count");
+  return OkStatus();
+}
+
 }  // namespace
 }  // namespace internal
 
@@ -452,8 +715,10 @@ Status CheckRows(const LogitsView& logits, int64_t max_rows) {
 
 struct LogitStatsGpu::Impl {
   int64_t max_rows = 0;
+  int sm_count = 1;
   internal::DeviceArray<double> ws_log_z;
   internal::DeviceArray<float> ws_max;
+  internal::DeviceArray<internal::ChunkPartial> ws_part;
   internal::DeviceArray<internal::LogitResultDev> d_result;
   internal::PinnedArray<internal::LogitResultDev> h_result;
 };
@@ -469,9 +734,13 @@ Status LogitStatsGpu::Create(int64_t max_rows,
   TRAINWATCH_KERNELS_RETURN_IF_ERROR(internal::RequireDevice());
   auto impl = std::make_unique<Impl>();
   impl->max_rows = max_rows;
+  TRAINWATCH_KERNELS_RETURN_IF_ERROR(internal::SmCount(&impl->sm_count));
   const size_t n = static_cast<size_t>(max_rows);
   TRAINWATCH_KERNELS_RETURN_IF_ERROR(impl->ws_log_z.Allocate(n, "row log Z"));
   TRAINWATCH_KERNELS_RETURN_IF_ERROR(impl->ws_max.Allocate(n, "row max"));
+  TRAINWATCH_KERNELS_RETURN_IF_ERROR(impl->ws_part.Allocate(
+      static_cast<size_t>(internal::SplitCapacity(impl->sm_count)),
+      "chunk partials"));
   TRAINWATCH_KERNELS_RETURN_IF_ERROR(impl->d_result.Allocate(1, "result"));
   TRAINWATCH_KERNELS_RETURN_IF_ERROR(
       impl->h_result.Allocate(1, "pinned result"));
@@ -485,32 +754,56 @@ Status LogitStatsGpu::Launch(const LogitsView& logits,
                              cudaStream_t stream) {
   Impl& m = *impl_;
   TRAINWATCH_KERNELS_RETURN_IF_ERROR(internal::CheckRows(logits, m.max_rows));
-  const int64_t stride_bytes =
-      logits.stride() * static_cast<int64_t>(DTypeSize(logits.dtype));
+  const int esize = static_cast<int>(DTypeSize(logits.dtype));
+  const int64_t stride_bytes = logits.stride() * esize;
   const char* base = static_cast<const char*>(logits.data);
+  const internal::Split sp =
+      internal::SplitFor(logits.rows, logits.vocab, m.sm_count, esize);
   if (logits.rows > 0) {
-    const unsigned grid = internal::GridFor(logits.rows);
+    if (sp.splits == 1) {
+      const unsigned grid = internal::GridFor(logits.rows);
 #define TW_ROW_LAUNCH(D)                                                  \
   internal::RowLogZKernel<D><<<grid, internal::kRowThreads, 0, stream>>>( \
       base, logits.rows, logits.vocab, stride_bytes, options.labels,      \
       options.ignore_index, options.row_mask, m.ws_log_z.get(),           \
       m.ws_max.get(), options.row_log_z)
-    switch (logits.dtype) {
-      case DType::kFloat32:
-        TW_ROW_LAUNCH(internal::kDTypeF32);
-        break;
-      case DType::kBFloat16:
-        TW_ROW_LAUNCH(internal::kDTypeBf16);
-        break;
-      case DType::kFloat16:
-        TW_ROW_LAUNCH(internal::kDTypeF16);
-        break;
-    }
+      switch (logits.dtype) {
+        case DType::kFloat32:
+          TW_ROW_LAUNCH(internal::kDTypeF32);
+          break;
+        case DType::kBFloat16:
+          TW_ROW_LAUNCH(internal::kDTypeBf16);
+          break;
+        case DType::kFloat16:
+          TW_ROW_LAUNCH(internal::kDTypeF16);
+          break;
+      }
 #undef TW_ROW_LAUNCH
+    } else {
+      const unsigned grid = internal::GridFor(logits.rows * sp.splits);
+#define TW_CHUNK_LAUNCH(D)                                                 \
+  internal::ChunkLseKernel<D><<<grid, internal::kRowThreads, 0, stream>>>( \
+      base, logits.rows, logits.vocab, stride_bytes, sp.splits, sp.chunk,  \
+      options.labels, options.ignore_index, options.row_mask,              \
+      m.ws_part.get(), nullptr)
+      switch (logits.dtype) {
+        case DType::kFloat32:
+          TW_CHUNK_LAUNCH(internal::kDTypeF32);
+          break;
+        case DType::kBFloat16:
+          TW_CHUNK_LAUNCH(internal::kDTypeBf16);
+          break;
+        case DType::kFloat16:
+          TW_CHUNK_LAUNCH(internal::kDTypeF16);
+          break;
+      }
+#undef TW_CHUNK_LAUNCH
+    }
   }
   internal::LogitFinalizeKernel<<<1, internal::kFinalThreads, 0, stream>>>(
-      m.ws_log_z.get(), m.ws_max.get(), logits.rows, options.labels,
-      options.ignore_index, options.row_mask, m.d_result.get());
+      m.ws_log_z.get(), m.ws_max.get(), m.ws_part.get(), sp.splits,
+      logits.rows, options.labels, options.ignore_index, options.row_mask,
+      options.row_log_z, m.d_result.get());
   return internal::CudaError(cudaGetLastError(), "logit stats launch");
 }
 
@@ -549,9 +842,13 @@ Status ComputeLogitStatsGpu(const LogitsView& logits,
 
 struct CrossEntropyGpu::Impl {
   int64_t max_rows = 0;
+  int sm_count = 1;
   internal::DeviceArray<double> ws_loss;
   internal::DeviceArray<double> ws_z;
   internal::DeviceArray<double> ws_log_z;
+  internal::DeviceArray<float> ws_uy;
+  internal::DeviceArray<internal::ChunkPartial> ws_part;
+  internal::DeviceArray<unsigned> ticket;
   internal::DeviceArray<internal::CrossEntropyResultDev> d_result;
   internal::PinnedArray<internal::CrossEntropyResultDev> h_result;
 };
@@ -567,14 +864,24 @@ Status CrossEntropyGpu::Create(int64_t max_rows,
   TRAINWATCH_KERNELS_RETURN_IF_ERROR(internal::RequireDevice());
   auto impl = std::make_unique<Impl>();
   impl->max_rows = max_rows;
+  TRAINWATCH_KERNELS_RETURN_IF_ERROR(internal::SmCount(&impl->sm_count));
   const size_t n = static_cast<size_t>(max_rows);
   TRAINWATCH_KERNELS_RETURN_IF_ERROR(impl->ws_loss.Allocate(n, "row loss"));
   TRAINWATCH_KERNELS_RETURN_IF_ERROR(impl->ws_z.Allocate(n, "row z-loss"));
   TRAINWATCH_KERNELS_RETURN_IF_ERROR(impl->ws_log_z.Allocate(n, "row log Z"));
+  TRAINWATCH_KERNELS_RETURN_IF_ERROR(impl->ws_uy.Allocate(n, "label logits"));
+  TRAINWATCH_KERNELS_RETURN_IF_ERROR(impl->ws_part.Allocate(
+      static_cast<size_t>(internal::SplitCapacity(impl->sm_count)),
+      "chunk partials"));
+  TRAINWATCH_KERNELS_RETURN_IF_ERROR(impl->ticket.Allocate(1, "ticket"));
   TRAINWATCH_KERNELS_RETURN_IF_ERROR(impl->d_result.Allocate(1, "result"));
   TRAINWATCH_KERNELS_RETURN_IF_ERROR(
       impl->h_result.Allocate(1, "pinned result"));
   std::memset(impl->h_result.get(), 0, sizeof(internal::CrossEntropyResultDev));
+  // The ticket starts at 0, in device memory before any launch on any
+  // stream (the zeroed pinned result is the source).
+  TRAINWATCH_KERNELS_RETURN_IF_ERROR(internal::UploadAndWait(
+      {{impl->ticket.get(), impl->h_result.get(), sizeof(unsigned)}}));
   out->reset(new CrossEntropyGpu(std::move(impl)));
   return OkStatus();
 }
@@ -583,23 +890,45 @@ Status CrossEntropyGpu::Launch(const LogitsView& logits,
                                const CrossEntropyOptions& options,
                                cudaStream_t stream) {
   Impl& m = *impl_;
-  if (options.labels == nullptr) {
-    return InvalidArgumentError("cross entropy needs labels");
-  }
+  TRAINWATCH_KERNELS_RETURN_IF_ERROR(ValidateCrossEntropyArgs(logits, options));
   TRAINWATCH_KERNELS_RETURN_IF_ERROR(internal::CheckRows(logits, m.max_rows));
-  if (options.grad_row_stride != 0 && options.grad_row_stride < logits.vocab) {
-    return InvalidArgumentError("grad_row_stride < vocab");
-  }
-  const int64_t esize = static_cast<int64_t>(DTypeSize(logits.dtype));
-  if (reinterpret_cast<uintptr_t>(options.grad_logits) % esize != 0) {
-    return InvalidArgumentError("grad_logits not aligned to its element size");
-  }
+  const int esize = static_cast<int>(DTypeSize(logits.dtype));
   const int64_t stride_bytes = logits.stride() * esize;
   const int64_t grad_stride_bytes =
       (options.grad_row_stride == 0 ? logits.vocab : options.grad_row_stride) *
       esize;
   const char* base = static_cast<const char*>(logits.data);
   char* grad = static_cast<char*>(options.grad_logits);
+  const internal::Split sp =
+      internal::SplitFor(logits.rows, logits.vocab, m.sm_count, esize);
+  if (logits.rows > 0 && sp.splits > 1) {
+    const unsigned grid = internal::GridFor(logits.rows * sp.splits);
+#define TW_CE_SPLIT_LAUNCH(D)                                                  \
+  internal::ChunkLseKernel<D><<<grid, internal::kRowThreads, 0, stream>>>(     \
+      base, logits.rows, logits.vocab, stride_bytes, sp.splits, sp.chunk,      \
+      options.labels, options.ignore_index, nullptr, m.ws_part.get(),          \
+      m.ws_uy.get());                                                          \
+  internal::CrossEntropySplitKernel<D>                                         \
+      <<<grid, internal::kRowThreads, 0, stream>>>(                            \
+          base, logits.rows, logits.vocab, stride_bytes, sp.splits, sp.chunk,  \
+          options.labels, options.ignore_index, options.z_loss_alpha, grad,    \
+          grad_stride_bytes, options.grad_scale, m.ws_part.get(),              \
+          m.ws_uy.get(), m.ws_loss.get(), m.ws_z.get(), m.ws_log_z.get(),      \
+          options.row_loss, m.ticket.get(), m.d_result.get())
+    switch (logits.dtype) {
+      case DType::kFloat32:
+        TW_CE_SPLIT_LAUNCH(internal::kDTypeF32);
+        break;
+      case DType::kBFloat16:
+        TW_CE_SPLIT_LAUNCH(internal::kDTypeBf16);
+        break;
+      case DType::kFloat16:
+        TW_CE_SPLIT_LAUNCH(internal::kDTypeF16);
+        break;
+    }
+#undef TW_CE_SPLIT_LAUNCH
+    return internal::CudaError(cudaGetLastError(), "cross entropy launch");
+  }
   if (logits.rows > 0) {
     const unsigned grid = internal::GridFor(logits.rows);
 #define TW_CE_LAUNCH(D)                                                        \

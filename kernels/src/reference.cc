@@ -132,13 +132,8 @@ Status ReferenceCrossEntropyZLoss(const LogitsView& logits,
                                   const CrossEntropyOptions& options,
                                   CrossEntropyResult* out) {
   if (out == nullptr) return InvalidArgumentError("out is null");
-  if (options.labels == nullptr) {
-    return InvalidArgumentError("cross entropy needs labels");
-  }
+  TRAINWATCH_KERNELS_RETURN_IF_ERROR(ValidateCrossEntropyArgs(logits, options));
   TRAINWATCH_KERNELS_RETURN_IF_ERROR(ValidateLogitsView(logits));
-  if (options.grad_row_stride != 0 && options.grad_row_stride < logits.vocab) {
-    return InvalidArgumentError("grad_row_stride < vocab");
-  }
   *out = CrossEntropyResult();
   const int64_t gstride =
       options.grad_row_stride == 0 ? logits.vocab : options.grad_row_stride;

@@ -6,6 +6,9 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "test_data.h"
@@ -88,6 +91,67 @@ TEST_CASE("cross entropy z-loss forward matches the closed form", "[xent]") {
   CHECK(ReferenceCrossEntropyZLoss(
             LogitsView{logits.data(), DType::kFloat32, 1, 3, 0}, o, &r)
             .code() == StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace trainwatch::kernels
+
+namespace trainwatch::kernels {
+namespace {
+
+TEST_CASE("cross entropy accepts an in-place gradient and rejects partial "
+          "overlap",
+          "[cross_entropy]") {
+  std::vector<float> buf(8 * 100 + 64);
+  std::vector<int32_t> labels(8, 1);
+  const LogitsView logits{buf.data(), DType::kFloat32, 8, 90, 100};
+  CrossEntropyOptions o;
+  o.labels = labels.data();
+  // Exactly in place: same pointer, same row stride.
+  o.grad_logits = buf.data();
+  o.grad_row_stride = 100;
+  CHECK(ValidateCrossEntropyArgs(logits, o).ok());
+  // Disjoint.
+  o.grad_row_stride = 0;
+  std::vector<float> other(8 * 90);
+  o.grad_logits = other.data();
+  CHECK(ValidateCrossEntropyArgs(logits, o).ok());
+  // Shifted by an element, the same pointer with another stride, the last
+  // row sharing the first's memory: each would race on a GPU.
+  for (const auto& [ptr, stride] :
+       {std::pair<float*, int64_t>{buf.data() + 1, 100},
+        std::pair<float*, int64_t>{buf.data(), 90},
+        std::pair<float*, int64_t>{buf.data() + 7 * 100 + 89, 0}}) {
+    o.grad_logits = ptr;
+    o.grad_row_stride = stride;
+    const Status s = ValidateCrossEntropyArgs(logits, o);
+    CHECK(s.code() == StatusCode::kInvalidArgument);
+    CHECK(s.message().find("overlaps") != std::string::npos);
+    CrossEntropyResult r;
+    CHECK(ReferenceCrossEntropyZLoss(logits, o, &r).code() ==
+          StatusCode::kInvalidArgument);
+  }
+}
+
+TEST_CASE("cross entropy reference in place matches out of place",
+          "[cross_entropy]") {
+  const int64_t rows = 6, vocab = 301;
+  testing::Rng rng(77);
+  testing::HostTensor t(DType::kFloat32, rows * vocab);
+  testing::FillLogits(&t, rows, vocab, vocab, rng);
+  std::vector<int32_t> labels = {0, 5, 300, -100, 17, 42};
+  testing::HostTensor out(DType::kFloat32, rows * vocab);
+  CrossEntropyOptions o;
+  o.labels = labels.data();
+  o.z_loss_alpha = 1e-4;
+  o.grad_logits = out.mutable_data();
+  CrossEntropyResult want, got;
+  const LogitsView v{t.data(), DType::kFloat32, rows, vocab, 0};
+  REQUIRE(ReferenceCrossEntropyZLoss(v, o, &want).ok());
+  o.grad_logits = t.mutable_data();
+  REQUIRE(ReferenceCrossEntropyZLoss(v, o, &got).ok());
+  CHECK(got.loss_sum == want.loss_sum);
+  CHECK(std::memcmp(t.data(), out.data(), out.bytes()) == 0);
 }
 
 }  // namespace

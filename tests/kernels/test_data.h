@@ -7,12 +7,15 @@
 #ifndef TRAINWATCH_TESTS_KERNELS_TEST_DATA_H_
 #define TRAINWATCH_TESTS_KERNELS_TEST_DATA_H_
 
-#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <sstream>
+#include <string>
 #include <vector>
+
+#include "check.h"
 
 #include "trainwatch/kernels/grad_stats.h"
 #include "trainwatch/kernels/half.h"
@@ -184,30 +187,56 @@ inline bool Near(double got, double want, double rel,
 
 constexpr double kSumRelTol = 1e-5;
 
+// "" when `got` matches `want` (counts and maxima exactly, sums to `rel`),
+// else what differs first.
+inline std::string GradStatsMismatch(const GradStats& got,
+                                     const GradStats& want,
+                                     double rel = kSumRelTol) {
+  std::ostringstream os;
+  if (got.numel != want.numel) {
+    os << "numel " << got.numel << " want " << want.numel << "; ";
+  }
+  if (got.nonfinite != want.nonfinite) {
+    os << "nonfinite " << got.nonfinite << " want " << want.nonfinite << "; ";
+  }
+  if (got.max_abs != want.max_abs) {
+    os << "max_abs " << got.max_abs << " want " << want.max_abs << "; ";
+  }
+  if (!Near(got.sum_squares, want.sum_squares, rel)) {
+    os.precision(17);
+    os << "sum_squares " << got.sum_squares << " want " << want.sum_squares
+       << "; ";
+  }
+  if (got.tensor_sum_squares.size() != want.tensor_sum_squares.size() ||
+      got.tensor_nonfinite.size() != want.tensor_nonfinite.size() ||
+      got.tensor_max_abs.size() != want.tensor_max_abs.size()) {
+    os << "per-tensor sizes " << got.tensor_sum_squares.size() << "/"
+       << got.tensor_nonfinite.size() << "/" << got.tensor_max_abs.size()
+       << " want " << want.tensor_sum_squares.size();
+    return os.str();
+  }
+  size_t bad = 0;
+  for (size_t t = 0; t < want.tensor_sum_squares.size(); ++t) {
+    const bool ok =
+        Near(got.tensor_sum_squares[t], want.tensor_sum_squares[t], rel) &&
+        got.tensor_nonfinite[t] == want.tensor_nonfinite[t] &&
+        got.tensor_max_abs[t] == want.tensor_max_abs[t];
+    if (!ok && bad++ == 0) {
+      os.precision(17);
+      os << "tensor " << t << ": sum " << got.tensor_sum_squares[t] << " want "
+         << want.tensor_sum_squares[t] << ", nonfinite "
+         << got.tensor_nonfinite[t] << " want " << want.tensor_nonfinite[t]
+         << ", max " << got.tensor_max_abs[t] << " want "
+         << want.tensor_max_abs[t] << "; ";
+    }
+  }
+  if (bad > 0) os << bad << " tensors differ";
+  return os.str();
+}
+
 inline void CheckGradStats(const GradStats& got, const GradStats& want,
                            double rel = kSumRelTol) {
-  CHECK(got.numel == want.numel);
-  CHECK(got.nonfinite == want.nonfinite);
-  CHECK(got.max_abs == want.max_abs);
-  INFO("sum_squares got " << got.sum_squares << " want " << want.sum_squares);
-  CHECK(Near(got.sum_squares, want.sum_squares, rel));
-  REQUIRE(got.tensor_sum_squares.size() == want.tensor_sum_squares.size());
-  REQUIRE(got.tensor_nonfinite.size() == want.tensor_nonfinite.size());
-  REQUIRE(got.tensor_max_abs.size() == want.tensor_max_abs.size());
-  size_t bad_sum = 0, bad_count = 0, bad_max = 0;
-  for (size_t t = 0; t < want.tensor_sum_squares.size(); ++t) {
-    if (!Near(got.tensor_sum_squares[t], want.tensor_sum_squares[t], rel)) {
-      if (bad_sum++ == 0) {
-        UNSCOPED_INFO("tensor " << t << " sum " << got.tensor_sum_squares[t]
-                                << " want " << want.tensor_sum_squares[t]);
-      }
-    }
-    if (got.tensor_nonfinite[t] != want.tensor_nonfinite[t]) ++bad_count;
-    if (got.tensor_max_abs[t] != want.tensor_max_abs[t]) ++bad_max;
-  }
-  CHECK(bad_sum == 0);
-  CHECK(bad_count == 0);
-  CHECK(bad_max == 0);
+  TW_NO_MISMATCH(GradStatsMismatch(got, want, rel));
 }
 
 inline bool BitIdentical(const GradStats& a, const GradStats& b) {
@@ -268,15 +297,33 @@ inline void FillLogits(HostTensor* t, int64_t rows, int64_t vocab,
   }
 }
 
+inline std::string LogitStatsMismatch(const LogitStats& got,
+                                      const LogitStats& want,
+                                      double abs_tol_per_row) {
+  std::ostringstream os;
+  os.precision(17);
+  if (got.rows_counted != want.rows_counted) {
+    os << "rows_counted " << got.rows_counted << " want " << want.rows_counted
+       << "; ";
+  }
+  if (got.nonfinite_rows != want.nonfinite_rows) {
+    os << "nonfinite_rows " << got.nonfinite_rows << " want "
+       << want.nonfinite_rows << "; ";
+  }
+  if (got.max_logit != want.max_logit) {
+    os << "max_logit " << got.max_logit << " want " << want.max_logit << "; ";
+  }
+  const double n = static_cast<double>(want.rows_counted);
+  if (!(std::fabs(got.sum_log_z - want.sum_log_z) <=
+        abs_tol_per_row * n + 1e-6 * std::fabs(want.sum_log_z))) {
+    os << "sum_log_z " << got.sum_log_z << " want " << want.sum_log_z;
+  }
+  return os.str();
+}
+
 inline void CheckLogitStats(const LogitStats& got, const LogitStats& want,
                             double abs_tol_per_row) {
-  CHECK(got.rows_counted == want.rows_counted);
-  CHECK(got.nonfinite_rows == want.nonfinite_rows);
-  CHECK(got.max_logit == want.max_logit);
-  const double n = static_cast<double>(want.rows_counted);
-  INFO("sum_log_z got " << got.sum_log_z << " want " << want.sum_log_z);
-  CHECK(std::fabs(got.sum_log_z - want.sum_log_z) <=
-        abs_tol_per_row * n + 1e-6 * std::fabs(want.sum_log_z));
+  TW_NO_MISMATCH(LogitStatsMismatch(got, want, abs_tol_per_row));
 }
 
 // Row log Z's agree: both NaN, equal infinities, or within tolerance.

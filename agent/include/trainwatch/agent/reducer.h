@@ -11,6 +11,8 @@
 #ifndef TRAINWATCH_AGENT_REDUCER_H_
 #define TRAINWATCH_AGENT_REDUCER_H_
 
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 
@@ -28,6 +30,19 @@ class Reducer {
   // have the same sizes on every rank. REQUIRES: every rank calls it once per
   // step, in the same order (it is a collective).
   virtual absl::Status AllReduce(absl::Span<double> sums, absl::Span<double> maxes) = 0;
+
+  // The same collective on device memory, in place, enqueued on the
+  // reducer's stream with no host copy and no synchronization: a GPU result
+  // (e.g. trainwatch::kernels::GradStatsGpuPlan::device_result()) is reduced
+  // before its one read-back, so a step pays one sync, not two. `sums`:
+  // n_sums doubles summed; `counts`: n_counts uint64 summed; `maxes`:
+  // n_maxes doubles maxed. The default answers UNIMPLEMENTED (reducers that
+  // only see host memory); NcclReducer implements it.
+  virtual absl::Status AllReduceDevice(double* /*sums*/, size_t /*n_sums*/,
+                                       uint64_t* /*counts*/, size_t /*n_counts*/,
+                                       double* /*maxes*/, size_t /*n_maxes*/) {
+    return absl::UnimplementedError("this reducer does not reduce device memory");
+  }
 };
 
 class SingleProcessReducer : public Reducer {

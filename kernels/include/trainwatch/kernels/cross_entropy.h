@@ -15,6 +15,9 @@
 #include <cstdint>
 #include <limits>
 
+#include "trainwatch/kernels/status.h"
+#include "trainwatch/kernels/tensor_view.h"
+
 namespace trainwatch::kernels {
 
 // Pointers live in the logits' memory space.
@@ -27,7 +30,9 @@ struct CrossEntropyOptions {
   double z_loss_alpha = 0.0;
   // Optional output: grad_scale * d(sum of row losses)/d(logits), same dtype
   // as the logits, [rows x vocab] with its own row stride (0: vocab). Pass
-  // grad_scale = 1 / rows_counted for a mean loss.
+  // grad_scale = 1 / rows_counted for a mean loss. It may be the logits
+  // themselves (in place: grad_logits == logits.data and the same row
+  // stride); any other overlap with the logits is rejected.
   void* grad_logits = nullptr;
   int64_t grad_row_stride = 0;
   double grad_scale = 1.0;
@@ -47,6 +52,14 @@ struct CrossEntropyResult {
                             : std::numeric_limits<double>::quiet_NaN();
   }
 };
+
+// What every cross-entropy entry point requires of its arguments, beyond a
+// valid LogitsView: labels present, a gradient row stride of at least vocab,
+// grad_logits aligned to its element size and either disjoint from the
+// logits or exactly the logits (in place). InvalidArgument otherwise. Reads
+// no memory: works on device pointers too.
+Status ValidateCrossEntropyArgs(const LogitsView& logits,
+                                const CrossEntropyOptions& options);
 
 }  // namespace trainwatch::kernels
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 
 #include "trainwatch/kernels/status.h"
 #include "trainwatch/kernels/tensor_view.h"
@@ -101,6 +102,24 @@ class PinnedArray {
 constexpr int kDTypeF32 = static_cast<int>(DType::kFloat32);
 constexpr int kDTypeBf16 = static_cast<int>(DType::kBFloat16);
 constexpr int kDTypeF16 = static_cast<int>(DType::kFloat16);
+
+// Calls launch(std::integral_constant<int, D>{}) with the kernels' template
+// dtype for `dtype`: the one place a host-side launch maps the runtime dtype
+// to the compile-time one.
+template <typename Launch>
+void ForDType(DType dtype, Launch&& launch) {
+  switch (dtype) {
+    case DType::kFloat32:
+      launch(std::integral_constant<int, kDTypeF32>{});
+      break;
+    case DType::kBFloat16:
+      launch(std::integral_constant<int, kDTypeBf16>{});
+      break;
+    case DType::kFloat16:
+      launch(std::integral_constant<int, kDTypeF16>{});
+      break;
+  }
+}
 
 __device__ __forceinline__ float HalfBitsToFloatDevice(uint32_t h) {
   float f;

@@ -762,48 +762,23 @@ Status LogitStatsGpu::Launch(const LogitsView& logits,
   if (logits.rows > 0) {
     if (sp.splits == 1) {
       const unsigned grid = internal::GridFor(logits.rows);
-#define TW_ROW_LAUNCH(D)                                                  \
-  internal::RowLogZKernel<D><<<grid, internal::kRowThreads, 0, stream>>>( \
-      base, logits.rows, logits.vocab, stride_bytes, options.labels,      \
-      options.ignore_index, options.row_mask, m.ws_log_z.get(),           \
-      m.ws_max.get(), options.row_log_z)
-      switch (logits.dtype) {
-        case DType::kFloat32:
-          TW_ROW_LAUNCH(internal::kDTypeF32);
-          break;
-        case DType::kBFloat16:
-          TW_ROW_LAUNCH(internal::kDTypeBf16);
-          break;
-        case DType::kFloat16:
-          TW_ROW_LAUNCH(internal::kDTypeF16);
-          break;
-      }
-#undef TW_ROW_LAUNCH
+      internal::ForDType(logits.dtype, [&](auto d) {
+        internal::RowLogZKernel<decltype(d)::value><<<grid, internal::kRowThreads, 0, stream>>>(
+            base, logits.rows, logits.vocab, stride_bytes, options.labels, options.ignore_index,
+            options.row_mask, m.ws_log_z.get(), m.ws_max.get(), options.row_log_z);
+      });
     } else {
       const unsigned grid = internal::GridFor(logits.rows * sp.splits);
-#define TW_CHUNK_LAUNCH(D)                                                 \
-  internal::ChunkLseKernel<D><<<grid, internal::kRowThreads, 0, stream>>>( \
-      base, logits.rows, logits.vocab, stride_bytes, sp.splits, sp.chunk,  \
-      options.labels, options.ignore_index, options.row_mask,              \
-      m.ws_part.get(), nullptr)
-      switch (logits.dtype) {
-        case DType::kFloat32:
-          TW_CHUNK_LAUNCH(internal::kDTypeF32);
-          break;
-        case DType::kBFloat16:
-          TW_CHUNK_LAUNCH(internal::kDTypeBf16);
-          break;
-        case DType::kFloat16:
-          TW_CHUNK_LAUNCH(internal::kDTypeF16);
-          break;
-      }
-#undef TW_CHUNK_LAUNCH
+      internal::ForDType(logits.dtype, [&](auto d) {
+        internal::ChunkLseKernel<decltype(d)::value><<<grid, internal::kRowThreads, 0, stream>>>(
+            base, logits.rows, logits.vocab, stride_bytes, sp.splits, sp.chunk, options.labels,
+            options.ignore_index, options.row_mask, m.ws_part.get(), nullptr);
+      });
     }
   }
   internal::LogitFinalizeKernel<<<1, internal::kFinalThreads, 0, stream>>>(
-      m.ws_log_z.get(), m.ws_max.get(), m.ws_part.get(), sp.splits,
-      logits.rows, options.labels, options.ignore_index, options.row_mask,
-      options.row_log_z, m.d_result.get());
+      m.ws_log_z.get(), m.ws_max.get(), m.ws_part.get(), sp.splits, logits.rows, options.labels,
+      options.ignore_index, options.row_mask, options.row_log_z, m.d_result.get());
   return internal::CudaError(cudaGetLastError(), "logit stats launch");
 }
 
@@ -903,57 +878,31 @@ Status CrossEntropyGpu::Launch(const LogitsView& logits,
       internal::SplitFor(logits.rows, logits.vocab, m.sm_count, esize);
   if (logits.rows > 0 && sp.splits > 1) {
     const unsigned grid = internal::GridFor(logits.rows * sp.splits);
-#define TW_CE_SPLIT_LAUNCH(D)                                                  \
-  internal::ChunkLseKernel<D><<<grid, internal::kRowThreads, 0, stream>>>(     \
-      base, logits.rows, logits.vocab, stride_bytes, sp.splits, sp.chunk,      \
-      options.labels, options.ignore_index, nullptr, m.ws_part.get(),          \
-      m.ws_uy.get());                                                          \
-  internal::CrossEntropySplitKernel<D>                                         \
-      <<<grid, internal::kRowThreads, 0, stream>>>(                            \
-          base, logits.rows, logits.vocab, stride_bytes, sp.splits, sp.chunk,  \
-          options.labels, options.ignore_index, options.z_loss_alpha, grad,    \
-          grad_stride_bytes, options.grad_scale, m.ws_part.get(),              \
-          m.ws_uy.get(), m.ws_loss.get(), m.ws_z.get(), m.ws_log_z.get(),      \
-          options.row_loss, m.ticket.get(), m.d_result.get())
-    switch (logits.dtype) {
-      case DType::kFloat32:
-        TW_CE_SPLIT_LAUNCH(internal::kDTypeF32);
-        break;
-      case DType::kBFloat16:
-        TW_CE_SPLIT_LAUNCH(internal::kDTypeBf16);
-        break;
-      case DType::kFloat16:
-        TW_CE_SPLIT_LAUNCH(internal::kDTypeF16);
-        break;
-    }
-#undef TW_CE_SPLIT_LAUNCH
+    internal::ForDType(logits.dtype, [&](auto d) {
+      internal::ChunkLseKernel<decltype(d)::value><<<grid, internal::kRowThreads, 0, stream>>>(
+          base, logits.rows, logits.vocab, stride_bytes, sp.splits, sp.chunk, options.labels,
+          options.ignore_index, nullptr, m.ws_part.get(), m.ws_uy.get());
+      internal::CrossEntropySplitKernel<decltype(d)::value>
+          <<<grid, internal::kRowThreads, 0, stream>>>(
+              base, logits.rows, logits.vocab, stride_bytes, sp.splits, sp.chunk, options.labels,
+              options.ignore_index, options.z_loss_alpha, grad, grad_stride_bytes,
+              options.grad_scale, m.ws_part.get(), m.ws_uy.get(), m.ws_loss.get(), m.ws_z.get(),
+              m.ws_log_z.get(), options.row_loss, m.ticket.get(), m.d_result.get());
+    });
     return internal::CudaError(cudaGetLastError(), "cross entropy launch");
   }
   if (logits.rows > 0) {
     const unsigned grid = internal::GridFor(logits.rows);
-#define TW_CE_LAUNCH(D)                                                        \
-  internal::CrossEntropyKernel<D><<<grid, internal::kRowThreads, 0, stream>>>( \
-      base, logits.rows, logits.vocab, stride_bytes, options.labels,           \
-      options.ignore_index, options.z_loss_alpha, grad, grad_stride_bytes,     \
-      options.grad_scale, m.ws_loss.get(), m.ws_z.get(), m.ws_log_z.get(),     \
-      options.row_loss)
-    switch (logits.dtype) {
-      case DType::kFloat32:
-        TW_CE_LAUNCH(internal::kDTypeF32);
-        break;
-      case DType::kBFloat16:
-        TW_CE_LAUNCH(internal::kDTypeBf16);
-        break;
-      case DType::kFloat16:
-        TW_CE_LAUNCH(internal::kDTypeF16);
-        break;
-    }
-#undef TW_CE_LAUNCH
+    internal::ForDType(logits.dtype, [&](auto d) {
+      internal::CrossEntropyKernel<decltype(d)::value><<<grid, internal::kRowThreads, 0, stream>>>(
+          base, logits.rows, logits.vocab, stride_bytes, options.labels, options.ignore_index,
+          options.z_loss_alpha, grad, grad_stride_bytes, options.grad_scale, m.ws_loss.get(),
+          m.ws_z.get(), m.ws_log_z.get(), options.row_loss);
+    });
   }
-  internal::
-      CrossEntropyFinalizeKernel<<<1, internal::kFinalThreads, 0, stream>>>(
-          m.ws_loss.get(), m.ws_z.get(), m.ws_log_z.get(), logits.rows,
-          logits.vocab, options.labels, options.ignore_index, m.d_result.get());
+  internal::CrossEntropyFinalizeKernel<<<1, internal::kFinalThreads, 0, stream>>>(
+      m.ws_loss.get(), m.ws_z.get(), m.ws_log_z.get(), logits.rows, logits.vocab, options.labels,
+      options.ignore_index, m.d_result.get());
   return internal::CudaError(cudaGetLastError(), "cross entropy launch");
 }
 

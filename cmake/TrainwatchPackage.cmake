@@ -1,5 +1,6 @@
 # The Debian package of trainwatchd and twctl (`make package`, which runs
-# cpack in the build folder): the binaries in /usr/bin, the systemd unit, a
+# cpack in the build folder): the binaries in /usr/bin with their manual
+# pages, the systemd unit, a
 # trainwatch system user made by postinst, /var/lib/trainwatch for the
 # database, and /etc/trainwatch with the flags, tokens, rules and pager files
 # as conffiles. Dependencies come from the shared libraries the binaries link
@@ -17,8 +18,15 @@ configure_file(${_deploy}/debian/changelog.in ${_debian}/changelog @ONLY)
 add_custom_command(OUTPUT ${_debian}/changelog.gz
   COMMAND gzip -9nc ${_debian}/changelog > ${_debian}/changelog.gz
   DEPENDS ${_debian}/changelog VERBATIM)
+# Manual pages, compressed the same way.
+foreach(_page trainwatchd.8 twctl.1)
+  add_custom_command(OUTPUT ${_debian}/${_page}.gz
+    COMMAND gzip -9nc ${_deploy}/debian/${_page} > ${_debian}/${_page}.gz
+    DEPENDS ${_deploy}/debian/${_page} VERBATIM)
+endforeach()
 add_custom_target(trainwatch_package_files ALL
-  DEPENDS ${_debian}/rules.json ${_debian}/changelog.gz)
+  DEPENDS ${_debian}/rules.json ${_debian}/changelog.gz ${_debian}/trainwatchd.8.gz
+          ${_debian}/twctl.1.gz)
 
 install(FILES ${_deploy}/systemd/trainwatchd.service DESTINATION /lib/systemd/system
         COMPONENT service EXCLUDE_FROM_ALL)
@@ -27,6 +35,10 @@ install(FILES ${_deploy}/systemd/trainwatchd.flags ${_deploy}/systemd/tokens.jso
         DESTINATION /etc/trainwatch COMPONENT service EXCLUDE_FROM_ALL)
 install(FILES ${_deploy}/debian/copyright ${_debian}/changelog.gz ${PROJECT_SOURCE_DIR}/README.md
         DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/trainwatchd COMPONENT service EXCLUDE_FROM_ALL)
+install(FILES ${_debian}/trainwatchd.8.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man8
+        COMPONENT service EXCLUDE_FROM_ALL)
+install(FILES ${_debian}/twctl.1.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man1
+        COMPONENT service EXCLUDE_FROM_ALL)
 
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME trainwatchd)

@@ -38,7 +38,8 @@ dpkg-deb --contents "$deb" | tee "$tmp/contents"
 for f in ./usr/bin/trainwatchd ./usr/bin/twctl ./lib/systemd/system/trainwatchd.service \
          ./etc/trainwatch/trainwatchd.flags ./etc/trainwatch/tokens.json \
          ./etc/trainwatch/rules.json ./etc/trainwatch/pager.json \
-         ./usr/share/doc/trainwatchd/copyright ./usr/share/doc/trainwatchd/changelog.gz; do
+         ./usr/share/doc/trainwatchd/copyright ./usr/share/doc/trainwatchd/changelog.gz \
+         ./usr/share/man/man8/trainwatchd.8.gz ./usr/share/man/man1/twctl.1.gz; do
   grep -q " $f\$" "$tmp/contents" || fail "not in the package: $f"
 done
 if grep -E '\.a$|/include/|/cmake/' "$tmp/contents"; then

@@ -149,7 +149,11 @@ struct Agent::Impl {
     uint64_t sent_gen;  // connection generation it was last sent on
   };
   std::deque<Entry> memory;      // unacknowledged step reports, oldest first
-  std::deque<std::string> control;  // checkpoints and acks: sent once, not kept
+  // Checkpoints and command acks: sent once, not kept, ahead of the records.
+  // Never a step report: the server's durable step is a watermark over the
+  // records in step order, and a report sent out of order would cover
+  // records not yet sent.
+  std::deque<std::string> control;
   std::unique_ptr<SpillStore> spill;
   bool spill_resend = false;     // the spill must be re-sent on this connection
   int64_t durable = -1;

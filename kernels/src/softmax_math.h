@@ -1,6 +1,6 @@
 // Private: the exponent of the online softmax, shared by the CUDA kernels
-// (logits_cuda.cu) and the host tests, which check the formula on values
-// the GPU would otherwise be needed for.
+// (logsumexp_cuda.cuh, cross_entropy_cuda.cu) and the host tests, which
+// check the formula on values the GPU would otherwise be needed for.
 
 #ifndef TRAINWATCH_KERNELS_SRC_SOFTMAX_MATH_H_
 #define TRAINWATCH_KERNELS_SRC_SOFTMAX_MATH_H_

@@ -360,47 +360,7 @@ size_t ResultBytes(size_t ntensors, bool per_tensor) {
 
 }  // namespace
 
-Status UploadAndWait(std::initializer_list<Upload> uploads) {
-  cudaStream_t stream = nullptr;
-  TRAINWATCH_CUDA_RETURN_IF_ERROR(
-      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
-      "upload stream");
-  cudaError_t err = cudaSuccess;
-  for (const Upload& u : uploads) {
-    if (u.bytes == 0) continue;
-    err = cudaMemcpyAsync(u.device, u.pinned_host, u.bytes,
-                          cudaMemcpyHostToDevice, stream);
-    if (err != cudaSuccess) break;
-  }
-  // Waited for even after a failed enqueue: the stream is destroyed next.
-  const cudaError_t sync = cudaStreamSynchronize(stream);
-  cudaStreamDestroy(stream);
-  if (err != cudaSuccess) return CudaError(err, "upload");
-  return CudaError(sync, "wait for the upload");
-}
-
-Status RequireDevice() {
-  int n = 0;
-  const cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // clear the non-sticky error
-    return UnavailableError(std::string("no usable CUDA device: ") +
-                            cudaGetErrorString(err));
-  }
-  if (n == 0) return UnavailableError("no CUDA device");
-  return OkStatus();
-}
-
 }  // namespace internal
-
-int CudaDeviceCount() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
 
 struct GradStatsGpuPlan::Impl {
   std::vector<TensorView> tensors;  // shapes (and the bound pointers)

@@ -48,16 +48,12 @@ struct TensorStat {
   int64_t elements = 0;
 };
 
-struct StepRecord {
-  int64_t step = 0;
-  // Shard ids of the batch (empty when the trainer does not say).
-  absl::Span<const uint64_t> shards;
-  // Non-empty on the steps where a checkpoint was saved.
-  absl::string_view checkpoint_uri;
-  // Optional per-tensor breakdown.
-  absl::Span<const TensorStat> tensors;
-
-  StepRecord& Set(Signal s, double v) {
+// The numbers of one step: a value per signal and which of them are
+// present. The one representation of a step's signals, wherever it is kept:
+// the engine's input, the agent's history and queue, the store's rows.
+class StepValues {
+ public:
+  StepValues& Set(Signal s, double v) {
     values_[static_cast<int>(s)] = v;
     present_ |= Bit(s);
     return *this;
@@ -73,6 +69,21 @@ struct StepRecord {
 
  private:
   std::array<double, kNumSignals> values_{};
+  uint32_t present_ = 0;
+};
+
+struct StepRecord : StepValues {
+  int64_t step = 0;
+  // Shard ids of the batch (empty when the trainer does not say).
+  absl::Span<const uint64_t> shards;
+  // Non-empty on the steps where a checkpoint was saved.
+  absl::string_view checkpoint_uri;
+  // Optional per-tensor breakdown.
+  absl::Span<const TensorStat> tensors;
+
+  StepRecord() = default;
+  StepRecord(int64_t step, const StepValues& values) : StepValues(values), step(step) {}
+};
   uint32_t present_ = 0;
 };
 

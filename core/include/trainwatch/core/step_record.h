@@ -84,8 +84,6 @@ struct StepRecord : StepValues {
   StepRecord() = default;
   StepRecord(int64_t step, const StepValues& values) : StepValues(values), step(step) {}
 };
-  uint32_t present_ = 0;
-};
 
 }  // namespace trainwatch::core
 

@@ -8,7 +8,7 @@
 
 #include "google/protobuf/timestamp.pb.h"
 #include "trainwatch/core/event.h"
-#include "trainwatch/server/ingest.h"
+#include "ingest.h"
 #include "trainwatch/server/store.h"
 #include "trainwatch/v1/common.pb.h"
 #include "trainwatch/v1/operator.pb.h"

@@ -924,7 +924,8 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
     }
     // What an approval does by default besides the shards: every rank skips
     // the batches it served around the spike (the shards above are rank 0's).
-    if (auto skip = state_->ingestor()->DefaultSkipSteps(inc, inc.recommended_checkpoint_step)) {
+    if (auto skip = DefaultSkipSteps(inc, inc.recommended_checkpoint_step,
+                                     state_->ingestor()->options().rules.shard_steps_before_onset)) {
       v1::RecommendedAction* ra = s->add_recommended_actions();
       ra->set_kind(v1::ACTION_KIND_SKIP_STEPS);
       ra->mutable_steps()->set_first(skip->first);

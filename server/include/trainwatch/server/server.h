@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "trainwatch/server/clock.h"
-#include "trainwatch/server/ingest.h"
+#include "ingest.h"
 
 namespace trainwatch::server {
 

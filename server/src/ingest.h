@@ -10,9 +10,9 @@
 //   ranks:  every rank streams its own record (REPORT_SCOPE_RANK); a step
 //           completes when all world_size ranks reported or after the
 //           aggregation timeout, and the missing ranks are named.
-// Aggregation: loss and log_z are means, grad_norm the maximum (a rank whose
-// gradients explode shows), nonfinite and element counts sums (nan_frac is
-// their ratio), shard ids the union.
+// The pieces it drives, each in its own file: step_aggregation.h (ranks
+// mode), incident_tracker.h (events to incidents), rollback.h (decisions and
+// commands).
 //
 // Thread-safety: Submit(), Snapshot(), Stats() and Flush() from any thread;
 // everything else is the writer thread's.
@@ -36,6 +36,10 @@
 #include "trainwatch/core/config.h"
 #include "trainwatch/server/clock.h"
 #include "trainwatch/server/store.h"
+#include "incident_tracker.h"
+#include "rollback.h"
+#include "step_aggregation.h"
+#include "trainwatch/core/rule_engine.h"
 #include "trainwatch/v1/agent.pb.h"
 
 namespace trainwatch::server {
@@ -48,13 +52,6 @@ struct IngestItem {
 
 // Told about durable steps and incident changes, on the writer thread. An
 // implementation must not block.
-// What happened to an incident, as its listeners hear it.
-enum class IncidentChange {
-  kOpened,
-  kUpdated,       // new evidence; the state is as it was
-  kStateChanged,  // resolved, re-opened, approved, rejected, ...
-};
-
 class IngestListener {
  public:
   virtual ~IngestListener() = default;
@@ -66,24 +63,6 @@ class IngestListener {
   // `run_id`, or only for `stream_id` when it is not 0.
   virtual void OnServerMessage(const std::string& run_id, uint64_t stream_id,
                                const std::string& serialized) = 0;
-};
-
-// An operator's decision on an incident, carried out on the writer thread
-// so that decisions and ingest never race.
-struct DecisionRequest {
-  bool approve = true;
-  int64_t incident_id = 0;
-  std::optional<int64_t> to_step;
-  // Ranges to quarantine; unset: the incident's recommendation.
-  std::optional<std::vector<std::pair<uint64_t, uint64_t>>> quarantine;
-  std::optional<double> z_loss_alpha;
-  // Steps whose batches every rank skips; unset: the recommendation; a
-  // range with last < first: none.
-  std::optional<std::pair<int64_t, int64_t>> skip_steps;
-  std::string comment;
-  std::string idempotency_key;
-  std::string actor;  // from the caller's authentication
-  bool dry_run = false;
 };
 
 struct DecisionOutcome {
@@ -130,14 +109,9 @@ struct IngestOptions {
 class Ingestor {
  public:
   Ingestor(Store* store, const IngestOptions& options, Clock* clock);
-  // The steps whose batches every rank skips by default when `incident` is
-  // rolled back to the checkpoint at `checkpoint_step`: for a page, from just
-  // before its onset to its detection, after the checkpoint (earlier steps
-  // are not served again anyway); none for other tiers or an empty range.
-  // Any thread (reads only the options fixed at construction).
-  std::optional<std::pair<int64_t, int64_t>> DefaultSkipSteps(const IncidentRow& incident,
-                                                              int64_t checkpoint_step) const;
   ~Ingestor();
+  // Fixed at construction; any thread.
+  const IngestOptions& options() const { return options_; }
   Ingestor(const Ingestor&) = delete;
   Ingestor& operator=(const Ingestor&) = delete;
 
@@ -170,9 +144,29 @@ class Ingestor {
   void Decide(DecisionRequest request, std::function<void(DecisionOutcome)> done);
 
  private:
-  struct RunState;
+  // One run's state, rebuilt by Recover() after a restart.
+  struct RunState {
+    explicit RunState(const RunRow& r) : row(r), incidents(r.run_id) {}
+    RunRow row;
+    bool mode_known = false;
+    bool rank_mode = false;
+    std::unique_ptr<core::RuleEngine> engine;
+    core::StepOutcome out;
+    std::map<int64_t, StepAggregate> pending;  // ranks mode: steps not complete
+    IncidentTracker incidents;
+    StoredStep latest;
+    bool has_latest = false;
+    bool row_dirty = false;
+    int64_t skipped_total = 0;
+    int64_t missing_rank_steps_total = 0;
+    // The approved rollback being carried out, until every rank applied it.
+    std::optional<RollbackCommand> command;
+    ShardRanges quarantined;
+  };
+
   void Loop();
   void ProcessBatch(std::vector<IngestItem>& items);
+  absl::Status RecoverRun(const RunRow& row);
   RunState* RunFor(const std::string& run_id, int32_t world_size, int64_t now);
   void Handle(IngestItem& item, int64_t now);
   void HandleStep(RunState& run, const trainwatch::v1::StepReport& r, uint64_t stream,
@@ -182,15 +176,15 @@ class Ingestor {
   void Evaluate(RunState& run, StoredStep step, int64_t now,
                 absl::Span<const core::TensorStat> tensors = {});
   void CompletePending(RunState& run, int64_t now, bool force);
-  void RecordEvents(RunState& run, const std::vector<core::Event>& events, int64_t now);
-  // Writes the incident with this batch and tells the listener after commit.
-  void RecordIncident(const IncidentRow& incident, IncidentChange change);
+  // Incident changes are written with this batch and heard after commit.
+  IncidentSink sink() { return {&batch_, &changed_incidents_}; }
   void PublishSnapshot();
+  // ingest_decisions.cc: the operator's decisions and the commands they
+  // become.
   DecisionOutcome RunDecision(const DecisionRequest& r, int64_t now);
   void HandleCommandAck(RunState& run, const trainwatch::v1::CommandAck& a, int64_t now);
   void CompleteRollback(RunState& run, int64_t now);
   void SendPendingCommand(RunState& run, uint64_t stream, int32_t rank);
-  std::string QuarantineMessage(const RunState& run) const;
 
   Store* store_;
   IngestOptions options_;
@@ -212,8 +206,7 @@ class Ingestor {
 
   // Writer thread only.
   std::map<std::string, std::unique_ptr<RunState>> runs_;
-  int64_t next_incident_id_ = 1;
-  int64_t next_decision_id_ = 1;
+  IdCounters ids_;
   std::vector<std::pair<std::function<void(DecisionOutcome)>, DecisionOutcome>> answers_;
   std::vector<std::tuple<std::string, uint64_t, std::string>> outgoing_;  // after commit
   WriteBatch batch_;

@@ -1,0 +1,209 @@
+// The operator's decisions on incidents and the rollback commands they
+// become, on the writer thread: the store lookups and the rows written here,
+// the rules in rollback.h.
+
+#include <algorithm>
+
+#include "ingest.h"
+#include "log.h"
+#include "absl/strings/str_cat.h"
+
+namespace trainwatch::server {
+
+void Ingestor::Decide(DecisionRequest request, std::function<void(DecisionOutcome)> done) {
+  absl::MutexLock lock(&mu_);
+  tasks_.push_back({std::move(request), std::move(done)});
+}
+
+DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
+  namespace v1 = trainwatch::v1;
+  DecisionOutcome out;
+  const std::string pub = absl::StrCat("I-", r.incident_id);
+  // A repeated request (same idempotency key) gets the first answer.
+  if (!r.idempotency_key.empty()) {
+    absl::StatusOr<std::optional<DecisionRow>> prior = store_->FindDecisionByKey(r.idempotency_key);
+    if (!prior.ok()) {
+      out.status = prior.status();
+      return out;
+    }
+    if (prior->has_value()) {
+      if ((*prior)->incident_id != r.incident_id) {
+        out.status = absl::InvalidArgumentError(absl::StrCat(
+            "idempotency key '", r.idempotency_key, "' was used for I-", (*prior)->incident_id));
+        return out;
+      }
+      out.decision = (*prior)->payload;
+      out.replayed = true;
+      absl::StatusOr<std::optional<IncidentRow>> inc = store_->GetIncident(r.incident_id);
+      if (inc.ok() && inc->has_value()) out.state = (*inc)->state;
+      return out;
+    }
+  }
+  // Find the incident: in memory while open, else in the store.
+  RunState* run = nullptr;
+  IncidentRow* live = nullptr;
+  for (auto& [id, rs] : runs_) {
+    if (IncidentRow* found = rs->incidents.FindOpen(r.incident_id)) {
+      run = rs.get();
+      live = found;
+    }
+  }
+  IncidentRow stored;
+  if (live == nullptr) {
+    absl::StatusOr<std::optional<IncidentRow>> inc = store_->GetIncident(r.incident_id);
+    if (!inc.ok()) {
+      out.status = inc.status();
+      return out;
+    }
+    if (!inc->has_value()) {
+      out.status = absl::NotFoundError(absl::StrCat("no incident ", pub));
+      return out;
+    }
+    stored = **inc;
+  }
+  const IncidentRow& inc = live != nullptr ? *live : stored;
+  out.state = inc.state;
+  absl::StatusOr<std::vector<DecisionRow>> prior = store_->DecisionsOfIncident(inc.id);
+  out.status = RefuseDecision(inc, r.approve,
+                              prior.ok() ? absl::Span<const DecisionRow>(*prior)
+                                         : absl::Span<const DecisionRow>());
+  if (!out.status.ok()) return out;
+  if (run == nullptr) {
+    out.status = absl::FailedPreconditionError(absl::StrCat(pub, " is not open"));
+    return out;
+  }
+  const int64_t decision_id = ids_.next_decision;
+  v1::Decision d;
+  d.set_decision_id(absl::StrCat("D-", decision_id));
+  d.set_incident_id(pub);
+  d.set_run_id(inc.run_id);
+  d.set_kind(r.approve ? v1::DECISION_KIND_APPROVE_ROLLBACK : v1::DECISION_KIND_REJECT_ROLLBACK);
+  d.mutable_actor()->set_kind(v1::ACTOR_KIND_HUMAN);
+  d.mutable_actor()->set_id(r.actor);
+  d.mutable_actor()->set_via("twctl");
+  d.mutable_decided_at()->set_seconds(now / 1000);
+  d.set_comment(r.comment);
+  d.set_dry_run(r.dry_run);
+  d.set_idempotency_key(r.idempotency_key);
+  if (r.approve) {
+    absl::StatusOr<std::vector<CheckpointRow>> cks = store_->Checkpoints(inc.run_id);
+    if (!cks.ok()) {
+      out.status = cks.status();
+      return out;
+    }
+    const size_t keep = static_cast<size_t>(options_.rules.checkpoints_retained);
+    const absl::Span<const CheckpointRow> retained =
+        absl::MakeConstSpan(*cks).last(std::min(keep, cks->size()));
+    absl::StatusOr<v1::RollbackPlan> plan =
+        PlanRollback(inc, r, retained, options_.rules.shard_steps_before_onset);
+    if (!plan.ok()) {
+      out.status = plan.status();
+      return out;
+    }
+    *d.mutable_plan() = *std::move(plan);
+    d.set_command_id(absl::StrCat("C-", decision_id));
+  }
+  out.decision = d.SerializeAsString();
+  if (r.dry_run) return out;  // what would happen; nothing recorded
+
+  ++ids_.next_decision;
+  batch_.decisions.push_back({decision_id, inc.id, inc.run_id, r.actor,
+                              r.approve ? "approve_rollback" : "reject_rollback", r.comment,
+                              out.decision, r.idempotency_key, now});
+  IncidentRow updated = inc;
+  updated.updated_ms = now;
+  if (r.approve) {
+    updated.state = IncidentState::kRollingBack;
+    v1::ServerMessage msg;
+    v1::Command* c = msg.mutable_command();
+    c->set_command_id(d.command_id());
+    c->set_run_id(inc.run_id);
+    c->mutable_issued_at()->set_seconds(now / 1000);
+    *c->mutable_rollback() = d.plan();
+    batch_.commands.push_back(
+        {d.command_id(), inc.run_id, inc.id, "rollback", c->SerializeAsString(), now});
+    for (const auto& range : d.plan().quarantine().ranges()) {
+      batch_.quarantines.push_back(
+          {inc.run_id, range.first(), range.last(), inc.id, decision_id, now});
+      run->quarantined.emplace_back(range.first(), range.last());
+    }
+    RollbackCommand ac;
+    ac.id = d.command_id();
+    ac.message = msg.SerializeAsString();
+    ac.incident_id = inc.id;
+    ac.target_step = d.plan().target_step();
+    run->command = ac;
+    outgoing_.emplace_back(inc.run_id, 0, ac.message);
+    if (d.plan().quarantine().ranges_size() > 0) {
+      outgoing_.emplace_back(inc.run_id, 0, QuarantineMessage(inc.run_id, run->quarantined));
+    }
+  } else {
+    updated.state = IncidentState::kDismissed;
+    updated.closed_ms = now;
+  }
+  out.state = updated.state;
+  sink().Record(updated, updated.state != inc.state ? IncidentChange::kStateChanged
+                                                    : IncidentChange::kUpdated);
+  if (live != nullptr) run->incidents.Update(updated);
+  return out;
+}
+
+void Ingestor::HandleCommandAck(RunState& run, const trainwatch::v1::CommandAck& a,
+                                int64_t now) {
+  if (!run.command || a.command_id() != run.command->id) return;
+  if (a.status() == trainwatch::v1::ACK_STATUS_FAILED) {
+    LOG(WARNING) << "run " << run.row.run_id << ": rank " << a.rank() << " failed command "
+                 << a.command_id() << ": " << a.message();
+  }
+  if (run.command->OnAck(a.rank(), a.status(), run.row.world_size)) CompleteRollback(run, now);
+}
+
+void Ingestor::CompleteRollback(RunState& run, int64_t now) {
+  const RollbackCommand cmd = *run.command;
+  run.command.reset();
+  const int64_t old_attempt = run.row.attempt;
+  const int64_t target = cmd.target_step;
+  // A new attempt: its history is the old one's up to the checkpoint, and
+  // the engine is rebuilt from exactly that.
+  batch_.attempt_copies.push_back({run.row.run_id, old_attempt, old_attempt + 1, target});
+  run.engine = std::make_unique<core::RuleEngine>(options_.rules);
+  run.has_latest = false;
+  int64_t fed = 0;
+  absl::Status st = store_->ForEachStep(
+      run.row.run_id, old_attempt, [&](const StoredStep& s, const std::string& ckpt) {
+        if (s.step > target) return;
+        core::StepRecord rec = s.View();
+        rec.checkpoint_uri = ckpt;
+        if (run.engine->Observe(rec, &run.out).ok()) {
+          run.latest = s;
+          run.has_latest = true;
+          ++fed;
+        }
+      });
+  if (!st.ok()) LOG(ERROR) << "run " << run.row.run_id << ": rebuilding after rollback: " << st;
+  absl::StatusOr<std::vector<CheckpointRow>> cks = store_->Checkpoints(run.row.run_id);
+  if (cks.ok()) {
+    for (const CheckpointRow& c : *cks) {
+      if (c.step <= target) run.engine->NoteCheckpoint(c.step, c.uri);
+    }
+  }
+  run.row.attempt = old_attempt + 1;
+  run.row.last_step = target;
+  run.row_dirty = true;
+  run.pending.clear();
+  if (IncidentRow* inc = run.incidents.FindOpen(cmd.incident_id)) {
+    inc->updated_ms = now;
+    sink().Record(*inc, IncidentChange::kUpdated);
+    run.incidents.Watch(inc->id, inc->detection_step);
+  }
+  LOG(INFO) << "run " << run.row.run_id << ": rollback " << cmd.id << " applied by all "
+            << run.row.world_size << " ranks; attempt " << run.row.attempt << " resumes after step "
+            << target << " (" << fed << " steps of history)";
+}
+
+void Ingestor::SendPendingCommand(RunState& run, uint64_t stream, int32_t rank) {
+  if (!run.command || run.command->applied.count(rank) > 0) return;
+  outgoing_.emplace_back(run.row.run_id, stream, run.command->message);
+}
+
+}  // namespace trainwatch::server

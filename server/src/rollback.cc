@@ -1,0 +1,170 @@
+#include "rollback.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "trainwatch/core/json.h"
+
+namespace trainwatch::server {
+
+namespace {
+
+const char* StateWord(IncidentState s) {
+  switch (s) {
+    case IncidentState::kOpen: return "open";
+    case IncidentState::kAcknowledged: return "acknowledged";
+    case IncidentState::kAwaitingDecision: return "awaiting a decision";
+    case IncidentState::kRollingBack: return "rolling back";
+    case IncidentState::kResolved: return "resolved";
+    case IncidentState::kDismissed: return "dismissed";
+  }
+  return "?";
+}
+
+// The recommendation's quarantine ranges and z-loss, as the engine wrote them.
+void RecommendedSettings(const IncidentRow& incident, ShardRanges* quarantine,
+                         std::optional<double>* z_loss) {
+  absl::StatusOr<core::JsonValue> actions = core::ParseJson(incident.actions_json, "actions");
+  if (!actions.ok()) return;
+  for (const core::JsonValue& a : actions->array) {
+    const core::JsonValue* kind = a.Find("kind");
+    if (kind == nullptr) continue;
+    if (kind->string == "quarantine_shards") {
+      const core::JsonValue* first = a.Find("shard_first");
+      const core::JsonValue* last = a.Find("shard_last");
+      if (first != nullptr && last != nullptr) {
+        quarantine->emplace_back(static_cast<uint64_t>(first->number),
+                                 static_cast<uint64_t>(last->number));
+      }
+    } else if (kind->string == "set_z_loss_alpha") {
+      if (const core::JsonValue* alpha = a.Find("z_loss_alpha")) *z_loss = alpha->number;
+    }
+  }
+}
+
+}  // namespace
+
+std::optional<std::pair<int64_t, int64_t>> DefaultSkipSteps(const IncidentRow& incident,
+                                                            int64_t checkpoint_step,
+                                                            int64_t steps_before_onset) {
+  // A numerical failure is no batch's fault.
+  if (incident.tier != 2) return std::nullopt;
+  const int64_t first =
+      std::max(incident.onset_step - steps_before_onset, checkpoint_step + 1);
+  if (first > incident.detection_step) return std::nullopt;
+  return std::make_pair(first, incident.detection_step);
+}
+
+absl::Status RefuseDecision(const IncidentRow& inc, bool approve,
+                            absl::Span<const DecisionRow> prior) {
+  const std::string pub = inc.public_id();
+  // The last human decision, for refusals that say who and when.
+  const DecisionRow* human = nullptr;
+  for (const DecisionRow& d : prior) {
+    if (d.kind == "approve_rollback" || d.kind == "reject_rollback") human = &d;
+  }
+  std::string earlier;
+  if (human != nullptr) {
+    earlier = absl::StrFormat(" (%s by %s, D-%d: \"%s\")",
+                              human->kind == "approve_rollback" ? "approved" : "rejected",
+                              human->actor, human->id, human->comment);
+  }
+  if (approve && inc.tier < 2) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        pub, " is tier ", inc.tier, " (", StateWord(inc.state),
+        "): tier 0 and 1 incidents are handled in place and need no rollback"));
+  }
+  switch (inc.state) {
+    case IncidentState::kDismissed:
+      return absl::FailedPreconditionError(
+          absl::StrCat(pub, " was rejected", earlier, ": ", approve ? "approving" : "rejecting",
+                       " it again changes nothing"));
+    case IncidentState::kRollingBack:
+      return absl::FailedPreconditionError(absl::StrCat(
+          pub, " is already rolling back", earlier, ": a second decision changes nothing"));
+    case IncidentState::kResolved:
+      return absl::FailedPreconditionError(
+          absl::StrCat(pub, " is resolved", earlier, ": nothing to decide"));
+    default:
+      return absl::OkStatus();
+  }
+}
+
+absl::StatusOr<trainwatch::v1::RollbackPlan> PlanRollback(
+    const IncidentRow& inc, const DecisionRequest& r, absl::Span<const CheckpointRow> retained,
+    int64_t steps_before_onset) {
+  const int64_t target = r.to_step.value_or(inc.recommended_checkpoint_step);
+  const CheckpointRow* ck = nullptr;
+  for (const CheckpointRow& c : retained) {
+    if (c.step == target) ck = &c;
+  }
+  if (ck == nullptr) {
+    std::vector<int64_t> steps;
+    for (const CheckpointRow& c : retained) steps.push_back(c.step);
+    const std::string message = absl::StrCat(
+        r.to_step ? absl::StrCat("step ", target, " is not")
+                  : absl::StrCat(inc.public_id(), " has no recommended checkpoint that is"),
+        " a retained checkpoint of run ", inc.run_id, " (retained: ",
+        steps.empty() ? "none" : absl::StrJoin(steps, ", "), "); pass --to-step with one of them");
+    return r.to_step ? absl::InvalidArgumentError(message)
+                     : absl::FailedPreconditionError(message);
+  }
+  ShardRanges recommended_quarantine;
+  std::optional<double> recommended_z_loss;
+  RecommendedSettings(inc, &recommended_quarantine, &recommended_z_loss);
+  const ShardRanges& quarantine = r.quarantine ? *r.quarantine : recommended_quarantine;
+  const std::optional<double> z_loss = r.z_loss_alpha ? r.z_loss_alpha : recommended_z_loss;
+  // The batches every rank skips: the operator's steps, or the default.
+  std::optional<std::pair<int64_t, int64_t>> skip;
+  if (r.skip_steps) {
+    if (r.skip_steps->first < 0) {
+      return absl::InvalidArgumentError("skip_steps must not start below step 0");
+    }
+    if (r.skip_steps->second >= r.skip_steps->first) skip = r.skip_steps;
+    if (skip) skip->first = std::max(skip->first, ck->step + 1);
+  } else {
+    skip = DefaultSkipSteps(inc, ck->step, steps_before_onset);
+  }
+  trainwatch::v1::RollbackPlan plan;
+  plan.set_incident_id(inc.public_id());
+  plan.set_target_step(ck->step);
+  plan.set_checkpoint_uri(ck->uri);
+  if (skip && skip->second >= skip->first) {
+    plan.mutable_skip_steps()->set_first(skip->first);
+    plan.mutable_skip_steps()->set_last(skip->second);
+  }
+  for (const auto& [first, last] : quarantine) {
+    auto* range = plan.mutable_quarantine()->add_ranges();
+    range->set_first(first);
+    range->set_last(last);
+  }
+  if (z_loss) plan.add_settings()->set_z_loss_alpha(*z_loss);
+  return plan;
+}
+
+std::string QuarantineMessage(const std::string& run_id, const ShardRanges& ranges) {
+  trainwatch::v1::ServerMessage m;
+  auto* q = m.mutable_quarantined_shards();
+  q->set_run_id(run_id);
+  q->set_version(static_cast<int64_t>(ranges.size()));
+  for (const auto& [first, last] : ranges) {
+    auto* r = q->mutable_shards()->add_ranges();
+    r->set_first(first);
+    r->set_last(last);
+  }
+  return m.SerializeAsString();
+}
+
+bool RollbackCommand::OnAck(int32_t rank, trainwatch::v1::AckStatus status, int32_t world_size) {
+  if (status == trainwatch::v1::ACK_STATUS_APPLIED) {
+    applied.insert(rank);
+    failed.erase(rank);
+  } else if (status == trainwatch::v1::ACK_STATUS_FAILED) {
+    failed.insert(rank);
+  }
+  return static_cast<int32_t>(applied.size()) >= world_size;
+}
+
+}  // namespace trainwatch::server

@@ -1,0 +1,84 @@
+// Rollback coordination: what an operator's decision on an incident becomes
+// (a refusal, or a plan: checkpoint, batches to skip, shards to quarantine,
+// settings), and the approved command until every rank applied it.
+//
+// Pure: the ingestor reads the store and writes what these return.
+
+#ifndef TRAINWATCH_SERVER_ROLLBACK_H_
+#define TRAINWATCH_SERVER_ROLLBACK_H_
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "trainwatch/server/store.h"
+#include "trainwatch/v1/agent.pb.h"
+#include "trainwatch/v1/common.pb.h"
+
+namespace trainwatch::server {
+
+using ShardRanges = std::vector<std::pair<uint64_t, uint64_t>>;
+
+// An operator's decision on an incident, carried out on the writer thread
+// so that decisions and ingest never race.
+struct DecisionRequest {
+  bool approve = true;
+  int64_t incident_id = 0;
+  std::optional<int64_t> to_step;
+  // Ranges to quarantine; unset: the incident's recommendation.
+  std::optional<ShardRanges> quarantine;
+  std::optional<double> z_loss_alpha;
+  // Steps whose batches every rank skips; unset: the recommendation; a
+  // range with last < first: none.
+  std::optional<std::pair<int64_t, int64_t>> skip_steps;
+  std::string comment;
+  std::string idempotency_key;
+  std::string actor;  // from the caller's authentication
+  bool dry_run = false;
+};
+
+// The steps whose batches every rank skips by default when `incident` is
+// rolled back to the checkpoint at `checkpoint_step`: for a page, from
+// `steps_before_onset` before its onset to its detection, after the
+// checkpoint (earlier steps are not served again anyway); none for other
+// tiers or an empty range.
+std::optional<std::pair<int64_t, int64_t>> DefaultSkipSteps(const IncidentRow& incident,
+                                                            int64_t checkpoint_step,
+                                                            int64_t steps_before_onset);
+
+// Why the incident's state refuses the decision (FAILED_PRECONDITION, with
+// who decided before when `earlier` says so), or OK.
+absl::Status RefuseDecision(const IncidentRow& incident, bool approve,
+                            absl::Span<const DecisionRow> earlier);
+
+// The plan of an approved rollback: the operator's checkpoint (one the run
+// still retains) or the recommendation, and the operator's quarantine,
+// z-loss and skipped steps or the recommendation's.
+absl::StatusOr<trainwatch::v1::RollbackPlan> PlanRollback(
+    const IncidentRow& incident, const DecisionRequest& request,
+    absl::Span<const CheckpointRow> retained, int64_t steps_before_onset);
+
+// The ServerMessage that gives a run's agents its whole quarantine list.
+std::string QuarantineMessage(const std::string& run_id, const ShardRanges& ranges);
+
+// An approved rollback being carried out, until every rank applied it.
+struct RollbackCommand {
+  std::string id;
+  std::string message;  // the serialized ServerMessage
+  int64_t incident_id = 0;
+  int64_t target_step = 0;
+  std::set<int32_t> applied, failed;
+
+  // Counts a rank's acknowledgement; true once `world_size` ranks applied it.
+  bool OnAck(int32_t rank, trainwatch::v1::AckStatus status, int32_t world_size);
+};
+
+}  // namespace trainwatch::server
+
+#endif  // TRAINWATCH_SERVER_ROLLBACK_H_

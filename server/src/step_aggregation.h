@@ -1,0 +1,66 @@
+// Cross-rank aggregation of one step, for runs whose ranks each stream their
+// own record (REPORT_SCOPE_RANK): a step completes when every rank reported
+// or after the aggregation timeout, and the ranks that did not are named.
+//
+// The rules: loss and log_z are means over the ranks that reported a finite
+// value (one nonfinite value makes the mean NaN), grad_norm the maximum (a
+// rank whose gradients explode shows), nonfinite and element counts sums
+// (nan_frac is their ratio; without counts, the largest nan_frac), the
+// activation and attention-logit maxima maxima, shard ids the union.
+//
+// Pure: no clock, no store, no threads.
+
+#ifndef TRAINWATCH_SERVER_STEP_AGGREGATION_H_
+#define TRAINWATCH_SERVER_STEP_AGGREGATION_H_
+
+#include <cstdint>
+#include <set>
+#include <vector>
+
+#include "trainwatch/server/store.h"
+#include "trainwatch/v1/agent.pb.h"
+
+namespace trainwatch::server {
+
+class StepAggregate {
+ public:
+  // `first_ms`: when the step's first record arrived, for the timeout.
+  explicit StepAggregate(int64_t first_ms) : first_ms_(first_ms) {}
+
+  // Merges `rank`'s record. False, and nothing merged, when that rank
+  // already reported this step. REQUIRES: 0 <= rank.
+  bool Add(int32_t rank, const trainwatch::v1::StepReport& report);
+
+  int32_t count() const { return count_; }
+  int64_t first_ms() const { return first_ms_; }
+
+  // The merged record of `step`; ranks below `world_size` that did not
+  // report are listed in missing_ranks ("3,7").
+  StoredStep Finish(int64_t step, int32_t world_size) const;
+
+ private:
+  void Merge(const trainwatch::v1::StepReport& r);
+
+  int64_t first_ms_;
+  std::vector<bool> seen_;
+  int32_t count_ = 0;
+  double loss_sum_ = 0, logz_sum_ = 0;
+  int loss_n_ = 0, logz_n_ = 0;
+  bool loss_nonfinite_ = false, logz_nonfinite_ = false;
+  double grad_max_ = -1;
+  bool grad_seen_ = false, grad_nonfinite_ = false;
+  int64_t nonfinite_ = 0, elements_ = 0;
+  bool counts_seen_ = false;
+  double nan_frac_max_ = -1;
+  StoredStep extras_;  // lr, z-loss, activation max, attention p99
+  std::set<uint64_t> shards_;
+};
+
+// The stored form of a record that rank 0 reduced itself
+// (REPORT_SCOPE_GLOBAL): the same conversion, with nan_frac as reported when
+// the record carries no counts.
+StoredStep GlobalStep(const trainwatch::v1::StepReport& report);
+
+}  // namespace trainwatch::server
+
+#endif  // TRAINWATCH_SERVER_STEP_AGGREGATION_H_

@@ -101,9 +101,9 @@ absl::Status Store::Migrate() {
 absl::Status Store::Write(const WriteBatch& b) {
   if (b.empty()) return absl::OkStatus();
   return InTransaction(db_, [&] {
-    // The order is the one batches have always been written in; it matters
-    // where tables meet: a batch's own steps of a new attempt go in before
-    // the steps copied into it, and INSERT OR IGNORE keeps the first.
+    // The order is the one batches have always been written in, and it
+    // matters where tables meet: the steps go in before the attempt copies,
+    // so a copy also takes the old attempt's steps still in this batch.
     absl::Status s = rows::UpsertRuns(db_, b.runs);
     if (s.ok()) s = rows::InsertSteps(db_, b.steps);
     if (s.ok()) s = rows::InsertRankSteps(db_, b.rank_steps);

@@ -46,8 +46,14 @@ StoredStep ReadStep(const SqlStatement& q) {
   return s;
 }
 
-absl::StatusOr<std::vector<RankStepRow>> ReadRankSteps(SqlStatement& q, const std::string& run_id,
-                                                       int64_t attempt) {
+// The run's reports of the steps `op` ?3 ("=", ">"), by step then rank.
+absl::StatusOr<std::vector<RankStepRow>> SelectRankSteps(sqlite3* db, const std::string& run_id,
+                                                         int64_t attempt, absl::string_view op,
+                                                         int64_t step) {
+  SqlStatement q(db, absl::StrCat("SELECT rank, step, report FROM rank_steps WHERE run_id = ?1 "
+                                  "AND attempt = ?2 AND step ",
+                                  op, " ?3 ORDER BY step, rank"));
+  q.Bind(1, run_id).Bind(2, attempt).Bind(3, step);
   return q.All([&](const SqlStatement& r) {
     RankStepRow row;
     row.run_id = run_id;
@@ -173,20 +179,12 @@ absl::Status InsertRankSteps(sqlite3* db, const std::vector<RankStepRow>& rows) 
 
 absl::StatusOr<std::vector<RankStepRow>> RankStepsAt(sqlite3* db, const std::string& run_id,
                                                      int64_t attempt, int64_t step) {
-  SqlStatement q(db,
-                 "SELECT rank, step, report FROM rank_steps WHERE run_id = ?1 AND attempt = ?2 "
-                 "AND step = ?3 ORDER BY rank");
-  q.Bind(1, run_id).Bind(2, attempt).Bind(3, step);
-  return ReadRankSteps(q, run_id, attempt);
+  return SelectRankSteps(db, run_id, attempt, "=", step);
 }
 
 absl::StatusOr<std::vector<RankStepRow>> RankStepsAfter(sqlite3* db, const std::string& run_id,
                                                         int64_t attempt, int64_t step) {
-  SqlStatement q(db,
-                 "SELECT rank, step, report FROM rank_steps WHERE run_id = ?1 AND attempt = ?2 "
-                 "AND step > ?3 ORDER BY step, rank");
-  q.Bind(1, run_id).Bind(2, attempt).Bind(3, step);
-  return ReadRankSteps(q, run_id, attempt);
+  return SelectRankSteps(db, run_id, attempt, ">", step);
 }
 
 absl::Status ReplaceCheckpoints(sqlite3* db, const std::vector<CheckpointRow>& rows) {

@@ -201,7 +201,7 @@ struct WriteBatch {
   std::vector<DecisionRow> decisions;
   std::vector<CommandRow> commands;
   std::vector<QuarantineRow> quarantines;
-  std::vector<AttemptCopy> attempt_copies;  // run before the steps of this batch
+  std::vector<AttemptCopy> attempt_copies;  // run after the steps of this batch
   std::vector<OutboxRow> outbox;  // new pages; one per (incident, channel, kind)
 
   bool empty() const {

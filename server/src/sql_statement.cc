@@ -1,0 +1,135 @@
+#include "sql_statement.h"
+
+#include <sqlite3.h>
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace trainwatch::server {
+
+absl::Status SqlError(sqlite3* db, absl::string_view what) {
+  return absl::InternalError(absl::StrCat("sqlite: ", what, ": ", sqlite3_errmsg(db)));
+}
+
+absl::Status Exec(sqlite3* db, const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    absl::Status s = absl::InternalError(absl::StrCat("sqlite: ", err ? err : "exec failed"));
+    sqlite3_free(err);
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InTransaction(sqlite3* db, absl::FunctionRef<absl::Status()> body) {
+  if (absl::Status s = Exec(db, "BEGIN IMMEDIATE"); !s.ok()) return s;
+  absl::Status s = body();
+  if (s.ok()) s = Exec(db, "COMMIT");
+  if (!s.ok()) Exec(db, "ROLLBACK").IgnoreError();
+  return s;
+}
+
+SqlStatement::SqlStatement(sqlite3* db, const std::string& sql) : db_(db) {
+  if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt_, nullptr) != SQLITE_OK) {
+    status_ = SqlError(db, "prepare");
+  }
+}
+
+SqlStatement::~SqlStatement() { sqlite3_finalize(stmt_); }
+
+SqlStatement& SqlStatement::Bind(int i, int64_t v) {
+  sqlite3_bind_int64(stmt_, i, v);
+  return *this;
+}
+
+SqlStatement& SqlStatement::Bind(int i, double v) {
+  if (std::isnan(v)) return BindNull(i);
+  sqlite3_bind_double(stmt_, i, v);
+  return *this;
+}
+
+SqlStatement& SqlStatement::Bind(int i, absl::string_view v) {
+  sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+  return *this;
+}
+
+SqlStatement& SqlStatement::BindBlob(int i, absl::string_view v) {
+  sqlite3_bind_blob(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+  return *this;
+}
+
+SqlStatement& SqlStatement::BindNull(int i) {
+  sqlite3_bind_null(stmt_, i);
+  return *this;
+}
+
+SqlStatement& SqlStatement::BindShards(int i, const std::vector<uint64_t>& shards) {
+  return Bind(i, absl::StrJoin(shards, ";"));
+}
+
+absl::Status SqlStatement::Run() {
+  if (!status_.ok()) return status_;
+  const int rc = sqlite3_step(stmt_);
+  Reset();
+  return rc == SQLITE_DONE || rc == SQLITE_ROW ? absl::OkStatus() : SqlError(db_, "step");
+}
+
+bool SqlStatement::Next(absl::Status* st) {
+  if (!status_.ok()) {
+    *st = status_;
+    return false;
+  }
+  const int rc = sqlite3_step(stmt_);
+  if (rc == SQLITE_ROW) return true;
+  if (rc != SQLITE_DONE) *st = SqlError(db_, "query");
+  return false;
+}
+
+void SqlStatement::Reset() {
+  sqlite3_reset(stmt_);
+  sqlite3_clear_bindings(stmt_);
+}
+
+int64_t SqlStatement::Int(int col) const { return sqlite3_column_int64(stmt_, col); }
+
+double SqlStatement::Real(int col) const {
+  return IsNull(col) ? std::numeric_limits<double>::quiet_NaN() : sqlite3_column_double(stmt_, col);
+}
+
+bool SqlStatement::IsNull(int col) const { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
+
+std::string SqlStatement::Text(int col) const {
+  const unsigned char* p = sqlite3_column_text(stmt_, col);
+  return p ? std::string(reinterpret_cast<const char*>(p), sqlite3_column_bytes(stmt_, col))
+           : std::string();
+}
+
+std::string SqlStatement::Blob(int col) const {
+  const void* p = sqlite3_column_blob(stmt_, col);
+  return p ? std::string(static_cast<const char*>(p), sqlite3_column_bytes(stmt_, col))
+           : std::string();
+}
+
+std::vector<uint64_t> SqlStatement::Shards(int col) const {
+  std::vector<uint64_t> out;
+  const std::string text = Text(col);
+  for (absl::string_view part : absl::StrSplit(text, ';', absl::SkipEmpty())) {
+    uint64_t v;
+    if (absl::SimpleAtoi(part, &v)) out.push_back(v);
+  }
+  return out;
+}
+
+absl::StatusOr<int64_t> QueryInt(SqlStatement& q) {
+  absl::StatusOr<std::optional<int64_t>> v =
+      q.First([](const SqlStatement& r) { return r.Int(0); });
+  if (!v.ok()) return v.status();
+  return v->value_or(0);
+}
+
+}  // namespace trainwatch::server

@@ -1,0 +1,113 @@
+// The store's one way to talk to SQLite: a prepared statement that owns its
+// sqlite3_stmt, typed binds and column reads, and the transaction wrapper
+// every multi-statement write goes through. Private to trainwatch::server.
+//
+// A statement whose prepare failed stays usable: binds do nothing and every
+// step reports the prepare error, so a caller checks one status, not two.
+
+#ifndef TRAINWATCH_SERVER_SQL_STATEMENT_H_
+#define TRAINWATCH_SERVER_SQL_STATEMENT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+struct sqlite3;
+struct sqlite3_stmt;
+
+namespace trainwatch::server {
+
+// "sqlite: <what>: <the connection's last error>".
+absl::Status SqlError(sqlite3* db, absl::string_view what);
+
+// Runs SQL text that returns no rows (pragmas, DDL, BEGIN/COMMIT).
+absl::Status Exec(sqlite3* db, const char* sql);
+
+// BEGIN IMMEDIATE, `body`, COMMIT; rolls back when `body` or the commit
+// fails and returns that error. IMMEDIATE takes the write lock up front, so
+// a batch never fails half way for want of it.
+absl::Status InTransaction(sqlite3* db, absl::FunctionRef<absl::Status()> body);
+
+class SqlStatement {
+ public:
+  SqlStatement(sqlite3* db, const std::string& sql);
+  ~SqlStatement();
+  SqlStatement(const SqlStatement&) = delete;
+  SqlStatement& operator=(const SqlStatement&) = delete;
+
+  // The prepare's outcome.
+  const absl::Status& status() const { return status_; }
+
+  // Positional binds, from 1.
+  SqlStatement& Bind(int i, int64_t v);
+  SqlStatement& Bind(int i, double v);             // NaN binds NULL (SQLite would anyway)
+  SqlStatement& Bind(int i, absl::string_view v);  // TEXT
+  SqlStatement& BindBlob(int i, absl::string_view v);
+  SqlStatement& BindNull(int i);
+  // A shard list, as the TEXT "3;7;9".
+  SqlStatement& BindShards(int i, const std::vector<uint64_t>& shards);
+
+  // Steps once and resets (for writes; a row, if any, is dropped).
+  absl::Status Run();
+  // Steps to the next row: true while rows remain; sets *st on error. After
+  // the last row, Reset() before reusing the statement.
+  bool Next(absl::Status* st);
+  // Rewinds the statement and clears its bindings.
+  void Reset();
+
+  // Column reads of the current row, from 0.
+  int64_t Int(int col) const;
+  double Real(int col) const;  // NULL reads as NaN
+  bool IsNull(int col) const;
+  std::string Text(int col) const;
+  std::string Blob(int col) const;
+  std::vector<uint64_t> Shards(int col) const;
+
+  // Every row, each made by read(*this).
+  template <typename Read>
+  auto All(Read read) -> absl::StatusOr<std::vector<decltype(read(*this))>> {
+    std::vector<decltype(read(*this))> out;
+    absl::Status st;
+    while (Next(&st)) out.push_back(read(*this));
+    if (!st.ok()) return st;
+    return out;
+  }
+  // The first row, if any.
+  template <typename Read>
+  auto First(Read read) -> absl::StatusOr<std::optional<decltype(read(*this))>> {
+    std::optional<decltype(read(*this))> out;
+    absl::Status st;
+    if (Next(&st)) out = read(*this);
+    if (!st.ok()) return st;
+    return out;
+  }
+  // Binds each row with bind(*this, row) and runs it; stops at the first error.
+  template <typename Row, typename BindRow>
+  absl::Status RunEach(const std::vector<Row>& rows, BindRow bind) {
+    if (!status_.ok()) return status_;
+    for (const Row& row : rows) {
+      bind(*this, row);
+      if (absl::Status s = Run(); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+  absl::Status status_;
+};
+
+// A single integer result (COUNT, MAX, a pragma); 0 when there is no row.
+absl::StatusOr<int64_t> QueryInt(SqlStatement& q);
+
+}  // namespace trainwatch::server
+
+#endif  // TRAINWATCH_SERVER_SQL_STATEMENT_H_

@@ -1,0 +1,179 @@
+#include "store_migrations.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "sql_statement.h"
+
+namespace trainwatch::server {
+
+namespace {
+
+// Migrations, applied in order; PRAGMA user_version records how many ran.
+// Never edit one that has shipped: append a new one.
+const char* const kMigrations[] = {
+    R"sql(
+CREATE TABLE runs (
+  run_id TEXT PRIMARY KEY,
+  world_size INTEGER NOT NULL,
+  attempt INTEGER NOT NULL DEFAULT 0,
+  last_step INTEGER NOT NULL DEFAULT -1,
+  created_ms INTEGER NOT NULL,
+  last_seen_ms INTEGER NOT NULL
+);
+CREATE TABLE steps (
+  run_id TEXT NOT NULL,
+  attempt INTEGER NOT NULL,
+  step INTEGER NOT NULL,
+  loss REAL, grad_norm REAL, log_z REAL, nan_frac REAL, lr REAL, z_loss_alpha REAL,
+  activation_max REAL, attention_p99 REAL,
+  present INTEGER NOT NULL,
+  loss_ema_ratio REAL,
+  nonfinite INTEGER, elements INTEGER,
+  decision INTEGER NOT NULL,
+  shards TEXT,
+  missing_ranks TEXT,
+  late INTEGER NOT NULL DEFAULT 0,
+  received_ms INTEGER NOT NULL,
+  PRIMARY KEY (run_id, attempt, step)
+) WITHOUT ROWID;
+CREATE TABLE rank_steps (
+  run_id TEXT NOT NULL,
+  attempt INTEGER NOT NULL,
+  rank INTEGER NOT NULL,
+  step INTEGER NOT NULL,
+  report BLOB NOT NULL,
+  PRIMARY KEY (run_id, attempt, step, rank)
+) WITHOUT ROWID;
+CREATE TABLE checkpoints (
+  run_id TEXT NOT NULL,
+  step INTEGER NOT NULL,
+  uri TEXT NOT NULL,
+  reported_ms INTEGER NOT NULL,
+  PRIMARY KEY (run_id, step)
+);
+CREATE TABLE incidents (
+  id INTEGER PRIMARY KEY,
+  run_id TEXT NOT NULL,
+  episode INTEGER NOT NULL,
+  tier INTEGER NOT NULL,
+  state INTEGER NOT NULL,
+  kind INTEGER NOT NULL,
+  title TEXT NOT NULL,
+  onset_step INTEGER NOT NULL,
+  detection_step INTEGER NOT NULL,
+  checkpoint_step INTEGER NOT NULL,
+  checkpoint_uri TEXT NOT NULL,
+  shards TEXT NOT NULL,
+  actions TEXT NOT NULL,
+  opened_ms INTEGER NOT NULL,
+  updated_ms INTEGER NOT NULL,
+  closed_ms INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX incidents_by_run ON incidents (run_id, episode);
+CREATE TABLE events (
+  id INTEGER PRIMARY KEY,
+  run_id TEXT NOT NULL,
+  incident_id INTEGER NOT NULL,
+  episode INTEGER NOT NULL,
+  step INTEGER NOT NULL,
+  onset_step INTEGER NOT NULL,
+  tier INTEGER NOT NULL,
+  action INTEGER NOT NULL,
+  kind INTEGER NOT NULL,
+  reason TEXT NOT NULL,
+  shards TEXT NOT NULL,
+  checkpoint_step INTEGER NOT NULL,
+  created_ms INTEGER NOT NULL
+);
+CREATE INDEX events_by_incident ON events (incident_id);
+CREATE TABLE flagged_shards (
+  run_id TEXT NOT NULL,
+  shard INTEGER NOT NULL,
+  incident_id INTEGER NOT NULL,
+  PRIMARY KEY (run_id, shard, incident_id)
+) WITHOUT ROWID;
+CREATE TABLE quarantined_shards (
+  id INTEGER PRIMARY KEY,
+  run_id TEXT NOT NULL,
+  first_shard INTEGER NOT NULL,
+  last_shard INTEGER NOT NULL,
+  incident_id INTEGER NOT NULL,
+  decision_id INTEGER NOT NULL,
+  created_ms INTEGER NOT NULL
+);
+CREATE TABLE commands (
+  id TEXT PRIMARY KEY,
+  run_id TEXT NOT NULL,
+  incident_id INTEGER NOT NULL,
+  kind TEXT NOT NULL,
+  payload BLOB NOT NULL,
+  created_ms INTEGER NOT NULL
+);
+CREATE TABLE command_acks (
+  command_id TEXT NOT NULL,
+  run_id TEXT NOT NULL,
+  rank INTEGER NOT NULL,
+  status INTEGER NOT NULL,
+  message TEXT NOT NULL,
+  resumed_step INTEGER NOT NULL,
+  at_ms INTEGER NOT NULL,
+  PRIMARY KEY (command_id, rank, status)
+) WITHOUT ROWID;
+CREATE TABLE decisions (
+  id INTEGER PRIMARY KEY,
+  incident_id INTEGER NOT NULL,
+  run_id TEXT NOT NULL,
+  actor TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  comment TEXT NOT NULL,
+  payload BLOB NOT NULL,
+  idempotency_key TEXT UNIQUE,
+  at_ms INTEGER NOT NULL
+);
+CREATE TABLE outbox (
+  id INTEGER PRIMARY KEY,
+  incident_id INTEGER NOT NULL,
+  channel TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  payload BLOB NOT NULL,
+  state TEXT NOT NULL,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  next_attempt_ms INTEGER NOT NULL,
+  last_error TEXT NOT NULL DEFAULT '',
+  created_ms INTEGER NOT NULL,
+  sent_ms INTEGER NOT NULL DEFAULT 0
+);
+)sql",
+    // 2: one page per incident, receiver and state change.
+    R"sql(
+CREATE UNIQUE INDEX outbox_once ON outbox (incident_id, channel, kind);
+)sql",
+};
+
+}  // namespace
+
+absl::Span<const char* const> SchemaMigrations() { return kMigrations; }
+
+absl::StatusOr<int> MigrateSchema(sqlite3* db, absl::Span<const char* const> migrations) {
+  SqlStatement v(db, "PRAGMA user_version");
+  absl::StatusOr<int64_t> version = QueryInt(v);
+  if (!version.ok()) return version.status();
+  const int target = static_cast<int>(migrations.size());
+  if (*version > target) {
+    return absl::FailedPreconditionError(absl::StrCat("database schema version ", *version,
+                                                      " is newer than this trainwatchd (", target,
+                                                      "): refusing to touch it"));
+  }
+  for (int i = static_cast<int>(*version); i < target; ++i) {
+    absl::Status s = InTransaction(db, [&]() -> absl::Status {
+      absl::Status m = Exec(db, migrations[i]);
+      if (m.ok()) m = Exec(db, absl::StrCat("PRAGMA user_version=", i + 1).c_str());
+      if (!m.ok()) return absl::InternalError(absl::StrCat("migration ", i + 1, ": ", m.message()));
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+  }
+  return target;
+}
+
+}  // namespace trainwatch::server

@@ -1,0 +1,209 @@
+#include "store_step_rows.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "sql_statement.h"
+
+namespace trainwatch::server::rows {
+
+namespace {
+
+// The step's columns after (run_id, attempt): the signals in Signal order,
+// then the rest. Shared by the insert, the attempt copy and every read.
+constexpr char kStepColumns[] =
+    "step, loss, grad_norm, log_z, nan_frac, lr, z_loss_alpha, activation_max, attention_p99, "
+    "present, loss_ema_ratio, nonfinite, elements, decision, shards, missing_ranks, late, "
+    "received_ms";
+
+// -1 (not reported) is stored as NULL.
+void BindCount(SqlStatement& q, int i, int64_t v) {
+  if (v >= 0) {
+    q.Bind(i, v);
+  } else {
+    q.BindNull(i);
+  }
+}
+
+StoredStep ReadStep(const SqlStatement& q) {
+  StoredStep s;
+  s.step = q.Int(0);
+  s.present = static_cast<uint32_t>(q.Int(9));
+  for (int i = 0; i < core::kNumSignals; ++i) {
+    // A reported NaN is stored as NULL and comes back as NaN; presence says
+    // whether it was reported.
+    s.values[i] = q.Real(1 + i);
+  }
+  s.loss_ema_ratio = q.Real(10);
+  s.nonfinite = q.IsNull(11) ? -1 : q.Int(11);
+  s.elements = q.IsNull(12) ? -1 : q.Int(12);
+  s.decision = static_cast<int>(q.Int(13));
+  s.shards = q.Shards(14);
+  s.missing_ranks = q.Text(15);
+  s.late = q.Int(16) != 0;
+  s.received_ms = q.Int(17);
+  return s;
+}
+
+// The run's reports of the steps `op` ?3 ("=", ">"), by step then rank.
+absl::StatusOr<std::vector<RankStepRow>> SelectRankSteps(sqlite3* db, const std::string& run_id,
+                                                         int64_t attempt, absl::string_view op,
+                                                         int64_t step) {
+  SqlStatement q(db, absl::StrCat("SELECT rank, step, report FROM rank_steps WHERE run_id = ?1 "
+                                  "AND attempt = ?2 AND step ",
+                                  op, " ?3 ORDER BY step, rank"));
+  q.Bind(1, run_id).Bind(2, attempt).Bind(3, step);
+  return q.All([&](const SqlStatement& r) {
+    RankStepRow row;
+    row.run_id = run_id;
+    row.attempt = attempt;
+    row.rank = static_cast<int32_t>(r.Int(0));
+    row.step = r.Int(1);
+    row.report = r.Blob(2);
+    return row;
+  });
+}
+
+}  // namespace
+
+absl::Status UpsertRuns(sqlite3* db, const std::vector<RunRow>& runs) {
+  SqlStatement q(db,
+                 "INSERT INTO runs (run_id, world_size, attempt, last_step, created_ms, "
+                 "last_seen_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT(run_id) DO UPDATE "
+                 "SET world_size=excluded.world_size, attempt=excluded.attempt, "
+                 "last_step=excluded.last_step, last_seen_ms=excluded.last_seen_ms");
+  return q.RunEach(runs, [](SqlStatement& q, const RunRow& r) {
+    q.Bind(1, r.run_id).Bind(2, int64_t{r.world_size}).Bind(3, r.attempt);
+    q.Bind(4, r.last_step).Bind(5, r.created_ms).Bind(6, r.last_seen_ms);
+  });
+}
+
+absl::StatusOr<std::vector<RunRow>> Runs(sqlite3* db) {
+  SqlStatement q(db,
+                 "SELECT run_id, world_size, attempt, last_step, created_ms, last_seen_ms FROM "
+                 "runs ORDER BY run_id");
+  return q.All([](const SqlStatement& r) {
+    RunRow row;
+    row.run_id = r.Text(0);
+    row.world_size = static_cast<int32_t>(r.Int(1));
+    row.attempt = r.Int(2);
+    row.last_step = r.Int(3);
+    row.created_ms = r.Int(4);
+    row.last_seen_ms = r.Int(5);
+    return row;
+  });
+}
+
+absl::Status InsertSteps(sqlite3* db, const std::vector<WriteBatch::Step>& steps) {
+  if (steps.empty()) return absl::OkStatus();
+  SqlStatement q(db, absl::StrCat("INSERT OR IGNORE INTO steps (run_id, attempt, ", kStepColumns,
+                                  ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
+                                  "?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)"));
+  return q.RunEach(steps, [](SqlStatement& q, const WriteBatch::Step& w) {
+    const StoredStep& s = w.step;
+    q.Bind(1, w.run_id).Bind(2, w.attempt).Bind(3, s.step);
+    for (int i = 0; i < core::kNumSignals; ++i) {
+      if (s.present & (1u << i)) {
+        q.Bind(4 + i, s.values[i]);
+      } else {
+        q.BindNull(4 + i);
+      }
+    }
+    q.Bind(12, int64_t{s.present}).Bind(13, s.loss_ema_ratio);
+    BindCount(q, 14, s.nonfinite);
+    BindCount(q, 15, s.elements);
+    q.Bind(16, int64_t{s.decision}).BindShards(17, s.shards);
+    q.Bind(18, s.missing_ranks).Bind(19, int64_t{s.late}).Bind(20, s.received_ms);
+  });
+}
+
+absl::Status CopyAttempts(sqlite3* db, const std::vector<AttemptCopy>& copies) {
+  if (copies.empty()) return absl::OkStatus();
+  SqlStatement q(db, absl::StrCat("INSERT OR IGNORE INTO steps (run_id, attempt, ", kStepColumns,
+                                  ") SELECT run_id, ?2, ", kStepColumns,
+                                  " FROM steps WHERE run_id = ?1 AND attempt = ?3 AND step <= ?4"));
+  return q.RunEach(copies, [](SqlStatement& q, const AttemptCopy& a) {
+    q.Bind(1, a.run_id).Bind(2, a.to_attempt).Bind(3, a.from_attempt).Bind(4, a.up_to_step);
+  });
+}
+
+absl::Status ForEachStep(sqlite3* db, const std::string& run_id, int64_t attempt,
+                         const std::function<void(const StoredStep&, const std::string&)>& fn) {
+  SqlStatement q(db, absl::StrCat("SELECT ", kStepColumns,
+                                  ", (SELECT uri FROM checkpoints c WHERE c.run_id = s.run_id AND "
+                                  "c.step = s.step) FROM steps s WHERE run_id = ?1 AND "
+                                  "attempt = ?2 AND late = 0 ORDER BY step"));
+  q.Bind(1, run_id).Bind(2, attempt);
+  absl::Status st;
+  while (q.Next(&st)) fn(ReadStep(q), q.Text(18));
+  return st;
+}
+
+absl::StatusOr<std::vector<StoredStep>> RecentSteps(sqlite3* db, const std::string& run_id,
+                                                    int64_t attempt, int limit) {
+  SqlStatement q(db, absl::StrCat("SELECT ", kStepColumns,
+                                  " FROM steps WHERE run_id = ?1 AND attempt = ?2 ORDER BY step "
+                                  "DESC LIMIT ?3"));
+  q.Bind(1, run_id).Bind(2, attempt).Bind(3, int64_t{limit});
+  absl::StatusOr<std::vector<StoredStep>> out = q.All(ReadStep);
+  if (out.ok()) std::reverse(out->begin(), out->end());
+  return out;
+}
+
+absl::StatusOr<std::vector<StoredStep>> StepsBetween(sqlite3* db, const std::string& run_id,
+                                                     int64_t attempt, int64_t first, int64_t last) {
+  SqlStatement q(db, absl::StrCat("SELECT ", kStepColumns,
+                                  " FROM steps WHERE run_id = ?1 AND attempt = ?2 AND "
+                                  "step >= ?3 AND step <= ?4 ORDER BY step"));
+  q.Bind(1, run_id).Bind(2, attempt).Bind(3, first).Bind(4, last);
+  return q.All(ReadStep);
+}
+
+absl::StatusOr<int64_t> CountSteps(sqlite3* db, const std::string& run_id) {
+  SqlStatement q(db, "SELECT COUNT(*) FROM steps WHERE run_id = ?1");
+  q.Bind(1, run_id);
+  return QueryInt(q);
+}
+
+absl::Status InsertRankSteps(sqlite3* db, const std::vector<RankStepRow>& rows) {
+  if (rows.empty()) return absl::OkStatus();
+  SqlStatement q(db,
+                 "INSERT OR IGNORE INTO rank_steps (run_id, attempt, rank, step, report) "
+                 "VALUES (?1, ?2, ?3, ?4, ?5)");
+  return q.RunEach(rows, [](SqlStatement& q, const RankStepRow& r) {
+    q.Bind(1, r.run_id).Bind(2, r.attempt).Bind(3, int64_t{r.rank}).Bind(4, r.step);
+    q.BindBlob(5, r.report);
+  });
+}
+
+absl::StatusOr<std::vector<RankStepRow>> RankStepsAt(sqlite3* db, const std::string& run_id,
+                                                     int64_t attempt, int64_t step) {
+  return SelectRankSteps(db, run_id, attempt, "=", step);
+}
+
+absl::StatusOr<std::vector<RankStepRow>> RankStepsAfter(sqlite3* db, const std::string& run_id,
+                                                        int64_t attempt, int64_t step) {
+  return SelectRankSteps(db, run_id, attempt, ">", step);
+}
+
+absl::Status ReplaceCheckpoints(sqlite3* db, const std::vector<CheckpointRow>& rows) {
+  if (rows.empty()) return absl::OkStatus();
+  SqlStatement q(db,
+                 "INSERT OR REPLACE INTO checkpoints (run_id, step, uri, reported_ms) "
+                 "VALUES (?1, ?2, ?3, ?4)");
+  return q.RunEach(rows, [](SqlStatement& q, const CheckpointRow& c) {
+    q.Bind(1, c.run_id).Bind(2, c.step).Bind(3, c.uri).Bind(4, c.reported_ms);
+  });
+}
+
+absl::StatusOr<std::vector<CheckpointRow>> Checkpoints(sqlite3* db, const std::string& run_id) {
+  SqlStatement q(db,
+                 "SELECT step, uri, reported_ms FROM checkpoints WHERE run_id = ?1 ORDER BY step");
+  q.Bind(1, run_id);
+  return q.All([&](const SqlStatement& r) {
+    return CheckpointRow{run_id, r.Int(0), r.Text(1), r.Int(2)};
+  });
+}
+
+}  // namespace trainwatch::server::rows

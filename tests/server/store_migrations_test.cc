@@ -1,0 +1,115 @@
+// The store's migrations alone, on an in-memory database: a fresh database
+// reaches the latest version, an older one is upgraded in place, a second
+// run changes nothing, and a failing migration leaves the version as it was.
+
+#include "store_migrations.h"
+
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "memory_db.h"
+
+namespace trainwatch::server {
+namespace {
+
+using testing::MemoryDb;
+
+// Every table and index definition, in a fixed order.
+std::string Schema(const MemoryDb& db) {
+  sqlite3_stmt* stmt = nullptr;
+  std::string out;
+  sqlite3_prepare_v2(db.get(), "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY name",
+                     -1, &stmt, nullptr);
+  while (sqlite3_step(stmt) == SQLITE_ROW) {
+    out += reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0));
+    out += "\n";
+  }
+  sqlite3_finalize(stmt);
+  return out;
+}
+
+int64_t HasIndex(const MemoryDb& db, const std::string& name) {
+  return db.Int("SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = '" + name +
+                "'");
+}
+
+TEST_CASE("store migrations: a fresh database reaches the latest version", "[server][store]") {
+  MemoryDb db;
+  auto version = MigrateSchema(db.get());
+  REQUIRE(version.ok());
+  CHECK(*version == 2);
+  CHECK(*version == static_cast<int>(SchemaMigrations().size()));
+  CHECK(db.Int("PRAGMA user_version") == 2);
+  for (const char* table :
+       {"runs", "steps", "rank_steps", "checkpoints", "incidents", "events", "flagged_shards",
+        "quarantined_shards", "commands", "command_acks", "decisions", "outbox"}) {
+    INFO(table);
+    CHECK(
+        db.Int(std::string("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '") +
+               table + "'") == 1);
+  }
+  CHECK(HasIndex(db, "outbox_once") == 1);
+}
+
+TEST_CASE("store migrations: an older database is upgraded and keeps its rows", "[server][store]") {
+  MemoryDb db;
+  // A version-1 database, as the first release wrote it.
+  auto v1 = MigrateSchema(db.get(), SchemaMigrations().first(1));
+  REQUIRE(v1.ok());
+  CHECK(*v1 == 1);
+  CHECK(db.Int("PRAGMA user_version") == 1);
+  CHECK(HasIndex(db, "outbox_once") == 0);
+  REQUIRE(db.Exec("INSERT INTO runs (run_id, world_size, created_ms, last_seen_ms) "
+                  "VALUES ('r', 2, 1, 1)") == SQLITE_OK);
+
+  auto latest = MigrateSchema(db.get());
+  REQUIRE(latest.ok());
+  CHECK(*latest == 2);
+  CHECK(db.Int("PRAGMA user_version") == 2);
+  CHECK(HasIndex(db, "outbox_once") == 1);
+  CHECK(db.Int("SELECT world_size FROM runs WHERE run_id = 'r'") == 2);
+
+  // The upgraded schema is the one a fresh database gets.
+  MemoryDb fresh;
+  REQUIRE(MigrateSchema(fresh.get()).ok());
+  CHECK(Schema(db) == Schema(fresh));
+}
+
+TEST_CASE("store migrations: running twice is a no-op", "[server][store]") {
+  MemoryDb db;
+  REQUIRE(MigrateSchema(db.get()).ok());
+  const std::string before = Schema(db);
+  auto again = MigrateSchema(db.get());
+  REQUIRE(again.ok());
+  CHECK(*again == 2);
+  CHECK(Schema(db) == before);
+}
+
+TEST_CASE("store migrations: a newer database is refused untouched", "[server][store]") {
+  MemoryDb db;
+  REQUIRE(db.Exec("PRAGMA user_version=7") == SQLITE_OK);
+  auto version = MigrateSchema(db.get());
+  REQUIRE_FALSE(version.ok());
+  CHECK(version.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(db.Int("PRAGMA user_version") == 7);
+  CHECK(db.Int("SELECT COUNT(*) FROM sqlite_master") == 0);
+}
+
+TEST_CASE("store migrations: a failing migration rolls back and keeps the version",
+          "[server][store]") {
+  MemoryDb db;
+  const std::vector<const char*> migrations = {
+      "CREATE TABLE a (x INTEGER);",
+      "CREATE TABLE b (x INTEGER); CREATE TABLE a (y INTEGER);",  // a exists: fails
+  };
+  auto version = MigrateSchema(db.get(), migrations);
+  REQUIRE_FALSE(version.ok());
+  CHECK(std::string(version.status().message()).find("migration 2: ") == 0);
+  CHECK(db.Int("PRAGMA user_version") == 1);  // the first one stays applied
+  CHECK(db.Int("SELECT COUNT(*) FROM sqlite_master WHERE name = 'b'") == 0);
+  CHECK(sqlite3_get_autocommit(db.get()) != 0);
+}
+
+}  // namespace
+}  // namespace trainwatch::server

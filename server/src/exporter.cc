@@ -1,0 +1,171 @@
+#include "exporter.h"
+
+#include <prometheus/client_metric.h>
+#include <prometheus/metric_family.h>
+#include <prometheus/metric_type.h>
+
+#include <cmath>
+#include <deque>
+#include <iterator>
+#include <string>
+#include <vector>
+
+namespace trainwatch::server {
+
+namespace {
+
+// Reads live state at scrape time: no shadow counters to keep in step.
+class Exporter : public prometheus::Collectable {
+ public:
+  explicit Exporter(ServiceState* state) : state_(state) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    using prometheus::MetricFamily;
+    using prometheus::MetricType;
+    // A deque: a family's reference stays valid while later ones are added
+    // (a vector's push_back would move the earlier ones away).
+    std::deque<MetricFamily> families;
+    auto family = [&](const char* name, const char* help, MetricType type) -> MetricFamily& {
+      families.push_back(MetricFamily{name, help, type, {}});
+      return families.back();
+    };
+    auto add = [](MetricFamily& f, std::vector<prometheus::ClientMetric::Label> labels,
+                  double value) {
+      prometheus::ClientMetric m;
+      m.label = std::move(labels);
+      if (f.type == MetricType::Counter) {
+        m.counter.value = value;
+      } else {
+        m.gauge.value = value;
+      }
+      f.metric.push_back(std::move(m));
+    };
+    const std::vector<RunSnapshot> runs = state_->ingestor()->Snapshot();
+    struct Gauge {
+      const char* name;
+      const char* help;
+      core::Signal signal;
+    };
+    const Gauge gauges[] = {
+        {"trainwatch_loss", "Training loss of the last evaluated step, in nats.",
+         core::Signal::kLoss},
+        {"trainwatch_grad_norm", "Global L2 norm of the gradients before clipping.",
+         core::Signal::kGradNorm},
+        {"trainwatch_log_z", "Mean log partition function of the output softmax, in nats.",
+         core::Signal::kLogZ},
+        {"trainwatch_nan_frac", "Fraction of nonfinite gradient elements.",
+         core::Signal::kNanFrac},
+    };
+    for (const Gauge& g : gauges) {
+      MetricFamily& f = family(g.name, g.help, MetricType::Gauge);
+      for (const RunSnapshot& r : runs) {
+        if (r.has_latest && r.latest.Has(g.signal)) {
+          add(f, {{"run", r.row.run_id}}, r.latest.Get(g.signal));
+        }
+      }
+    }
+    {
+      MetricFamily& f = family("trainwatch_loss_ema_ratio",
+                               "Loss over the EMA of the previous 1,000 steps.",
+                               MetricType::Gauge);
+      for (const RunSnapshot& r : runs) {
+        if (r.has_latest && !std::isnan(r.latest.loss_ema_ratio)) {
+          add(f, {{"run", r.row.run_id}}, r.latest.loss_ema_ratio);
+        }
+      }
+    }
+    {
+      MetricFamily& f = family("trainwatch_step", "Last evaluated step of the run.",
+                               MetricType::Gauge);
+      for (const RunSnapshot& r : runs) add(f, {{"run", r.row.run_id}}, double(r.row.last_step));
+    }
+    {
+      MetricFamily& f = family("trainwatch_run_attempt",
+                               "The run's attempt: 0 at the start, one more per rollback.",
+                               MetricType::Gauge);
+      for (const RunSnapshot& r : runs) add(f, {{"run", r.row.run_id}}, double(r.row.attempt));
+    }
+    {
+      MetricFamily& f = family("trainwatch_incidents_total",
+                               "Incidents opened, by run and tier (0: early warnings).",
+                               MetricType::Counter);
+      MetricFamily& g = family("trainwatch_incidents_open", "Incidents not yet resolved.",
+                               MetricType::Gauge);
+      for (const RunSnapshot& r : runs) {
+        for (int t = 0; t < 4; ++t) {
+          add(f, {{"run", r.row.run_id}, {"tier", std::to_string(t)}},
+              double(r.incidents_total[t]));
+          add(g, {{"run", r.row.run_id}, {"tier", std::to_string(t)}},
+              double(r.open_incidents[t]));
+        }
+      }
+    }
+    {
+      MetricFamily& f = family("trainwatch_skipped_steps_total",
+                               "Steps whose optimizer update the rules skipped.",
+                               MetricType::Counter);
+      MetricFamily& m = family("trainwatch_incomplete_steps_total",
+                               "Steps completed by timeout with ranks missing.",
+                               MetricType::Counter);
+      for (const RunSnapshot& r : runs) {
+        add(f, {{"run", r.row.run_id}}, double(r.skipped_total));
+        add(m, {{"run", r.row.run_id}}, double(r.missing_rank_steps_total));
+      }
+    }
+    {
+      const auto connected = state_->ConnectedRanks();
+      MetricFamily& f = family("trainwatch_agents_connected", "Agent streams open, by run.",
+                               MetricType::Gauge);
+      for (const RunSnapshot& r : runs) {
+        auto it = connected.find(r.row.run_id);
+        add(f, {{"run", r.row.run_id}}, it == connected.end() ? 0.0 : double(it->second.size()));
+      }
+    }
+    const IngestStats st = state_->ingestor()->Stats();
+    add(family("trainwatch_ingest_records_total", "Step reports received.", MetricType::Counter),
+        {}, double(st.records_total));
+    add(family("trainwatch_ingest_duplicates_total",
+               "Step reports already stored (re-sent after a reconnect).", MetricType::Counter),
+        {}, double(st.duplicates_total));
+    add(family("trainwatch_ingest_queue_depth", "Messages waiting for the writer.",
+               MetricType::Gauge),
+        {}, double(st.queue_depth));
+    add(family("trainwatch_ingest_lag_seconds",
+               "From the receipt of the oldest message of the last batch to its commit.",
+               MetricType::Gauge),
+        {}, double(st.last_lag_ms) / 1000.0);
+    add(family("trainwatch_store_commits_total", "Store transactions committed.",
+               MetricType::Counter),
+        {}, double(st.batches_total));
+    add(family("trainwatch_store_commit_seconds_total", "Time spent committing batches.",
+               MetricType::Counter),
+        {}, st.commit_seconds_sum);
+    add(family("trainwatch_store_last_commit_seconds", "Duration of the last commit.",
+               MetricType::Gauge),
+        {}, st.last_commit_seconds);
+    add(family("trainwatch_store_errors_total", "Batches the store failed to write.",
+               MetricType::Counter),
+        {}, double(st.store_errors_total));
+    add(family("trainwatch_agent_streams_rejected_total",
+               "Agent streams ended for a bad token or a malformed message.",
+               MetricType::Counter),
+        {}, double(state_->streams_rejected.load()));
+    add(family("trainwatch_pages_sent_total", "Pages delivered.", MetricType::Counter), {},
+        double(state_->pager()->sent_total()));
+    add(family("trainwatch_pages_failed_total", "Page delivery attempts that failed.",
+               MetricType::Counter),
+        {}, double(state_->pager()->failed_total()));
+    return {std::make_move_iterator(families.begin()), std::make_move_iterator(families.end())};
+  }
+
+ private:
+  ServiceState* state_;
+};
+
+}  // namespace
+
+std::shared_ptr<prometheus::Collectable> NewExporter(ServiceState* state) {
+  return std::make_shared<Exporter>(state);
+}
+
+}  // namespace trainwatch::server

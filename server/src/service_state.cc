@@ -1,0 +1,68 @@
+#include "service_state.h"
+
+#include <algorithm>
+
+#include "agent_stream.h"
+
+namespace trainwatch::server {
+
+namespace v1 = trainwatch::v1;
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  // absl and gRPC codes are the same numbers.
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+std::string AuthorizationOf(const grpc::CallbackServerContext* ctx) {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  return it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
+}
+
+void ServiceState::OnDurable(uint64_t stream_id, const std::string& run_id, int32_t rank,
+                           int64_t step) {
+  std::shared_ptr<Session> s;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(stream_id);
+    if (it == sessions_.end()) return;  // gone; the agent re-sends on reconnect
+    s = it->second;
+  }
+  {
+    absl::MutexLock lock(&s->mu);
+    auto& v = s->acks[{run_id, rank}];
+    v = std::max(v, step);
+  }
+  AgentStream::Deliver(s);
+}
+
+void ServiceState::OnServerMessage(const std::string& run_id, uint64_t stream_id,
+                                 const std::string& serialized) {
+  std::vector<std::shared_ptr<Session>> targets;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, s] : sessions_) {
+      if (stream_id == 0 || id == stream_id) targets.push_back(s);
+    }
+  }
+  for (const auto& s : targets) {
+    {
+      absl::MutexLock lock(&s->mu);
+      if (s->run_id != run_id || s->done) continue;
+      s->outgoing.push_back(serialized);
+    }
+    AgentStream::Deliver(s);
+  }
+}
+
+void ServiceState::OnIncident(const IncidentRow& incident, IncidentChange change) {
+  const v1::IncidentEventKind kind =
+      change == IncidentChange::kOpened         ? v1::INCIDENT_EVENT_KIND_OPENED
+      : change == IncidentChange::kStateChanged ? v1::INCIDENT_EVENT_KIND_STATE_CHANGED
+                                                : v1::INCIDENT_EVENT_KIND_UPDATED;
+  absl::MutexLock lock(&watch_mu_);
+  for (IncidentWatcher* w : watchers_) w->Push(incident, kind);
+}
+
+}  // namespace trainwatch::server

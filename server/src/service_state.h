@@ -1,0 +1,157 @@
+// What the gRPC services share: the ingestor, the store, the pager and the
+// authenticator, the open agent streams (sessions) and the incident
+// watchers. It is the ingestor's listener: durable steps become acks on the
+// right stream, server messages go to every stream of their run, incident
+// changes to the watchers.
+
+#ifndef TRAINWATCH_SERVER_SERVICE_STATE_H_
+#define TRAINWATCH_SERVER_SERVICE_STATE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "ingest.h"
+#include "trainwatch/server/auth.h"
+#include "trainwatch/server/clock.h"
+#include "trainwatch/server/pager.h"
+#include "trainwatch/server/store.h"
+#include "trainwatch/v1/agent.pb.h"
+#include "trainwatch/v1/operator.pb.h"
+#include "work_queue.h"
+
+namespace trainwatch::server {
+
+grpc::Status ToGrpc(const absl::Status& s);
+// The call's "authorization" metadata, empty when absent.
+std::string AuthorizationOf(const grpc::CallbackServerContext* ctx);
+
+class AgentStream;
+
+// One agent stream's state shared with the writer thread. The reactor stays
+// alive while a write is in flight (gRPC calls OnDone only after Finish, and
+// Finish waits for the write), which is what makes Deliver() safe.
+struct Session {
+  absl::Mutex mu;
+  AgentStream* reactor ABSL_GUARDED_BY(mu) = nullptr;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  bool writing ABSL_GUARDED_BY(mu) = false;
+  bool finish_pending ABSL_GUARDED_BY(mu) = false;
+  grpc::Status finish_status ABSL_GUARDED_BY(mu);
+  // Highest durable step per (run, rank) not yet sent: acks coalesce.
+  std::map<std::pair<std::string, int32_t>, int64_t> acks ABSL_GUARDED_BY(mu);
+  // Commands and quarantine lists, sent before acks, in order.
+  std::deque<std::string> outgoing ABSL_GUARDED_BY(mu);
+  trainwatch::v1::ServerMessage out ABSL_GUARDED_BY(mu);
+  // For run status.
+  std::string run_id ABSL_GUARDED_BY(mu);
+  int32_t rank ABSL_GUARDED_BY(mu) = -1;
+  trainwatch::v1::Hello hello ABSL_GUARDED_BY(mu);
+  trainwatch::v1::Heartbeat heartbeat ABSL_GUARDED_BY(mu);
+};
+
+// A WatchIncidents stream, told of every incident change. Push must not
+// block: it runs on the ingest writer.
+class IncidentWatcher {
+ public:
+  virtual ~IncidentWatcher() = default;
+  virtual void Push(const IncidentRow& incident,
+                    trainwatch::v1::IncidentEventKind kind) = 0;
+};
+
+// Everything the services share. Thread-safe.
+class ServiceState : public IngestListener {
+ public:
+  ServiceState(Ingestor* ingestor, Store* store, Pager* pager, Authenticator auth, Clock* clock,
+               std::string grafana_url)
+      : ingestor_(ingestor),
+        pager_(pager),
+        store_(store),
+        auth_(std::move(auth)),
+        clock_(clock),
+        grafana_url_(std::move(grafana_url)) {}
+
+  Ingestor* ingestor() { return ingestor_; }
+  Store* store() { return store_; }
+  Pager* pager() { return pager_; }
+  const Authenticator& auth() const { return auth_; }
+  Clock* clock() { return clock_; }
+  const std::string& grafana_url() const { return grafana_url_; }
+
+  uint64_t Register(std::shared_ptr<Session> s) {
+    absl::MutexLock lock(&mu_);
+    const uint64_t id = next_id_++;
+    sessions_[id] = std::move(s);
+    return id;
+  }
+  void Unregister(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    sessions_.erase(id);
+  }
+  std::vector<std::shared_ptr<Session>> Sessions() {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::shared_ptr<Session>> out;
+    for (const auto& [id, s] : sessions_) out.push_back(s);
+    return out;
+  }
+  // Per run: connected ranks.
+  std::map<std::string, std::set<int32_t>> ConnectedRanks() {
+    std::map<std::string, std::set<int32_t>> out;
+    for (const auto& s : Sessions()) {
+      absl::MutexLock lock(&s->mu);
+      if (!s->run_id.empty() && !s->done) out[s->run_id].insert(s->rank);
+    }
+    return out;
+  }
+
+  // IngestListener (writer thread).
+  void OnDurable(uint64_t stream_id, const std::string& run_id, int32_t rank,
+                 int64_t step) override;
+  void OnIncident(const IncidentRow& incident, IncidentChange change) override;
+  void OnServerMessage(const std::string& run_id, uint64_t stream_id,
+                       const std::string& serialized) override;
+
+  // Watchers of incident changes.
+  void AddWatcher(IncidentWatcher* w) {
+    absl::MutexLock lock(&watch_mu_);
+    watchers_.insert(w);
+  }
+  void RemoveWatcher(IncidentWatcher* w) {
+    absl::MutexLock lock(&watch_mu_);
+    watchers_.erase(w);
+  }
+
+  // Store reads of the operator API run here, off gRPC's callback threads
+  // (decisions run on the ingest writer).
+  WorkQueue* reads() { return &reads_; }
+
+  std::atomic<int64_t> streams_rejected{0};
+
+ private:
+  Ingestor* ingestor_;
+  Pager* pager_;
+  Store* store_;
+  Authenticator auth_;
+  Clock* clock_;
+  std::string grafana_url_;
+  absl::Mutex mu_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex watch_mu_;
+  std::set<IncidentWatcher*> watchers_ ABSL_GUARDED_BY(watch_mu_);
+  WorkQueue reads_;
+};
+
+}  // namespace trainwatch::server
+
+#endif  // TRAINWATCH_SERVER_SERVICE_STATE_H_

@@ -1,0 +1,132 @@
+// The gRPC edge's pieces, each constructed alone: the read queue, the
+// incident summary (from hand-made rows), and the exporter over a service
+// state with a real store and ingestor but no gRPC server.
+
+#include <prometheus/collectable.h>
+#include <prometheus/text_serializer.h>
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "exporter.h"
+#include "incident_summary.h"
+#include "service_state.h"
+#include "test_util.h"
+#include "trainwatch/core/json.h"
+#include "work_queue.h"
+
+namespace trainwatch::server {
+namespace {
+
+namespace v1 = trainwatch::v1;
+using core::Signal;
+
+TEST_CASE("work queue: runs posted work in order off the caller's thread - drains on destruction",
+          "[server][service]") {
+  std::vector<int> order;
+  std::atomic<bool> other_thread{true};
+  const auto caller = std::this_thread::get_id();
+  {
+    WorkQueue q;
+    for (int i = 0; i < 100; ++i) {
+      q.Post([&, i] {
+        if (std::this_thread::get_id() == caller) other_thread = false;
+        order.push_back(i);
+      });
+    }
+  }
+  REQUIRE(order.size() == 100);
+  for (int i = 0; i < 100; ++i) CHECK(order[i] == i);
+  CHECK(other_thread);
+}
+
+TEST_CASE("incident summary: curves - percentiles - shards and the approve command from rows",
+          "[server][service]") {
+  IncidentRow inc;
+  inc.id = 7;
+  inc.run_id = "run-a";
+  inc.tier = 2;
+  inc.state = IncidentState::kAwaitingDecision;
+  inc.onset_step = 1500;
+  inc.detection_step = 1520;
+  inc.recommended_checkpoint_step = 1000;
+  inc.shards = {40, 41, 42};
+  core::RecommendedAction q;
+  q.kind = core::RecommendedAction::Kind::kQuarantineShards;
+  q.shard_first = 40;
+  q.shard_last = 42;
+  q.text = "quarantine shards 40..42";
+  core::AppendRecommendedActionsJson(&inc.actions_json, {q});
+  std::vector<EventRow> events(1);
+  events[0].event.step = 1520;
+  events[0].event.tier = 2;
+  events[0].event.kind = core::EventKind::kNonRecovering;
+  events[0].event.reason = "no recovery";
+  std::vector<StoredStep> steps;
+  for (int64_t s = 0; s <= 1520; ++s) {
+    StoredStep st;
+    st.step = s;
+    st.Set(Signal::kLoss, 2.0);
+    st.Set(Signal::kGradNorm, static_cast<double>(s % 100));
+    st.Set(Signal::kLogZ, 8.0);
+    st.loss_ema_ratio = 1.0;
+    if (s >= 1500) st.shards = {static_cast<uint64_t>(s)};
+    steps.push_back(st);
+  }
+  v1::DiagnosticSummary sum;
+  BuildSummary({inc, events, steps, {}, 8, 1'700'000'000'000}, &sum);
+  CHECK(sum.explanation() == "step 1520: no recovery");
+  CHECK(sum.fired_size() == 1);
+  CHECK(sum.onset_step() == 1500);
+  CHECK(sum.loss_around_onset_size() == 221);  // onset-200 .. detection
+  REQUIRE(sum.grad_norm_percentiles_size() == 2);     // 0..999, 1000..1499
+  CHECK(sum.grad_norm_percentiles(0).first_step() == 0);
+  CHECK(sum.grad_norm_percentiles(0).last_step() == 999);
+  CHECK(sum.grad_norm_percentiles(0).max() == 99.0);
+  CHECK(sum.grad_norm_percentiles(0).p50() == 49.0);
+  CHECK(sum.shards_onset_to_detection_size() == 21);
+  CHECK(sum.suspect_shards().ranges(0).first() == 40);
+  CHECK(sum.recommended_checkpoint().step() == 1000);
+  REQUIRE(sum.recommended_actions_size() == 2);  // the quarantine, the skipped steps
+  CHECK(sum.recommended_actions(0).kind() == v1::ACTION_KIND_QUARANTINE_SHARDS);
+  CHECK(sum.recommended_actions(1).kind() == v1::ACTION_KIND_SKIP_STEPS);
+  CHECK(sum.recommended_actions(1).steps().first() == 1492);
+  CHECK(sum.approve_command() ==
+        "twctl rollback approve I-7 --to-step 1000 --quarantine-shards 40..42 --comment \"...\"");
+  CHECK(IncidentAttempt(inc, 3) == 3);
+  inc.state = IncidentState::kRollingBack;
+  CHECK(IncidentAttempt(inc, 3) == 2);
+}
+
+TEST_CASE("exporter: a scrape reads the ingestor's live state - no gRPC server",
+          "[server][service]") {
+  testing::TempDir dir;
+  auto store = Store::Open(dir.File("tw.db"));
+  REQUIRE(store.ok());
+  FakeClock clock;
+  Ingestor ingestor(store->get(), IngestOptions{}, &clock);
+  Pager pager(store->get(), PagerConfig{}, &clock);
+  ServiceState state(&ingestor, store->get(), &pager, Authenticator(), &clock, "");
+  ingestor.SetListener(&state);
+  ingestor.Start();
+  IngestItem item;
+  item.stream_id = 1;
+  v1::StepReport* r = item.message.mutable_step_report();
+  r->set_run_id("run-x");
+  r->set_step(5);
+  r->mutable_metrics()->set_loss(3.25);
+  ingestor.Submit(std::move(item));
+  ingestor.Flush();
+  const std::string text =
+      prometheus::TextSerializer().Serialize(NewExporter(&state)->Collect());
+  CHECK(text.find("trainwatch_loss{run=\"run-x\"} 3.25") != std::string::npos);
+  CHECK(text.find("trainwatch_step{run=\"run-x\"} 5") != std::string::npos);
+  CHECK(text.find("trainwatch_ingest_records_total 1") != std::string::npos);
+  ingestor.Stop();
+}
+
+}  // namespace
+}  // namespace trainwatch::server

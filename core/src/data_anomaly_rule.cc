@@ -1,7 +1,8 @@
 // Tier 1: data anomaly, skip and continue. A grad-norm outlier together with
 // a loss jump is a bad batch; a loss ratio past skip_loss_ratio is skipped
 // even without the outlier. Either opens (or joins) the loss episode, so a
-// tier 1 that does not recover escalates within the same incident.
+// tier 1 that does not recover escalates within the same incident. The
+// trigger is inline in engine_state.h; this writes the event.
 
 #include <algorithm>
 
@@ -10,18 +11,12 @@
 
 namespace trainwatch::core {
 
-bool CheckDataAnomaly(EngineState& s, const StepFacts& f, StepOutcome* out) {
+bool ReportDataAnomaly(EngineState& s, const StepFacts& f, bool tier1, double grad_ratio,
+                       StepOutcome* out) {
   const RuleConfig& c = s.c;
   const StepRecord& r = f.r;
   const double g = f.grad, med = f.grad_median, dev = f.dev, sigma = f.sigma;
-  const double grad_ratio = Finite(g) && Finite(med) && med > 0.0 ? g / med : kNaN;
-  const bool jump = dev >= c.spike_delta_nats && f.sigma_ok &&
-                    (!Finite(sigma) || dev >= c.tier1_loss_z * sigma);
-  const bool loss_cond = f.ratio > c.tier1_loss_ratio || jump;
-  const bool tier1 = grad_ratio > c.tier1_grad_ratio && loss_cond;
   const bool ratio_skip = f.ratio > c.skip_loss_ratio;
-  if (!tier1 && !ratio_skip) return false;
-
   const bool skip = ratio_skip || (tier1 && c.tier1_skip_on_trigger);
   if (!s.ep.active) s.OpenEpisode(r.step, f.ema);
   if (!s.ep.tier1) {

@@ -209,19 +209,89 @@ struct StepFacts {
 // this step is one: the verdict is a halt and the step feeds no window.
 bool CheckNumericalFailure(EngineState& s, const StepFacts& f, StepOutcome* out);
 
-// Tier 1, data anomaly (data_anomaly_rule.cc): a grad-norm outlier with a
-// loss jump, or a loss ratio past the skip threshold. True when the
-// optimizer update must be skipped (the verdict says so).
-bool CheckDataAnomaly(EngineState& s, const StepFacts& f, StepOutcome* out);
+// Tier 1, data anomaly: a grad-norm outlier with a loss jump, or a loss
+// ratio past the skip threshold. True when the optimizer update must be
+// skipped (the verdict says so). The trigger is here, inline, because it
+// runs on every record (out of line it costs ~4% of replay, as do the
+// spike's and tier 2's); data_anomaly_rule.cc writes the event.
+bool ReportDataAnomaly(EngineState& s, const StepFacts& f, bool tier1, double grad_ratio,
+                       StepOutcome* out);
+inline bool CheckDataAnomaly(EngineState& s, const StepFacts& f, StepOutcome* out) {
+  const RuleConfig& c = s.c;
+  const double grad_ratio = Finite(f.grad) && Finite(f.grad_median) && f.grad_median > 0.0
+                                ? f.grad / f.grad_median
+                                : kNaN;
+  const bool jump = f.dev >= c.spike_delta_nats && f.sigma_ok &&
+                    (!Finite(f.sigma) || f.dev >= c.tier1_loss_z * f.sigma);
+  const bool loss_cond = f.ratio > c.tier1_loss_ratio || jump;
+  const bool tier1 = grad_ratio > c.tier1_grad_ratio && loss_cond;
+  if (!tier1 && !(f.ratio > c.skip_loss_ratio)) return false;
+  return ReportDataAnomaly(s, f, tier1, grad_ratio, out);
+}
 
-// The loss spike (page_rules.cc): tracks the run of steps above the EMA and
-// opens an episode when it lasts. True while a spike is in progress.
-bool TrackSpike(EngineState& s, const StepFacts& f, StepOutcome* out);
+// The loss spike: tracks the run of steps >= spike_delta above the EMA and,
+// when it lasts, opens an episode (page_rules.cc writes the event). True
+// while a spike is in progress.
+void ReportSpike(EngineState& s, const StepFacts& f, StepOutcome* out);
+inline bool TrackSpike(EngineState& s, const StepFacts& f, StepOutcome* out) {
+  const RuleConfig& c = s.c;
+  const int64_t step = f.r.step;
+  // A few quiet records inside a spike (noise) neither end it nor count
+  // toward its length.
+  if (f.dev >= c.spike_delta_nats) {
+    if (s.above_start < 0) {
+      s.above_start = step;
+      s.above_start_level = f.ema;
+      s.above_steps = 0;
+    }
+    // A record stands for the steps since the previous one (logs that
+    // report every K steps), a dip record for none.
+    s.above_steps += s.above_start == step || s.prev_loss_step < 0 ? 1 : step - s.prev_loss_step;
+    s.below_records = 0;
+  } else if (s.above_start >= 0 && ++s.below_records > c.spike_gap_records) {
+    s.above_start = -1;
+  }
+  const bool spike = s.above_start >= 0 && s.above_steps > c.spike_min_steps;
+  if (!spike) return false;
+  if (s.ep.active) {
+    s.ep.spike = true;
+  } else {
+    ReportSpike(s, f, out);
+  }
+  return true;
+}
 
-// Tier 2, page a human (page_rules.cc): a lasting high loss ratio, a log_z
-// rise, a log_z drift during a spike, or an episode that does not recover.
-// Pages once per episode.
-void CheckPage(EngineState& s, const StepFacts& f, bool spike, StepOutcome* out);
+// Tier 2, page a human: a lasting high loss ratio, a log_z rise, a log_z
+// drift during a spike, or an episode that does not recover. Pages once per
+// episode (page_rules.cc writes the page).
+struct PageCauses {
+  bool ratio, logz_fast, logz_drift, nonrecovering;
+  double excess;  // of the smoothed loss over the episode's pre-spike level
+};
+void Page(EngineState& s, const StepFacts& f, const PageCauses& causes, StepOutcome* out);
+inline void CheckPage(EngineState& s, const StepFacts& f, bool spike, StepOutcome* out) {
+  const RuleConfig& c = s.c;
+  if (f.ratio > c.tier2_loss_ratio) {
+    if (s.high_ratio_records++ == 0) s.high_ratio_start = f.r.step;
+  } else {
+    s.high_ratio_records = 0;
+  }
+  PageCauses why;
+  why.ratio = s.high_ratio_records >= c.tier2_loss_ratio_records;
+  why.logz_fast = f.rise_short > c.logz_rise;
+  why.logz_drift = f.rise_long > c.logz_rise && spike;
+  why.excess =
+      s.ep.active ? (s.smooth_loss.empty() ? f.dev : s.smooth_loss.Value()) - s.ep.pre_level
+                  : 0.0;
+  why.nonrecovering = s.ep.active && (s.ep.tier1 || s.ep.spike) &&
+                      f.r.step - s.ep.onset >= c.escalate_steps &&
+                      why.excess >= c.spike_delta_nats;
+  if (!(why.ratio || why.logz_fast || why.logz_drift || why.nonrecovering) ||
+      (s.ep.active && s.ep.paged)) {
+    return;
+  }
+  Page(s, f, why, out);
+}
 
 // The end of an episode (recovery_rule.cc): tier 1 confirmed, or the loss
 // back at its pre-spike level. Only for the episode `episode_before` that was

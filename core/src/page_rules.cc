@@ -1,4 +1,4 @@
-// The loss spike and tier 2. A spike (loss >= spike_delta over its EMA for
+// The loss spike and tier 2 (their triggers are inline, in engine_state.h). A spike (loss >= spike_delta over its EMA for
 // more than spike_min_steps) opens an episode and warns; tier 2 pages a human
 // once per episode, when the loss will not come back or log_z is running
 // away, with the diagnosis (who led, since when) and what to roll back to.
@@ -43,32 +43,9 @@ int64_t LogZOnset(const EngineState& s, int64_t now, double* rise_from_min) {
 
 }  // namespace
 
-bool TrackSpike(EngineState& s, const StepFacts& f, StepOutcome* out) {
+void ReportSpike(EngineState& s, const StepFacts& f, StepOutcome* out) {
   const RuleConfig& c = s.c;
   const StepRecord& r = f.r;
-  // A few quiet records inside a spike (noise) neither end it nor count
-  // toward its length.
-  if (f.dev >= c.spike_delta_nats) {
-    if (s.above_start < 0) {
-      s.above_start = r.step;
-      s.above_start_level = f.ema;
-      s.above_steps = 0;
-    }
-    // A record stands for the steps since the previous one (logs that
-    // report every K steps), a dip record for none.
-    s.above_steps += s.above_start == r.step || s.prev_loss_step < 0
-                         ? 1
-                         : r.step - s.prev_loss_step;
-    s.below_records = 0;
-  } else if (s.above_start >= 0 && ++s.below_records > c.spike_gap_records) {
-    s.above_start = -1;
-  }
-  const bool spike = s.above_start >= 0 && s.above_steps > c.spike_min_steps;
-  if (!spike) return false;
-  if (s.ep.active) {
-    s.ep.spike = true;
-    return true;
-  }
   s.OpenEpisode(s.above_start, s.above_start_level);
   s.ep.spike = true;
   Event& e = s.NewEvent(out, r, 0, Action::kWarn, EventKind::kSpike, s.ep.id, s.above_start);
@@ -78,31 +55,14 @@ bool TrackSpike(EngineState& s, const StepFacts& f, StepOutcome* out) {
       s.above_steps, c.spike_delta_nats, f.loss, s.above_start_level, c.escalate_steps);
   s.CollectShards(s.above_start - c.shard_steps_before_onset, r.step, &e);
   s.RecommendCheckpoint(&e);
-  return true;
 }
 
-void CheckPage(EngineState& s, const StepFacts& f, bool spike, StepOutcome* out) {
+void Page(EngineState& s, const StepFacts& f, const PageCauses& causes, StepOutcome* out) {
   const RuleConfig& c = s.c;
   const StepRecord& r = f.r;
-  if (f.ratio > c.tier2_loss_ratio) {
-    if (s.high_ratio_records++ == 0) s.high_ratio_start = r.step;
-  } else {
-    s.high_ratio_records = 0;
-  }
-  const bool t2_ratio = s.high_ratio_records >= c.tier2_loss_ratio_records;
-  const bool t2_logz_fast = f.rise_short > c.logz_rise;
-  const bool t2_logz_drift = f.rise_long > c.logz_rise && spike;
-  const double excess =
-      s.ep.active ? (s.smooth_loss.empty() ? f.dev : s.smooth_loss.Value()) - s.ep.pre_level
-                  : 0.0;
-  const bool t2_nonrecovering = s.ep.active && (s.ep.tier1 || s.ep.spike) &&
-                                r.step - s.ep.onset >= c.escalate_steps &&
-                                excess >= c.spike_delta_nats;
-  if (!(t2_ratio || t2_logz_fast || t2_logz_drift || t2_nonrecovering) ||
-      (s.ep.active && s.ep.paged)) {
-    return;
-  }
-
+  const bool t2_ratio = causes.ratio, t2_logz_fast = causes.logz_fast,
+             t2_logz_drift = causes.logz_drift, t2_nonrecovering = causes.nonrecovering;
+  const double excess = causes.excess;
   double logz_rise_from_min = 0.0;
   const int64_t logz_onset = (s.ever_present & Bit(Signal::kLogZ))
                                  ? LogZOnset(s, r.step, &logz_rise_from_min)

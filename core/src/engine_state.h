@@ -1,7 +1,8 @@
 // The state of one run's rule engine, and the rule families that read and
 // update it. Private to core: RuleEngine::Observe (rule_engine.cc) calls the
-// families in a fixed order, each family lives in its own file, and the unit
-// tests drive one family at a time over a hand-made state.
+// families in a fixed order, each family has its own file (the per-record
+// triggers of the cheapest are inline below), and the unit tests drive one
+// family at a time over a hand-made state.
 //
 // The order matters and is Observe's: tier 3 first (a broken step feeds no
 // window), then tier 1 (the skip), the spike and tier 2 (the page), the end
@@ -212,8 +213,8 @@ bool CheckNumericalFailure(EngineState& s, const StepFacts& f, StepOutcome* out)
 // Tier 1, data anomaly: a grad-norm outlier with a loss jump, or a loss
 // ratio past the skip threshold. True when the optimizer update must be
 // skipped (the verdict says so). The trigger is here, inline, because it
-// runs on every record (out of line it costs ~4% of replay, as do the
-// spike's and tier 2's); data_anomaly_rule.cc writes the event.
+// runs on every record (out of line, it and the spike's and tier 2's cost
+// Observe ~2% more instructions); data_anomaly_rule.cc writes the event.
 bool ReportDataAnomaly(EngineState& s, const StepFacts& f, bool tier1, double grad_ratio,
                        StepOutcome* out);
 inline bool CheckDataAnomaly(EngineState& s, const StepFacts& f, StepOutcome* out) {

@@ -23,6 +23,9 @@
 
 namespace trainwatch::core {
 
+// The run's state and the rules over it (core/src/engine_state.h).
+struct EngineState;
+
 struct Verdict {
   Decision decision = Decision::kContinue;
   int tier = 0;
@@ -68,8 +71,7 @@ class RuleEngine {
   size_t MemoryBytes() const;
 
  private:
-  struct State;
-  std::unique_ptr<State> s_;
+  std::unique_ptr<EngineState> s_;
 };
 
 }  // namespace trainwatch::core

@@ -18,6 +18,11 @@ bool IsGlobalOption(const std::string& arg) {
                       [&](const char* o) { return arg == o; }) != std::end(kGlobalOptions);
 }
 
+// "--points N", "--open".
+std::string FlagText(const Flag& f) {
+  return f.value.empty() ? absl::StrCat("--", f.name) : absl::StrCat("--", f.name, " ", f.value);
+}
+
 }  // namespace
 
 std::string Args::Get(const std::string& flag, const std::string& fallback) const {
@@ -49,9 +54,7 @@ std::string Command::Usage() const {
   };
   if (!spec_.operands.empty()) add(spec_.operands);
   for (const Flag& f : spec_.flags) {
-    const std::string flag =
-        f.value.empty() ? absl::StrCat("--", f.name) : absl::StrCat("--", f.name, " ", f.value);
-    add(f.required ? flag : absl::StrCat("[", flag, "]"));
+    add(f.required ? FlagText(f) : absl::StrCat("[", FlagText(f), "]"));
   }
   return absl::StrCat(text, line, "\n");
 }
@@ -61,7 +64,7 @@ std::string Command::Help() const {
   std::vector<std::string> names;
   size_t width = 0;
   for (const Flag& f : spec_.flags) {
-    names.push_back(absl::StrCat("--", f.name, f.value.empty() ? "" : " ", f.value));
+    names.push_back(FlagText(f));
     width = std::max(width, names.back().size());
   }
   for (size_t i = 0; i < names.size(); ++i) {
@@ -94,12 +97,15 @@ absl::StatusOr<Args> Command::Parse(const std::vector<std::string>& argv,
   Args a;
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& arg = argv[i];
-    if (spec_.raw_arguments) {
+    auto operand = [&] {
       if (skip_operands > 0) {
         --skip_operands;
       } else {
         a.operands.push_back(arg);
       }
+    };
+    if (spec_.raw_arguments) {
+      operand();
       continue;
     }
     if (arg == "--help" || arg == "-h") {
@@ -126,11 +132,7 @@ absl::StatusOr<Args> Command::Parse(const std::vector<std::string>& argv,
       continue;
     }
     if (arg.rfind("--", 0) != 0) {
-      if (skip_operands > 0) {
-        --skip_operands;
-      } else {
-        a.operands.push_back(arg);
-      }
+      operand();
       continue;
     }
     name = arg.substr(2);

@@ -5,7 +5,12 @@
 #define CATCH_CONFIG_MAIN
 #include "trainwatch/cli/operator_commands.h"
 
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -361,6 +366,36 @@ TEST_CASE("runs and status against a fake: table and json and exit codes", "[cli
   CHECK(RunAlone(*status, {"run-b"}, &fake).code == kUsage);
 }
 
+TEST_CASE("report against a fake: every attempt's history in one page", "[cli][commands]") {
+  auto report = MakeReportCommand();
+  FakeClient fake;
+  fake.run_status.mutable_run()->set_run_id("run-a");
+  fake.run_status.mutable_run()->set_attempt(2);
+  for (int s = 0; s < 4; ++s) fake.run_status.add_recent()->set_step(s);
+  const std::string path = "/tmp/twctl_operator_commands_test_" +
+                           std::to_string(static_cast<long>(::getpid())) + ".html";
+  Result r = RunAlone(*report, {"run-a", "--out", path}, &fake);
+  CHECK(r.code == kOk);
+  CHECK(r.out == "wrote " + path + ": 4 steps charted, 0 incidents, 0 quarantined ranges\n");
+  // The current attempt, then each abandoned one by number.
+  REQUIRE(fake.status_requests.size() == 3);
+  CHECK_FALSE(fake.status_requests[0].has_attempt());
+  CHECK(fake.status_requests[1].attempt() == 0);
+  CHECK(fake.status_requests[1].has_attempt());
+  CHECK(fake.status_requests[2].attempt() == 1);
+  CHECK(fake.status_requests[2].window_steps() == 100000);
+  std::ifstream page(path);
+  std::string first;
+  std::getline(page, first);
+  CHECK(first == "<!doctype html>");
+  std::remove(path.c_str());
+  Result unwritable = RunAlone(*report, {"run-a", "--out", "/nonexistent/r.html"}, &fake);
+  CHECK(unwritable.code == kError);
+  CHECK(unwritable.err == "twctl report: cannot write /nonexistent/r.html\n");
+  fake.status = grpc::Status(grpc::NOT_FOUND, "no run");
+  CHECK(RunAlone(*report, {"run-b"}, &fake).code == kError);
+}
+
 TEST_CASE("rollback approve against a fake: the dry run then the approval", "[cli][commands]") {
   auto approve = MakeRollbackApproveCommand();
   FakeClient fake;
@@ -475,6 +510,30 @@ TEST_CASE("watch against a fake: a line per event until --count", "[cli][command
   Result bad = RunAlone(*watch, {"--count", "x"}, &fake);
   CHECK(bad.code == kUsage);
   CHECK(bad.err == "twctl watch: --count and --timeout need a number\n");
+}
+
+TEST_CASE("connection: flags then environment then config file then the default",
+          "[cli][commands]") {
+  const std::string config = "/tmp/twctl_operator_commands_test_" +
+                             std::to_string(static_cast<long>(::getpid())) + ".json";
+  std::ofstream(config) << R"({"server": "file:1", "token": "file-token", "ca_file": "ca.pem"})";
+  setenv("TWCTL_CONFIG", config.c_str(), 1);
+  unsetenv("TRAINWATCH_SERVER");
+  setenv("TRAINWATCH_TOKEN", "env-token", 1);
+  Connection c = ResolveConnection({});
+  CHECK(c.server == "file:1");
+  CHECK(c.token == "env-token");
+  CHECK(c.ca_file == "ca.pem");
+  c = ResolveConnection({"flag:1", "flag-token", ""});
+  CHECK(c.server == "flag:1");
+  CHECK(c.token == "flag-token");
+  setenv("TWCTL_CONFIG", "/nonexistent/twctl.json", 1);
+  unsetenv("TRAINWATCH_TOKEN");
+  c = ResolveConnection({});
+  CHECK(c.server == "127.0.0.1:7070");
+  CHECK(c.token.empty());
+  unsetenv("TWCTL_CONFIG");
+  std::remove(config.c_str());
 }
 
 }  // namespace

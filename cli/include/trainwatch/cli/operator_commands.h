@@ -1,13 +1,6 @@
-// twctl's operator commands, against trainwatchd's OperatorService:
-//
-//   runs                          the runs and their state
-//   status RUN [--points N]       latest metrics, a sparkline, open incidents
-//   incidents [--open] [--run R]  incidents, newest last
-//   incident show ID              the diagnostic summary, with terminal charts
-//   rollback approve ID [--to-step N] [--quarantine-shards A..B] [--z-loss-alpha X]
-//                       [--comment TEXT] [--yes] [--dry-run]
-//   rollback reject ID --comment TEXT
-//   shards RUN                    quarantined shard ranges
+// twctl's commands as a library: the entry point main() and the tests call,
+// and the terminal charts the commands draw. Each command is a class of its
+// own in cli/src (command.h, commands.h); `twctl help` lists them.
 //
 // Connection, as kubectl and amtool users expect: --server and --token
 // flags, else TRAINWATCH_SERVER and TRAINWATCH_TOKEN, else the config file
@@ -33,8 +26,9 @@ using Prompt = std::function<bool(const std::string& question)>;
 // unset, the lines go to *out.
 using Emit = std::function<void(const std::string& line)>;
 
-// Runs `command` (the first word after twctl) with its arguments. Returns
-// the exit code; stdout and stderr text go to *out and *err.
+// Runs `command` (the first word after twctl: any command `twctl help`
+// lists, or help's and version's --help, -h, --version) with its arguments.
+// Returns the exit code; stdout and stderr text go to *out and *err.
 int OperatorCommand(const std::string& command, const std::vector<std::string>& args,
                     const Prompt& prompt, std::string* out, std::string* err,
                     const Emit& emit = nullptr);
@@ -46,6 +40,9 @@ int OperatorCommand(const std::string& command, const std::vector<std::string>& 
 // command is given or an option lacks its value.
 bool SplitCommandLine(const std::vector<std::string>& argv, std::string* command,
                       std::vector<std::string>* args, std::string* err);
+
+// What `twctl help` prints: every command, the connection, the exit codes.
+std::string TwctlUsage();
 
 // Unicode sparkline of `values` (NaN shown as a space), at most `width` wide.
 std::string Sparkline(const std::vector<double>& values, size_t width = 60);

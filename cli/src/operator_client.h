@@ -1,0 +1,60 @@
+// The seam between twctl's commands and trainwatchd: the OperatorService
+// calls a command makes, one method each, so that a test runs a command
+// against a fake instead of a server.
+
+#ifndef TRAINWATCH_CLI_SRC_OPERATOR_CLIENT_H_
+#define TRAINWATCH_CLI_SRC_OPERATOR_CLIENT_H_
+
+#include <grpcpp/support/status.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "trainwatch/v1/operator.pb.h"
+
+namespace trainwatch::cli {
+
+class OperatorClient {
+ public:
+  virtual ~OperatorClient() = default;
+
+  virtual grpc::Status ListRuns(const v1::ListRunsRequest& req, v1::ListRunsResponse* resp) = 0;
+  virtual grpc::Status GetRunStatus(const v1::GetRunStatusRequest& req,
+                                    v1::GetRunStatusResponse* resp) = 0;
+  virtual grpc::Status ListIncidents(const v1::ListIncidentsRequest& req,
+                                     v1::ListIncidentsResponse* resp) = 0;
+  virtual grpc::Status GetIncident(const v1::GetIncidentRequest& req,
+                                   v1::GetIncidentResponse* resp) = 0;
+  virtual grpc::Status ApproveRollback(const v1::ApproveRollbackRequest& req,
+                                       v1::ApproveRollbackResponse* resp) = 0;
+  virtual grpc::Status RejectRollback(const v1::RejectRollbackRequest& req,
+                                      v1::RejectRollbackResponse* resp) = 0;
+  virtual grpc::Status ListQuarantinedShards(const v1::ListQuarantinedShardsRequest& req,
+                                             v1::ListQuarantinedShardsResponse* resp) = 0;
+  // Hands each event to `on_event` until it returns false (the call is then
+  // cancelled), the stream ends, or `timeout_s` passes (0: no limit, and the
+  // status is then DEADLINE_EXCEEDED). Returns the stream's final status.
+  virtual grpc::Status WatchIncidents(
+      const v1::WatchIncidentsRequest& req, int64_t timeout_s,
+      const std::function<bool(const v1::IncidentEvent&)>& on_event) = 0;
+};
+
+// Where and how to reach trainwatchd.
+struct Connection {
+  std::string server, token, ca_file;
+};
+
+// Fills what `c` lacks the way kubectl and amtool users expect: the
+// environment (TRAINWATCH_SERVER, TRAINWATCH_TOKEN), then the config file
+// ($TWCTL_CONFIG or ~/.config/trainwatch/twctl.json), then 127.0.0.1:7070.
+Connection ResolveConnection(Connection c);
+
+// A gRPC client of `c.server` (TLS when c.ca_file is set); nothing is dialled
+// until the first call. Each unary call has a 30 s deadline.
+std::unique_ptr<OperatorClient> DialOperator(const Connection& c);
+
+}  // namespace trainwatch::cli
+
+#endif  // TRAINWATCH_CLI_SRC_OPERATOR_CLIENT_H_

@@ -1,0 +1,189 @@
+// rollback approve, rollback reject: the human's decision on a page.
+
+#include <functional>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "command_output.h"
+#include "commands.h"
+#include "operator_client.h"
+
+namespace trainwatch::cli {
+namespace {
+
+// Both subcommands answer a wrong operand count alike, as the group does.
+constexpr char kRollbackMisuse[] = "usage: twctl rollback approve|reject ID ...\n";
+
+bool ParseShardRanges(const std::string& text, v1::ShardSet* out) {
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    const size_t dots = part.find("..");
+    uint64_t a, b;
+    if (dots == absl::string_view::npos) {
+      if (!absl::SimpleAtoi(part, &a)) return false;
+      b = a;
+    } else if (!absl::SimpleAtoi(part.substr(0, dots), &a) ||
+               !absl::SimpleAtoi(part.substr(dots + 2), &b) || b < a) {
+      return false;
+    }
+    auto* r = out->add_ranges();
+    r->set_first(a);
+    r->set_last(b);
+  }
+  return true;
+}
+
+class ApproveCommand : public Command {
+ public:
+  ApproveCommand()
+      : Command(
+            CommandSpec("rollback approve", "ID",
+                        "approve the recommended rollback (a dry run is shown first)",
+                        {{"to-step", "N", "roll back to this retained checkpoint instead"},
+                         {"quarantine-shards", "A..B[,C..D]", "the shards to quarantine"},
+                         {"z-loss-alpha", "X", "turn z-loss on with this alpha (>= 0)"},
+                         {"skip-steps", "A..B|none", "the steps whose batches every rank skips"},
+                         {"comment", "TEXT", "why, for the audit log"},
+                         {"yes", "", "do not ask for confirmation"},
+                         {"dry-run", "", "only show what would happen"}})
+                .Connecting()
+                .WithMisuse(kRollbackMisuse)) {}
+
+  int Execute(const Args& args, Context& ctx) const override {
+    const std::string& id = args.operands[0];
+    const std::string comment = args.Get("comment");
+    v1::ApproveRollbackRequest req;
+    if (int rc = Request(args, &req, ctx.err); rc != kOk) return rc;
+    // First a dry run: the human sees exactly what will happen.
+    req.set_dry_run(true);
+    v1::ApproveRollbackResponse plan;
+    if (int rc = FromStatus(ctx.client->ApproveRollback(req, &plan), ctx.err); rc != kOk) {
+      return rc;
+    }
+    const std::string what = Describe(plan.decision());
+    if (args.Has("dry-run")) {
+      *ctx.out = args.output == "json" ? Json(plan) : absl::StrCat("dry run: would ", what, "\n");
+      return kOk;
+    }
+    if (!args.Has("yes") &&
+        (!ctx.prompt || !ctx.prompt(absl::StrCat(id, ": ", what, "? [y/N] ")))) {
+      *ctx.err = "twctl: not approved\n";
+      return kError;
+    }
+    req.set_dry_run(false);
+    // A retry of this very command must not approve twice.
+    req.set_idempotency_key(absl::StrCat("twctl-", id, "-", plan.decision().plan().target_step(),
+                                         "-", std::hash<std::string>()(what + comment)));
+    v1::ApproveRollbackResponse resp;
+    if (int rc = FromStatus(ctx.client->ApproveRollback(req, &resp), ctx.err); rc != kOk) {
+      return rc;
+    }
+    *ctx.out =
+        args.output == "json"
+            ? Json(resp)
+            : absl::StrFormat("%s approved (%s%s): %s; command %s sent to every rank\n", id,
+                              resp.decision().decision_id(), resp.replayed() ? ", already" : "",
+                              what, resp.decision().command_id());
+    return kOk;
+  }
+
+ private:
+  // The request the flags ask for; kUsage and a message when one is malformed.
+  static int Request(const Args& args, v1::ApproveRollbackRequest* req, std::string* err) {
+    req->set_incident_id(args.operands[0]);
+    req->set_comment(args.Get("comment"));
+    if (args.Has("to-step")) {
+      int64_t step;
+      if (!absl::SimpleAtoi(args.Get("to-step"), &step)) {
+        *err = "twctl rollback approve: --to-step needs a step number\n";
+        return kUsage;
+      }
+      req->set_to_step(step);
+    }
+    if (args.Has("quarantine-shards") &&
+        !ParseShardRanges(args.Get("quarantine-shards"), req->mutable_quarantine_shards())) {
+      *err = "twctl rollback approve: --quarantine-shards takes A..B[,C..D]\n";
+      return kUsage;
+    }
+    if (args.Has("skip-steps")) {
+      // A..B, or "none" (sent as the empty range 0..-1).
+      const std::string v = args.Get("skip-steps");
+      const size_t dots = v.find("..");
+      int64_t a = 0, b = -1;
+      if (v != "none" && (dots == std::string::npos || !absl::SimpleAtoi(v.substr(0, dots), &a) ||
+                          !absl::SimpleAtoi(v.substr(dots + 2), &b) || a < 0 || b < a)) {
+        *err = "twctl rollback approve: --skip-steps takes A..B or none\n";
+        return kUsage;
+      }
+      req->mutable_skip_steps()->set_first(a);
+      req->mutable_skip_steps()->set_last(b);
+    }
+    if (args.Has("z-loss-alpha")) {
+      double a;
+      if (!absl::SimpleAtod(args.Get("z-loss-alpha"), &a) || !(a >= 0)) {
+        *err = "twctl rollback approve: --z-loss-alpha needs a number >= 0\n";
+        return kUsage;
+      }
+      req->set_z_loss_alpha(a);
+    }
+    return kOk;
+  }
+
+  // "roll back run R to step N (URI), quarantine shards A..B, ...".
+  static std::string Describe(const v1::Decision& d) {
+    const v1::RollbackPlan& p = d.plan();
+    std::string what = absl::StrFormat("roll back run %s to step %d (%s)", d.run_id(),
+                                       p.target_step(), p.checkpoint_uri());
+    for (const auto& r : p.quarantine().ranges()) {
+      absl::StrAppendFormat(&what, ", quarantine shards %d..%d", r.first(), r.last());
+    }
+    if (p.has_skip_steps()) {
+      absl::StrAppendFormat(&what, ", skip the batches of steps %d..%d on every rank",
+                            p.skip_steps().first(), p.skip_steps().last());
+    }
+    for (const auto& st : p.settings()) {
+      if (st.has_z_loss_alpha()) {
+        absl::StrAppendFormat(&what, ", z-loss alpha %g", st.z_loss_alpha());
+      }
+    }
+    return what;
+  }
+};
+
+class RejectCommand : public Command {
+ public:
+  RejectCommand()
+      : Command(CommandSpec("rollback reject", "ID",
+                            "reject the recommended rollback and dismiss the incident",
+                            {{"comment", "TEXT", "why, for the audit log", /*required=*/true}})
+                    .Connecting()
+                    .WithMisuse(kRollbackMisuse)) {}
+
+  int Execute(const Args& args, Context& ctx) const override {
+    const std::string& id = args.operands[0];
+    const std::string comment = args.Get("comment");
+    if (comment.empty()) {
+      *ctx.err = "twctl rollback reject: --comment is required (it goes in the audit log)\n";
+      return kUsage;
+    }
+    v1::RejectRollbackRequest req;
+    req.set_incident_id(id);
+    req.set_comment(comment);
+    v1::RejectRollbackResponse resp;
+    if (int rc = FromStatus(ctx.client->RejectRollback(req, &resp), ctx.err); rc != kOk) {
+      return rc;
+    }
+    *ctx.out = args.output == "json" ? Json(resp)
+                                     : absl::StrFormat("%s rejected (%s): %s\n", id,
+                                                       resp.decision().decision_id(), comment);
+    return kOk;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Command> MakeRollbackApproveCommand() { return std::make_unique<ApproveCommand>(); }
+std::unique_ptr<Command> MakeRollbackRejectCommand() { return std::make_unique<RejectCommand>(); }
+
+}  // namespace trainwatch::cli

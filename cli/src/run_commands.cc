@@ -1,0 +1,201 @@
+// runs, status, shards, report: what a run looks like now.
+
+#include <cmath>
+#include <fstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "command_output.h"
+#include "commands.h"
+#include "operator_client.h"
+#include "proto_text.h"
+#include "report.h"
+
+namespace trainwatch::cli {
+namespace {
+
+class RunsCommand : public Command {
+ public:
+  RunsCommand() : Command(CommandSpec("runs", "", "the runs and their state", {}).Connecting()) {}
+
+  int Execute(const Args& args, Context& ctx) const override {
+    v1::ListRunsResponse resp;
+    if (int rc = FromStatus(ctx.client->ListRuns({}, &resp), ctx.err); rc != kOk) return rc;
+    if (args.output == "json") {
+      *ctx.out = Json(resp);
+      return kOk;
+    }
+    *ctx.out = absl::StrFormat("%-24s %-9s %6s %10s %6s %6s\n", "RUN", "STATE", "WORLD", "STEP",
+                               "RANKS", "OPEN");
+    for (const auto& r : resp.runs()) {
+      const std::string state = v1::RunState_Name(r.state()).substr(10);  // RUN_STATE_
+      absl::StrAppendFormat(ctx.out, "%-24s %-9s %6d %10d %6d %6d\n", r.run_id(),
+                            absl::AsciiStrToLower(state), r.world_size(), r.latest_step(),
+                            r.ranks_connected(), r.open_incidents());
+    }
+    return kOk;
+  }
+};
+
+class StatusCommand : public Command {
+ public:
+  StatusCommand()
+      : Command(
+            CommandSpec("status", "RUN",
+                        "latest metrics, a sparkline each, the latest checkpoint, open incidents",
+                        {{"points", "N", "steps the sparklines cover (default 200)"}})
+                .Connecting()
+                .WithMisuse("twctl status: RUN is required\n")) {}
+
+  int Execute(const Args& args, Context& ctx) const override {
+    v1::GetRunStatusRequest req;
+    req.set_run_id(args.operands[0]);
+    int points = 200;
+    if (args.Has("points") && !absl::SimpleAtoi(args.Get("points"), &points)) {
+      *ctx.err = "twctl status: --points needs a number\n";
+      return kUsage;
+    }
+    req.set_window_steps(points);
+    v1::GetRunStatusResponse resp;
+    if (int rc = FromStatus(ctx.client->GetRunStatus(req, &resp), ctx.err); rc != kOk) return rc;
+    if (args.output == "json") {
+      *ctx.out = Json(resp);
+      return kOk;
+    }
+    std::string* out = ctx.out;
+    const auto& m = resp.latest().metrics();
+    *out =
+        absl::StrFormat("run %s: step %d, %d of %d ranks connected, %d open incidents\n",
+                        resp.run().run_id(), resp.run().latest_step(), resp.run().ranks_connected(),
+                        resp.run().world_size(), resp.run().open_incidents());
+    std::vector<double> loss, gn, lz, ratio;
+    for (const auto& p : resp.recent()) {
+      loss.push_back(p.metrics().has_loss() ? p.metrics().loss() : NAN);
+      gn.push_back(p.metrics().has_grad_norm() ? p.metrics().grad_norm() : NAN);
+      lz.push_back(p.metrics().has_log_z() ? p.metrics().log_z() : NAN);
+      ratio.push_back(p.metrics().has_loss_ema_ratio() ? p.metrics().loss_ema_ratio() : NAN);
+    }
+    auto line = [&](const char* name, bool has, double v, const std::vector<double>& series) {
+      absl::StrAppendFormat(out, "  %-15s %10s  %s\n", name, has ? Fmt(v) : "-", Sparkline(series));
+    };
+    line("loss", m.has_loss(), m.loss(), loss);
+    line("grad_norm", m.has_grad_norm(), m.grad_norm(), gn);
+    line("log_z", m.has_log_z(), m.log_z(), lz);
+    line("loss_ema_ratio", m.has_loss_ema_ratio(), m.loss_ema_ratio(), ratio);
+    line("nan_frac", m.has_nan_frac(), m.nan_frac(), {});
+    if (resp.has_latest_checkpoint()) {
+      absl::StrAppendFormat(out, "  latest checkpoint: step %d %s\n",
+                            resp.latest_checkpoint().step(), resp.latest_checkpoint().uri());
+    }
+    for (const auto& i : resp.open_incidents()) {
+      absl::StrAppendFormat(out, "  open: %s tier %s %s  %s\n", i.incident_id(), TierName(i.tier()),
+                            StateName(i.state()), i.title());
+    }
+    return kOk;
+  }
+};
+
+class ShardsCommand : public Command {
+ public:
+  ShardsCommand()
+      : Command(CommandSpec("shards", "RUN", "the run's quarantined shard ranges", {})
+                    .Connecting()
+                    .WithMisuse("twctl shards: RUN is required\n")) {}
+
+  int Execute(const Args& args, Context& ctx) const override {
+    v1::ListQuarantinedShardsRequest req;
+    req.set_run_id(args.operands[0]);
+    v1::ListQuarantinedShardsResponse resp;
+    if (int rc = FromStatus(ctx.client->ListQuarantinedShards(req, &resp), ctx.err); rc != kOk) {
+      return rc;
+    }
+    if (args.output == "json") {
+      *ctx.out = Json(resp);
+      return kOk;
+    }
+    *ctx.out = absl::StrFormat("%-24s %-8s %-8s %s\n", "SHARDS", "INCIDENT", "DECISION", "SINCE");
+    for (const auto& e : resp.entries()) {
+      const auto& r = e.shards().ranges(0);
+      absl::StrAppendFormat(ctx.out, "%-24s %-8s %-8s %s\n",
+                            absl::StrCat(r.first(), "..", r.last()), e.incident_id(),
+                            e.decision_id(), UtcTime(e.added_at().seconds()));
+    }
+    if (resp.entries_size() == 0) *ctx.out += "(none quarantined)\n";
+    return kOk;
+  }
+};
+
+class ReportCommand : public Command {
+ public:
+  ReportCommand()
+      : Command(
+            CommandSpec("report", "RUN",
+                        "the run as one HTML page: the metrics as charts, incidents, shards",
+                        {{"out", "FILE", "where to write it (default trainwatch-report-RUN.html)"}})
+                .Connecting()) {}
+
+  int Execute(const Args& args, Context& ctx) const override {
+    const std::string& run = args.operands[0];
+    const std::string path = args.Get("out", absl::StrCat("trainwatch-report-", run, ".html"));
+    // The current attempt (attempt < 0), or an abandoned one.
+    auto history = [&](int64_t attempt, v1::GetRunStatusResponse* resp) {
+      v1::GetRunStatusRequest req;
+      req.set_run_id(run);
+      req.set_window_steps(100000);  // the server's most; longer runs show their last 100k
+      req.set_max_points(20000);
+      if (attempt >= 0) req.set_attempt(attempt);
+      return FromStatus(ctx.client->GetRunStatus(req, resp), ctx.err);
+    };
+    v1::GetRunStatusResponse status;
+    if (int rc = history(-1, &status); rc != kOk) return rc;
+    std::vector<v1::GetRunStatusResponse> earlier(static_cast<size_t>(status.run().attempt()));
+    for (size_t a = 0; a < earlier.size(); ++a) {
+      if (int rc = history(static_cast<int64_t>(a), &earlier[a]); rc != kOk) return rc;
+    }
+    v1::ListIncidentsResponse incidents;
+    for (std::string token;;) {
+      v1::ListIncidentsRequest req;
+      req.set_run_id(run);
+      req.set_page_size(1000);
+      req.set_page_token(token);
+      v1::ListIncidentsResponse page;
+      if (int rc = FromStatus(ctx.client->ListIncidents(req, &page), ctx.err); rc != kOk) {
+        return rc;
+      }
+      for (auto& i : *page.mutable_incidents()) *incidents.add_incidents() = std::move(i);
+      token = page.next_page_token();
+      if (token.empty()) break;
+    }
+    v1::ListQuarantinedShardsRequest shards_req;
+    shards_req.set_run_id(run);
+    v1::ListQuarantinedShardsResponse shards;
+    if (int rc = FromStatus(ctx.client->ListQuarantinedShards(shards_req, &shards), ctx.err);
+        rc != kOk) {
+      return rc;
+    }
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f << RenderReportHtml(status, earlier, incidents, shards);
+    f.close();
+    if (!f) {
+      *ctx.err = absl::StrCat("twctl report: cannot write ", path, "\n");
+      return kError;
+    }
+    *ctx.out =
+        absl::StrFormat("wrote %s: %d steps charted, %d incidents, %d quarantined ranges\n", path,
+                        status.recent_size(), incidents.incidents_size(), shards.entries_size());
+    return kOk;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Command> MakeRunsCommand() { return std::make_unique<RunsCommand>(); }
+std::unique_ptr<Command> MakeStatusCommand() { return std::make_unique<StatusCommand>(); }
+std::unique_ptr<Command> MakeShardsCommand() { return std::make_unique<ShardsCommand>(); }
+std::unique_ptr<Command> MakeReportCommand() { return std::make_unique<ReportCommand>(); }
+
+}  // namespace trainwatch::cli

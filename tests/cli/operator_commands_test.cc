@@ -1,0 +1,540 @@
+// twctl's commands one at a time, without a server: each parses its own
+// flags and writes its own help, the registry dispatches and writes the
+// usage from the one list, and commands run against a fake OperatorClient.
+
+#define CATCH_CONFIG_MAIN
+#include "trainwatch/cli/operator_commands.h"
+
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "command.h"
+#include "commands.h"
+#include "operator_client.h"
+#include "registry.h"
+
+namespace trainwatch::cli {
+namespace {
+
+// Answers every call with `status` and the canned response; records requests.
+class FakeClient : public OperatorClient {
+ public:
+  grpc::Status status;
+  v1::ListRunsResponse runs;
+  v1::GetRunStatusResponse run_status;
+  v1::ApproveRollbackResponse approve;
+  v1::RejectRollbackResponse reject;
+  std::vector<v1::IncidentEvent> events;
+  grpc::Status watch_end = grpc::Status(grpc::DEADLINE_EXCEEDED, "deadline");
+
+  int calls = 0;
+  std::vector<v1::GetRunStatusRequest> status_requests;
+  std::vector<v1::ApproveRollbackRequest> approvals;
+  std::vector<v1::RejectRollbackRequest> rejections;
+  v1::WatchIncidentsRequest watch_request;
+  int64_t watch_timeout = -1;
+  size_t events_taken = 0;
+
+  grpc::Status ListRuns(const v1::ListRunsRequest&, v1::ListRunsResponse* resp) override {
+    ++calls;
+    *resp = runs;
+    return status;
+  }
+  grpc::Status GetRunStatus(const v1::GetRunStatusRequest& req,
+                            v1::GetRunStatusResponse* resp) override {
+    ++calls;
+    status_requests.push_back(req);
+    *resp = run_status;
+    return status;
+  }
+  grpc::Status ListIncidents(const v1::ListIncidentsRequest&, v1::ListIncidentsResponse*) override {
+    ++calls;
+    return status;
+  }
+  grpc::Status GetIncident(const v1::GetIncidentRequest&, v1::GetIncidentResponse*) override {
+    ++calls;
+    return status;
+  }
+  grpc::Status ApproveRollback(const v1::ApproveRollbackRequest& req,
+                               v1::ApproveRollbackResponse* resp) override {
+    ++calls;
+    approvals.push_back(req);
+    *resp = approve;
+    return status;
+  }
+  grpc::Status RejectRollback(const v1::RejectRollbackRequest& req,
+                              v1::RejectRollbackResponse* resp) override {
+    ++calls;
+    rejections.push_back(req);
+    *resp = reject;
+    return status;
+  }
+  grpc::Status ListQuarantinedShards(const v1::ListQuarantinedShardsRequest&,
+                                     v1::ListQuarantinedShardsResponse*) override {
+    ++calls;
+    return status;
+  }
+  grpc::Status WatchIncidents(
+      const v1::WatchIncidentsRequest& req, int64_t timeout_s,
+      const std::function<bool(const v1::IncidentEvent&)>& on_event) override {
+    ++calls;
+    watch_request = req;
+    watch_timeout = timeout_s;
+    for (const auto& e : events) {
+      ++events_taken;
+      if (!on_event(e)) return grpc::Status(grpc::CANCELLED, "cancelled");
+    }
+    return watch_end;
+  }
+};
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+// Parses `argv` with `c`'s flags and runs it against `fake`.
+Result RunAlone(const Command& c, const std::vector<std::string>& argv, FakeClient* fake,
+                bool answer = true, std::vector<std::string>* lines = nullptr) {
+  Result r;
+  absl::StatusOr<Args> args = c.Parse(argv);
+  REQUIRE(args.ok());
+  Context ctx;
+  ctx.client = fake;
+  ctx.out = &r.out;
+  ctx.err = &r.err;
+  ctx.prompt = [answer](const std::string&) { return answer; };
+  if (lines != nullptr) ctx.emit = [lines](const std::string& l) { lines->push_back(l); };
+  r.code = c.Run(*args, ctx);
+  return r;
+}
+
+// The message of a usage error; fails the test when `argv` parses.
+std::string ParseError(const Command& c, const std::vector<std::string>& argv) {
+  absl::StatusOr<Args> args = c.Parse(argv);
+  REQUIRE_FALSE(args.ok());
+  CHECK(args.status().code() == absl::StatusCode::kInvalidArgument);
+  return std::string(args.status().message());
+}
+
+std::vector<std::unique_ptr<Command>> EveryCommand() {
+  std::vector<std::unique_ptr<Command>> all;
+  all.push_back(MakeRunsCommand());
+  all.push_back(MakeStatusCommand());
+  all.push_back(MakeShardsCommand());
+  all.push_back(MakeReportCommand());
+  all.push_back(MakeIncidentsCommand());
+  all.push_back(MakeIncidentShowCommand());
+  all.push_back(MakeWatchCommand());
+  all.push_back(MakeRollbackApproveCommand());
+  all.push_back(MakeRollbackRejectCommand());
+  all.push_back(MakeVersionCommand());
+  return all;
+}
+
+TEST_CASE("commands: each parses its own flags and the connection options", "[cli][commands]") {
+  auto status = MakeStatusCommand();
+  absl::StatusOr<Args> a =
+      status->Parse({"r1", "--points", "5", "--server=h:1", "-o", "json", "--token", "t"});
+  REQUIRE(a.ok());
+  CHECK(a->operands == std::vector<std::string>{"r1"});
+  CHECK(a->Get("points") == "5");
+  CHECK(a->server == "h:1");
+  CHECK(a->token == "t");
+  CHECK(a->output == "json");
+  CHECK_FALSE(a->help);
+
+  auto incidents = MakeIncidentsCommand();
+  a = incidents->Parse({"--open", "--run=r2"});
+  REQUIRE(a.ok());
+  CHECK(a->Has("open"));
+  CHECK(a->Get("run") == "r2");
+  CHECK(a->Get("missing", "fallback") == "fallback");
+  CHECK(a->output == "table");
+
+  auto approve = MakeRollbackApproveCommand();
+  a = approve->Parse({"approve", "I-1", "--yes", "--comment", "why"}, /*skip_operands=*/1);
+  REQUIRE(a.ok());
+  CHECK(a->operands == std::vector<std::string>{"I-1"});
+  CHECK(a->Has("yes"));
+  CHECK(a->Get("yes").empty());
+  CHECK(a->Get("comment") == "why");
+
+  // --help stops the parse: whatever follows is not looked at.
+  a = status->Parse({"--help", "--bogus"});
+  REQUIRE(a.ok());
+  CHECK(a->help);
+}
+
+TEST_CASE("commands: unknown flags and missing values are usage errors", "[cli][commands]") {
+  auto status = MakeStatusCommand();
+  // Another command's flag is unknown here; the message shows this command's help.
+  const std::string unknown = ParseError(*status, {"r1", "--open"});
+  CHECK(unknown.rfind("twctl: unknown flag --open\nusage: twctl status RUN [--points N]\n", 0) ==
+        0);
+  CHECK(ParseError(*status, {"r1", "--points"}) == "twctl: --points needs a value\n");
+  CHECK(ParseError(*status, {"r1", "--server"}) == "twctl: --server needs a value\n");
+  CHECK(ParseError(*status, {"r1", "-o", "yaml"}) == "twctl: -o must be table or json\n");
+  auto runs = MakeRunsCommand();
+  CHECK(ParseError(*runs, {"--bogus=1"}).rfind("twctl: unknown flag --bogus\n", 0) == 0);
+  auto reject = MakeRollbackRejectCommand();
+  CHECK(ParseError(*reject, {"I-1", "--yes"}).rfind("twctl: unknown flag --yes\n", 0) == 0);
+}
+
+TEST_CASE("commands: every command's help shows its usage and each of its flags",
+          "[cli][commands]") {
+  for (const auto& c : EveryCommand()) {
+    INFO(c->name());
+    const std::string help = c->Help();
+    CHECK(help.rfind("usage: twctl " + c->name(), 0) == 0);
+    CHECK(help.find(c->spec().summary) != std::string::npos);
+    for (const Flag& f : c->spec().flags) {
+      CHECK(help.find("--" + f.name) != std::string::npos);
+      CHECK(help.find(f.help) != std::string::npos);
+      CHECK(c->Usage().find("--" + f.name) != std::string::npos);
+    }
+    CHECK((help.find("--server ADDR") != std::string::npos) == c->spec().connects);
+    // No usage line runs past a terminal's width.
+    for (size_t start = 0, end; start < help.size(); start = end + 1) {
+      end = help.find('\n', start);
+      CHECK(end - start <= 80);
+    }
+  }
+  CHECK(MakeRollbackRejectCommand()->Usage() == "usage: twctl rollback reject ID --comment TEXT\n");
+  CHECK(MakeReportCommand()->Misuse() == "usage: twctl report RUN [--out FILE]\n");
+  CHECK(MakeShardsCommand()->Misuse() == "twctl shards: RUN is required\n");
+  // replay's help is replay's own.
+  CHECK(MakeReplayCommand()->Help().rfind("usage: twctl replay FILE|DIR", 0) == 0);
+}
+
+TEST_CASE("registry: one list gives the usage and help CMD and CMD --help", "[cli][commands]") {
+  const CommandRegistry registry;
+  const std::string usage = registry.Usage();
+  for (const auto& c : EveryCommand()) {
+    INFO(c->name());
+    CHECK(usage.find("\n  " + c->name()) != std::string::npos);
+    std::string out, err;
+    CHECK(registry.Help({c->name()}, &out, &err) == kOk);
+    CHECK(out == c->Help());
+    // The same text from `CMD --help`, through the dispatch, with no server.
+    const size_t space = c->name().find(' ');
+    std::vector<std::string> args;
+    if (space != std::string::npos) args.push_back(c->name().substr(space + 1));
+    args.push_back("--help");
+    std::string hout, herr;
+    Context ctx;
+    ctx.out = &hout;
+    ctx.err = &herr;
+    int dialled = 0;
+    CHECK(registry.Dispatch(c->name().substr(0, space), args, ctx, [&](const Connection&) {
+      ++dialled;
+      return std::make_unique<FakeClient>();
+    }) == kOk);
+    CHECK(hout == c->Help());
+    CHECK(dialled == 0);
+  }
+  CHECK(usage.find("\n  replay FILE|DIR") != std::string::npos);
+  CHECK(usage.find("\n  help [COMMAND]") != std::string::npos);
+  std::string out, err;
+  // A group's help is its subcommands'.
+  CHECK(registry.Help({"rollback"}, &out, &err) == kOk);
+  CHECK(out.find("usage: twctl rollback approve ID") != std::string::npos);
+  CHECK(out.find("usage: twctl rollback reject ID") != std::string::npos);
+  CHECK(registry.Help({"rollback", "reject"}, &out, &err) == kOk);
+  CHECK(out == MakeRollbackRejectCommand()->Help());
+  CHECK(registry.Help({"frobnicate"}, &out, &err) == kUsage);
+  CHECK(err == "twctl: unknown command 'frobnicate'\n" + usage);
+  CHECK(registry.Help({}, &out, &err) == kOk);
+  CHECK(out == usage);
+  CHECK(TwctlUsage() == usage);
+}
+
+TEST_CASE("registry: options before the command and flags before a subcommand", "[cli][commands]") {
+  const CommandRegistry registry;
+  std::string command, split_err;
+  std::vector<std::string> args;
+  REQUIRE(SplitCommandLine(
+      {"--server", "h:9", "--token=t", "rollback", "--comment", "benign", "reject", "I-4"},
+      &command, &args, &split_err));
+  FakeClient* fake = nullptr;
+  Connection dialled;
+  auto dial = [&](const Connection& c) {
+    dialled = c;
+    auto f = std::make_unique<FakeClient>();
+    f->reject.mutable_decision()->set_decision_id("D-2");
+    fake = f.get();
+    return f;
+  };
+  std::string out, err;
+  Context ctx;
+  ctx.out = &out;
+  ctx.err = &err;
+  // The fake is gone when Dispatch returns: check what it printed.
+  CHECK(registry.Dispatch(command, args, ctx, dial) == kOk);
+  CHECK(fake != nullptr);
+  CHECK(dialled.server == "h:9");
+  CHECK(dialled.token == "t");
+  CHECK(out == "I-4 rejected (D-2): benign\n");
+
+  // Usage errors of a group and of the dispatch, before any call.
+  auto dispatch = [&](const std::string& cmd, const std::vector<std::string>& a) {
+    out.clear();
+    err.clear();
+    fake = nullptr;
+    return registry.Dispatch(cmd, a, ctx, dial);
+  };
+  CHECK(dispatch("rollback", {"--server", "h:1"}) == kUsage);
+  CHECK(err == "usage: twctl rollback approve|reject ID ...\n");
+  CHECK(fake == nullptr);  // a group without its subcommand connects to nothing
+  CHECK(dispatch("rollback", {"undo", "I-1"}) == kUsage);
+  CHECK(err == "usage: twctl rollback approve|reject ID ...\n");
+  CHECK(dispatch("rollback", {"approve"}) == kUsage);
+  CHECK(err == "usage: twctl rollback approve|reject ID ...\n");
+  CHECK(dispatch("incident", {"list"}) == kUsage);
+  CHECK(err == "usage: twctl incident show ID\n");
+  CHECK(dispatch("rollback", {"reject", "I-1", "--to-step", "5"}) == kUsage);
+  CHECK(err.rfind("twctl: unknown flag --to-step\n", 0) == 0);
+  CHECK(dispatch("frobnicate", {}) == kUsage);
+  CHECK(err.rfind("twctl: unknown command 'frobnicate'\nusage: twctl ", 0) == 0);
+  // Commands that need no server, with the connection options they may be given.
+  CHECK(dispatch("version", {"--server", "h:1"}) == kOk);
+  CHECK(out.rfind("twctl ", 0) == 0);
+  CHECK(dispatch("--version", {}) == kOk);
+  CHECK(dispatch("--help", {}) == kOk);
+  CHECK(out == registry.Usage());
+  CHECK(dispatch("help", {"status"}) == kOk);
+  CHECK(out == MakeStatusCommand()->Help());
+  CHECK(fake == nullptr);
+}
+
+TEST_CASE("runs and status against a fake: table and json and exit codes", "[cli][commands]") {
+  auto runs = MakeRunsCommand();
+  FakeClient fake;
+  auto* r = fake.runs.add_runs();
+  r->set_run_id("run-a");
+  r->set_state(v1::RUN_STATE_HALTED);
+  r->set_world_size(8);
+  r->set_latest_step(1200);
+  Result table = RunAlone(*runs, {}, &fake);
+  CHECK(table.code == kOk);
+  CHECK(table.out ==
+        "RUN                      STATE      WORLD       STEP  RANKS   OPEN\n"
+        "run-a                    halted         8       1200      0      0\n");
+  Result json = RunAlone(*runs, {"-o", "json"}, &fake);
+  CHECK(json.code == kOk);
+  CHECK(json.out.find("\"run_id\":\"run-a\"") != std::string::npos);
+  CHECK(json.out.find("\"state\":\"RUN_STATE_HALTED\"") != std::string::npos);
+
+  auto status = MakeStatusCommand();
+  fake.run_status.mutable_run()->set_run_id("run-a");
+  fake.run_status.mutable_run()->set_latest_step(1200);
+  fake.run_status.mutable_latest()->mutable_metrics()->set_loss(2.5);
+  for (int s = 0; s < 8; ++s) fake.run_status.add_recent()->mutable_metrics()->set_loss(s);
+  Result st = RunAlone(*status, {"run-a", "--points", "50"}, &fake);
+  CHECK(st.code == kOk);
+  REQUIRE(fake.status_requests.size() == 1);
+  CHECK(fake.status_requests[0].run_id() == "run-a");
+  CHECK(fake.status_requests[0].window_steps() == 50);
+  CHECK(st.out.rfind("run run-a: step 1200, 0 of 0 ranks connected, 0 open incidents\n", 0) == 0);
+  CHECK(st.out.find("  loss                   2.5  ▁▂▃▄▅▆▇█\n") != std::string::npos);
+  CHECK(st.out.find("  grad_norm                -") != std::string::npos);
+
+  const int before = fake.calls;
+  Result no_run = RunAlone(*status, {}, &fake);
+  CHECK(no_run.code == kUsage);
+  CHECK(no_run.err == "twctl status: RUN is required\n");
+  Result bad_points = RunAlone(*status, {"run-a", "--points", "many"}, &fake);
+  CHECK(bad_points.code == kUsage);
+  CHECK(bad_points.err == "twctl status: --points needs a number\n");
+  CHECK(fake.calls == before);  // usage errors call nothing
+
+  fake.status = grpc::Status(grpc::NOT_FOUND, "no run run-b");
+  Result missing = RunAlone(*status, {"run-b"}, &fake);
+  CHECK(missing.code == kError);
+  CHECK(missing.err == "twctl: no run run-b (5)\n");
+  CHECK(missing.out.empty());
+  fake.status = grpc::Status(grpc::FAILED_PRECONDITION, "halted");
+  CHECK(RunAlone(*status, {"run-b"}, &fake).code == kRefused);
+  fake.status = grpc::Status(grpc::INVALID_ARGUMENT, "bad window");
+  CHECK(RunAlone(*status, {"run-b"}, &fake).code == kUsage);
+}
+
+TEST_CASE("report against a fake: every attempt's history in one page", "[cli][commands]") {
+  auto report = MakeReportCommand();
+  FakeClient fake;
+  fake.run_status.mutable_run()->set_run_id("run-a");
+  fake.run_status.mutable_run()->set_attempt(2);
+  for (int s = 0; s < 4; ++s) fake.run_status.add_recent()->set_step(s);
+  const std::string path = "/tmp/twctl_operator_commands_test_" +
+                           std::to_string(static_cast<long>(::getpid())) + ".html";
+  Result r = RunAlone(*report, {"run-a", "--out", path}, &fake);
+  CHECK(r.code == kOk);
+  CHECK(r.out == "wrote " + path + ": 4 steps charted, 0 incidents, 0 quarantined ranges\n");
+  // The current attempt, then each abandoned one by number.
+  REQUIRE(fake.status_requests.size() == 3);
+  CHECK_FALSE(fake.status_requests[0].has_attempt());
+  CHECK(fake.status_requests[1].attempt() == 0);
+  CHECK(fake.status_requests[1].has_attempt());
+  CHECK(fake.status_requests[2].attempt() == 1);
+  CHECK(fake.status_requests[2].window_steps() == 100000);
+  std::ifstream page(path);
+  std::string first;
+  std::getline(page, first);
+  CHECK(first == "<!doctype html>");
+  std::remove(path.c_str());
+  Result unwritable = RunAlone(*report, {"run-a", "--out", "/nonexistent/r.html"}, &fake);
+  CHECK(unwritable.code == kError);
+  CHECK(unwritable.err == "twctl report: cannot write /nonexistent/r.html\n");
+  fake.status = grpc::Status(grpc::NOT_FOUND, "no run");
+  CHECK(RunAlone(*report, {"run-b"}, &fake).code == kError);
+}
+
+TEST_CASE("rollback approve against a fake: the dry run then the approval", "[cli][commands]") {
+  auto approve = MakeRollbackApproveCommand();
+  FakeClient fake;
+  v1::Decision* d = fake.approve.mutable_decision();
+  d->set_run_id("run-a");
+  d->set_decision_id("D-1");
+  d->set_command_id("C-1");
+  d->mutable_plan()->set_target_step(100);
+  d->mutable_plan()->set_checkpoint_uri("ckpt://100");
+  auto* q = d->mutable_plan()->mutable_quarantine()->add_ranges();
+  q->set_first(5);
+  q->set_last(6);
+  const std::string what = "roll back run run-a to step 100 (ckpt://100), quarantine shards 5..6";
+
+  Result dry = RunAlone(*approve, {"I-1", "--dry-run", "--quarantine-shards", "1..2,4"}, &fake);
+  CHECK(dry.code == kOk);
+  CHECK(dry.out == "dry run: would " + what + "\n");
+  REQUIRE(fake.approvals.size() == 1);
+  CHECK(fake.approvals[0].dry_run());
+  CHECK(fake.approvals[0].incident_id() == "I-1");
+  REQUIRE(fake.approvals[0].quarantine_shards().ranges_size() == 2);
+  CHECK(fake.approvals[0].quarantine_shards().ranges(1).first() == 4);
+  CHECK(fake.approvals[0].quarantine_shards().ranges(1).last() == 4);
+
+  fake.approvals.clear();
+  Result declined = RunAlone(*approve, {"I-1", "--comment", "go"}, &fake, /*answer=*/false);
+  CHECK(declined.code == kError);
+  CHECK(declined.err == "twctl: not approved\n");
+  CHECK(fake.approvals.size() == 1);  // the dry run only
+
+  fake.approvals.clear();
+  Result yes = RunAlone(*approve, {"I-1", "--comment", "go", "--yes", "--to-step", "100"}, &fake);
+  CHECK(yes.code == kOk);
+  CHECK(yes.out == "I-1 approved (D-1): " + what + "; command C-1 sent to every rank\n");
+  REQUIRE(fake.approvals.size() == 2);
+  CHECK(fake.approvals[1].to_step() == 100);
+  CHECK_FALSE(fake.approvals[1].dry_run());
+  CHECK(fake.approvals[1].idempotency_key().rfind("twctl-I-1-100-", 0) == 0);
+  CHECK(fake.approvals[1].comment() == "go");
+
+  fake.approvals.clear();
+  struct Bad {
+    std::vector<std::string> argv;
+    std::string err;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {{"I-1", "--skip-steps", "9..3"},
+            "twctl rollback approve: --skip-steps takes A..B or none\n"},
+           {{"I-1", "--to-step", "x"}, "twctl rollback approve: --to-step needs a step number\n"},
+           {{"I-1", "--z-loss-alpha", "-1"},
+            "twctl rollback approve: --z-loss-alpha needs a number >= 0\n"},
+           {{"I-1", "--quarantine-shards", "3..1"},
+            "twctl rollback approve: --quarantine-shards takes A..B[,C..D]\n"},
+           {{}, "usage: twctl rollback approve|reject ID ...\n"}}) {
+    Result r = RunAlone(*approve, b.argv, &fake);
+    CHECK(r.code == kUsage);
+    CHECK(r.err == b.err);
+  }
+  CHECK(fake.approvals.empty());
+  fake.status = grpc::Status(grpc::FAILED_PRECONDITION, "already rolling back");
+  Result refused = RunAlone(*approve, {"I-1", "--yes"}, &fake);
+  CHECK(refused.code == kRefused);
+  CHECK(refused.err == "twctl: already rolling back (9)\n");
+
+  auto reject = MakeRollbackRejectCommand();
+  Result no_comment = RunAlone(*reject, {"I-1"}, &fake);
+  CHECK(no_comment.code == kUsage);
+  CHECK(no_comment.err ==
+        "twctl rollback reject: --comment is required (it goes in the audit log)\n");
+  CHECK(fake.rejections.empty());
+}
+
+TEST_CASE("watch against a fake: a line per event until --count", "[cli][commands]") {
+  auto watch = MakeWatchCommand();
+  FakeClient fake;
+  for (const char* id : {"I-1", "I-2", "I-3"}) {
+    v1::IncidentEvent e;
+    e.set_kind(v1::INCIDENT_EVENT_KIND_SNAPSHOT);
+    e.mutable_incident()->set_incident_id(id);
+    e.mutable_incident()->set_run_id("run-a");
+    e.mutable_incident()->set_state(v1::INCIDENT_STATE_AWAITING_DECISION);
+    e.mutable_incident()->set_title(std::string(100, 'x'));
+    fake.events.push_back(e);
+  }
+  std::vector<std::string> lines;
+  Result r = RunAlone(*watch, {"--run", "run-a", "--open", "--count", "2", "--timeout", "7"}, &fake,
+                      true, &lines);
+  CHECK(r.code == kOk);
+  CHECK(r.out.empty());  // streamed, not collected
+  CHECK(fake.watch_request.run_id() == "run-a");
+  CHECK(fake.watch_request.include_open());
+  CHECK(fake.watch_timeout == 7);
+  CHECK(fake.events_taken == 2);
+  REQUIRE(lines.size() == 3);
+  CHECK(lines[0].rfind("TIME", 0) == 0);
+  CHECK(lines[1].find(" snapshot ") != std::string::npos);
+  CHECK(lines[1].find("awaiting_decision") != std::string::npos);
+  CHECK(lines[2].find("I-2") != std::string::npos);
+  CHECK(lines[2].find(std::string(87, 'x') + "...\n") != std::string::npos);
+
+  // Without --count: to the end of the stream (a timeout is a clean end).
+  fake.events_taken = 0;
+  Result json = RunAlone(*watch, {"-o", "json"}, &fake);
+  CHECK(json.code == kOk);
+  CHECK(fake.events_taken == 3);
+  CHECK(fake.watch_timeout == 0);
+  CHECK(json.out.rfind("{\"kind\":\"INCIDENT_EVENT_KIND_SNAPSHOT\"", 0) == 0);
+  fake.watch_end = grpc::Status(grpc::UNAVAILABLE, "gone");
+  Result gone = RunAlone(*watch, {}, &fake);
+  CHECK(gone.code == kError);
+  CHECK(gone.err == "twctl: gone (14)\n");
+  Result bad = RunAlone(*watch, {"--count", "x"}, &fake);
+  CHECK(bad.code == kUsage);
+  CHECK(bad.err == "twctl watch: --count and --timeout need a number\n");
+}
+
+TEST_CASE("connection: flags then environment then config file then the default",
+          "[cli][commands]") {
+  const std::string config = "/tmp/twctl_operator_commands_test_" +
+                             std::to_string(static_cast<long>(::getpid())) + ".json";
+  std::ofstream(config) << R"({"server": "file:1", "token": "file-token", "ca_file": "ca.pem"})";
+  setenv("TWCTL_CONFIG", config.c_str(), 1);
+  unsetenv("TRAINWATCH_SERVER");
+  setenv("TRAINWATCH_TOKEN", "env-token", 1);
+  Connection c = ResolveConnection({});
+  CHECK(c.server == "file:1");
+  CHECK(c.token == "env-token");
+  CHECK(c.ca_file == "ca.pem");
+  c = ResolveConnection({"flag:1", "flag-token", ""});
+  CHECK(c.server == "flag:1");
+  CHECK(c.token == "flag-token");
+  setenv("TWCTL_CONFIG", "/nonexistent/twctl.json", 1);
+  unsetenv("TRAINWATCH_TOKEN");
+  c = ResolveConnection({});
+  CHECK(c.server == "127.0.0.1:7070");
+  CHECK(c.token.empty());
+  unsetenv("TWCTL_CONFIG");
+  std::remove(config.c_str());
+}
+
+}  // namespace
+}  // namespace trainwatch::cli

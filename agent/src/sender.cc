@@ -77,7 +77,7 @@ void Sender::Commit(const Slot* slot) {
 
 void Sender::SendControl(v1::AgentMessage m) {
   absl::MutexLock lock(&mu_);
-  control_.push_back(std::move(m));
+  control_.push_back(std::make_shared<const v1::AgentMessage>(std::move(m)));
 }
 
 void Sender::SetCommandCallback(std::function<void(const Command&)> callback) {
@@ -146,7 +146,7 @@ void Sender::Close(int timeout_ms) {
     // Unacknowledged records survive in the spill folder for the next run.
     if (spill_ != nullptr) {
       for (const Entry& e : memory_) {
-        if (e.step > durable_) spill_->Append(e.step, e.message.SerializeAsString()).IgnoreError();
+        if (e.step > durable_) spill_->Append(e.step, e.message->SerializeAsString()).IgnoreError();
       }
       memory_.clear();
     }
@@ -162,13 +162,10 @@ void Sender::Close(int timeout_ms) {
 // spilling (or dropping) the oldest past the memory bound.
 void Sender::Drain() {
   absl::MutexLock consumer(&drain_mu_);
-  std::vector<std::pair<int64_t, v1::AgentMessage>> fresh;
+  std::vector<std::pair<int64_t, Message>> fresh;
   while (Slot* s = ring_.Front()) {
-    fresh.emplace_back(s->step, StepMessage(origin_, *s));
-    if (s->tensor_report != nullptr) {
-      fresh.emplace_back(s->step, std::move(*s->tensor_report));
-      s->tensor_report.reset();
-    }
+    fresh.emplace_back(s->step, std::make_shared<const v1::AgentMessage>(StepMessage(origin_, *s)));
+    if (s->tensor_report != nullptr) fresh.emplace_back(s->step, std::move(s->tensor_report));
     ring_.Pop();
   }
   if (fresh.empty()) return;
@@ -177,7 +174,7 @@ void Sender::Drain() {
   while (memory_.size() > config_.memory_records) {
     const Entry& old = memory_.front();
     if (old.step > durable_) {
-      if (spill_ != nullptr && spill_->Append(old.step, old.message.SerializeAsString()).ok()) {
+      if (spill_ != nullptr && spill_->Append(old.step, old.message->SerializeAsString()).ok()) {
         ++spilled_;
         spill_resend_ = spill_resend_ || old.sent_gen != gen_ || !connected_;
       } else {
@@ -340,7 +337,7 @@ void Sender::WriterLoop() {
 void Sender::SendUntilBroken(Stream* stream) {
   int64_t last_heartbeat = clock_->NowMs();
   for (;;) {
-    std::vector<v1::AgentMessage> batch;
+    std::vector<Message> batch;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -353,8 +350,8 @@ void Sender::SendUntilBroken(Stream* stream) {
       if (stop_ && memory_.empty() && control_.empty()) return;
       if (spill_resend_ && spill_ != nullptr) {
         spill_->ForEach([&](int64_t step, const std::string& bytes) {
-          v1::AgentMessage m;
-          if (step > durable_ && m.ParseFromString(bytes)) batch.push_back(std::move(m));
+          auto m = std::make_shared<v1::AgentMessage>();
+          if (step > durable_ && m->ParseFromString(bytes)) batch.push_back(std::move(m));
         }).IgnoreError();
       }
       spill_resend_ = false;
@@ -369,8 +366,8 @@ void Sender::SendUntilBroken(Stream* stream) {
         control_.pop_front();
       }
     }
-    for (const v1::AgentMessage& m : batch) {
-      if (!Write(stream, m)) return;
+    for (const Message& m : batch) {
+      if (!Write(stream, *m)) return;
     }
     if (clock_->NowMs() - last_heartbeat >= config_.heartbeat_ms) {
       if (!Write(stream, HeartbeatMessage())) return;

@@ -70,9 +70,12 @@ class Sender {
 
  private:
   // What is waiting for the server's durability ack, oldest first.
+  // Shared, immutable: the writer takes its batch under the lock by pointer,
+  // not by a deep copy, and writes it after.
+  using Message = std::shared_ptr<const v1::AgentMessage>;
   struct Entry {
     int64_t step;
-    v1::AgentMessage message;
+    Message message;
     uint64_t sent_gen;  // connection generation it was last sent on
   };
 
@@ -102,7 +105,7 @@ class Sender {
   // Checkpoints and command acks. Never a step report: the server's durable
   // step is a watermark over the records in step order, and a report sent
   // out of order would cover records not yet sent.
-  std::deque<v1::AgentMessage> control_ ABSL_GUARDED_BY(mu_);
+  std::deque<Message> control_ ABSL_GUARDED_BY(mu_);
   const std::unique_ptr<SpillStore> spill_ ABSL_PT_GUARDED_BY(mu_);
   bool spill_resend_ ABSL_GUARDED_BY(mu_) = false;  // re-send the spill on this connection
   int64_t durable_ ABSL_GUARDED_BY(mu_) = -1;

@@ -66,7 +66,7 @@ struct AgentConfig {
   std::string host_name;  // reported in hello; default: gethostname()
   // The last reduced records kept so that ResumeFrom() rebuilds the local
   // rule engine from the steps up to the checkpoint, identically on every
-  // rank, instead of warming up again with tier 1 off. About 80 bytes each;
+  // rank, instead of warming up again with tier 1 off. About 128 bytes each;
   // 0: keep none (start over).
   size_t resume_history_records = 20000;
 

@@ -282,8 +282,13 @@ class PyAgent {
       in.log_z_rows = 1;
     }
     if (shards) in.shards = *shards;
-    std::string error;
-    const core::Verdict v = agent_->Step(in, &error);
+    const absl::StatusOr<core::Verdict> result = agent_->Step(in);
+    // A step the ranks could not agree on halts, with the error as the
+    // reason, as a halt verdict rather than an exception: the trainer's loop
+    // stops the same way whatever the cause.
+    const core::Verdict v = result.ok() ? *result
+                                      : core::Verdict{core::Decision::kHalt, 3,
+                                                      core::EventKind::kNonfiniteValue};
     PyVerdict out;
     out.decision = std::string(core::DecisionName(v.decision));
     out.tier = v.tier;
@@ -307,7 +312,7 @@ class PyAgent {
       out.events.push_back(d);
       if (out.reason.empty() && e.action != core::Action::kNone) out.reason = e.reason;
     }
-    if (!error.empty()) out.reason = error;
+    if (!result.ok()) out.reason = std::string(result.status().message());
     return out;
   }
 

@@ -1,9 +1,10 @@
 #include "trainwatch/agent/reducer.h"
 
 #include <algorithm>
-#include <condition_variable>
-#include <mutex>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace trainwatch::agent {
 
@@ -12,13 +13,12 @@ namespace trainwatch::agent {
 // publishes one result that every rank copies.
 struct InProcessGroup::Shared {
   explicit Shared(int n) : world(n), sums(n), maxes(n) {}
-  std::mutex mu;
-  std::condition_variable cv;
-  int world;
-  int arrived = 0;
-  uint64_t generation = 0;
-  std::vector<std::vector<double>> sums, maxes;
-  std::vector<double> sum_result, max_result;
+  absl::Mutex mu;
+  const int world;
+  int arrived ABSL_GUARDED_BY(mu) = 0;
+  uint64_t generation ABSL_GUARDED_BY(mu) = 0;
+  std::vector<std::vector<double>> sums ABSL_GUARDED_BY(mu), maxes ABSL_GUARDED_BY(mu);
+  std::vector<double> sum_result ABSL_GUARDED_BY(mu), max_result ABSL_GUARDED_BY(mu);
 };
 
 namespace {
@@ -32,7 +32,7 @@ class GroupReducer : public Reducer {
 
   absl::Status AllReduce(absl::Span<double> sums, absl::Span<double> maxes) override {
     auto& s = *shared_;
-    std::unique_lock<std::mutex> lock(s.mu);
+    absl::MutexLock lock(&s.mu);
     const uint64_t gen = s.generation;
     s.sums[rank_].assign(sums.begin(), sums.end());
     s.maxes[rank_].assign(maxes.begin(), maxes.end());
@@ -52,9 +52,11 @@ class GroupReducer : public Reducer {
       }
       s.arrived = 0;
       ++s.generation;
-      s.cv.notify_all();
     } else {
-      s.cv.wait(lock, [&] { return s.generation != gen; });
+      auto published = [&s, gen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+        return s.generation != gen;
+      };
+      s.mu.Await(absl::Condition(&published));
     }
     std::copy(s.sum_result.begin(), s.sum_result.end(), sums.begin());
     std::copy(s.max_result.begin(), s.max_result.end(), maxes.begin());

@@ -54,7 +54,9 @@ TEST_CASE("nccl: a one-rank communicator reduces in place and drives the agent",
   in.grad_sum_squares = 4.0;
   in.grad_nonfinite = 1;
   in.grad_elements = 10;
-  CHECK((*agent)->Step(in).decision == Decision::kHalt);
+  const absl::StatusOr<Verdict> v = (*agent)->Step(in);
+  REQUIRE(v.ok());
+  CHECK(v->decision == Decision::kHalt);
 }
 
 TEST_CASE("nccl: a GPU grad stats result is reduced on the device before its one read-back",

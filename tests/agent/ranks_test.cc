@@ -2,6 +2,7 @@
 // process, each with its own agent and its own local numbers, reduced
 // through one collective per step.
 
+#include <atomic>
 #include <cmath>
 #include <random>
 #include <thread>
@@ -22,6 +23,7 @@ TEST_CASE("ranks: identical verdicts from different local numbers", "[agent][ran
   InProcessGroup group(kRanks);
   std::vector<std::vector<Decision>> decisions(kRanks);
   std::vector<std::vector<double>> ratios(kRanks);
+  std::atomic<int> failed{0};
   std::vector<std::thread> threads;
   for (int r = 0; r < kRanks; ++r) {
     threads.emplace_back([&, r] {
@@ -43,13 +45,15 @@ TEST_CASE("ranks: identical verdicts from different local numbers", "[agent][ran
           in.grad_sum_squares = 40.0;
         }
         if (s == 2800 && r == 3) in.grad_nonfinite = 3;  // one rank's NaN
-        const Verdict v = (*agent)->Step(in);
-        decisions[r].push_back(v.decision);
+        const absl::StatusOr<Verdict> v = (*agent)->Step(in);
+        if (!v.ok()) ++failed;  // Catch's assertions are not for threads
+        decisions[r].push_back(v.ok() ? v->decision : Decision::kHalt);
         ratios[r].push_back((*agent)->last_outcome().loss_ema_ratio);
       }
     });
   }
   for (auto& t : threads) t.join();
+  CHECK(failed == 0);
   for (int r = 1; r < kRanks; ++r) {
     REQUIRE(decisions[r] == decisions[0]);
     for (int64_t s = 0; s < kSteps; ++s) {
@@ -72,9 +76,10 @@ TEST_CASE("ranks: a failed collective halts instead of guessing", "[agent][ranks
   StepInput in;
   in.step = 1;
   in.loss = 2.0;
-  std::string error;
-  CHECK((*agent)->Step(in, &error).decision == Decision::kHalt);
-  CHECK(error == "cross-rank reduction failed: peer gone");
+  const absl::StatusOr<Verdict> v = (*agent)->Step(in);
+  REQUIRE_FALSE(v.ok());
+  CHECK(v.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(v.status().message() == "cross-rank reduction failed: peer gone");
 }
 
 TEST_CASE("ranks: steps must increase", "[agent][ranks]") {
@@ -83,10 +88,10 @@ TEST_CASE("ranks: steps must increase", "[agent][ranks]") {
   StepInput in;
   in.step = 5;
   in.loss = 2.0;
-  CHECK((*agent)->Step(in).decision == Decision::kContinue);
-  std::string error;
-  CHECK((*agent)->Step(in, &error).decision == Decision::kHalt);
-  CHECK(error.find("strictly increase") != std::string::npos);
+  CHECK((*agent)->Step(in)->decision == Decision::kContinue);
+  const absl::StatusOr<Verdict> again = (*agent)->Step(in);
+  REQUIRE_FALSE(again.ok());
+  CHECK(again.status().message().find("strictly increase") != absl::string_view::npos);
 }
 
 TEST_CASE("rollback: ResumeFrom lets the steps start again after a checkpoint", "[agent][ranks]") {
@@ -96,20 +101,21 @@ TEST_CASE("rollback: ResumeFrom lets the steps start again after a checkpoint", 
   in.loss = 2.0;
   for (int64_t s = 0; s < 1500; ++s) {
     in.step = s;
-    REQUIRE((*agent)->Step(in).decision == Decision::kContinue);
+    REQUIRE((*agent)->Step(in)->decision == Decision::kContinue);
     if (s % 500 == 0) (*agent)->ReportCheckpoint(s, "ckpt://" + std::to_string(s));
   }
   in.step = 1001;
-  std::string error;
-  CHECK((*agent)->Step(in, &error).decision == Decision::kHalt);  // not without ResumeFrom
+  CHECK_FALSE((*agent)->Step(in).ok());  // not without ResumeFrom
   (*agent)->ResumeFrom(1000);
-  CHECK((*agent)->Step(in, &error).decision == Decision::kContinue);
+  const absl::StatusOr<Verdict> resumed = (*agent)->Step(in);
+  REQUIRE(resumed.ok());
+  CHECK(resumed->decision == Decision::kContinue);
   // A NaN after the rollback halts at once (tier 3 needs no warm-up) and
   // the recommendation is the checkpoint before it.
   in.step = 1002;
   in.grad_nonfinite = 1;
   in.grad_elements = 10;
-  CHECK((*agent)->Step(in).decision == Decision::kHalt);
+  CHECK((*agent)->Step(in)->decision == Decision::kHalt);
   REQUIRE_FALSE((*agent)->last_outcome().events.empty());
   CHECK((*agent)->last_outcome().events[0].recommended_checkpoint_step == 1000);
 }
@@ -121,6 +127,7 @@ std::vector<std::vector<Decision>> RollbackThenBadBatch(size_t history) {
   constexpr int kRanks = 3;
   InProcessGroup group(kRanks);
   std::vector<std::vector<Decision>> after(kRanks);
+  std::atomic<int> failed{0};
   std::vector<std::thread> threads;
   for (int r = 0; r < kRanks; ++r) {
     threads.emplace_back([&, r] {
@@ -136,7 +143,9 @@ std::vector<std::vector<Decision>> RollbackThenBadBatch(size_t history) {
         in.grad_elements = 1000;
         return in;
       };
-      for (int64_t s = 0; s < 3000; ++s) (*agent)->Step(input(s));
+      for (int64_t s = 0; s < 3000; ++s) {
+        if (!(*agent)->Step(input(s)).ok()) ++failed;
+      }
       (*agent)->ResumeFrom(2000);
       for (int64_t s = 2001; s <= 2010; ++s) {
         StepInput in = input(s);
@@ -144,11 +153,14 @@ std::vector<std::vector<Decision>> RollbackThenBadBatch(size_t history) {
           in.loss = 7.0;
           in.grad_sum_squares = 50.0;
         }
-        after[r].push_back((*agent)->Step(in).decision);
+        const absl::StatusOr<Verdict> v = (*agent)->Step(in);
+        if (!v.ok()) ++failed;
+        after[r].push_back(v.ok() ? v->decision : Decision::kHalt);
       }
     });
   }
   for (auto& t : threads) t.join();
+  CHECK(failed == 0);
   return after;
 }
 

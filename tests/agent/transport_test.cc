@@ -21,7 +21,9 @@
 
 #include <catch2/catch.hpp>
 
+#include "fake_trainwatchd.h"
 #include "test_util.h"
+#include "testing/wait.h"
 #include "trainwatch/agent/agent.h"
 #include "trainwatch/v1/agent.grpc.pb.h"
 
@@ -32,126 +34,7 @@ namespace v1 = trainwatch::v1;
 using Clock = std::chrono::steady_clock;
 
 using testing::FreePort;
-
-// A fake trainwatchd: keeps the distinct steps it saw and acks them.
-class FakeServer final : public v1::AgentService::Service {
- public:
-  std::atomic<int> ack_delay_ms{0};
-  std::atomic<bool> repeat_acks{false};
-  std::atomic<bool> send_command{false};
-
-  grpc::Status Stream(grpc::ServerContext* ctx,
-                      grpc::ServerReaderWriter<v1::ServerMessage, v1::AgentMessage>* s) override {
-    v1::AgentMessage m;
-    int64_t best = -1;
-    while (s->Read(&m)) {
-      if (m.has_hello() && send_command) {
-        v1::ServerMessage c;
-        c.mutable_command()->set_command_id("cmd-1");
-        auto* rb = c.mutable_command()->mutable_rollback();
-        rb->set_incident_id("I-7");
-        rb->set_target_step(3000);
-        rb->set_checkpoint_uri("ckpt://3000");
-        auto* range = rb->mutable_quarantine()->add_ranges();
-        range->set_first(10);
-        range->set_last(20);
-        rb->add_settings()->set_z_loss_alpha(1e-4);
-        rb->mutable_skip_steps()->set_first(3001);
-        rb->mutable_skip_steps()->set_last(3050);
-        s->Write(c);
-      }
-      if (m.has_command_ack()) {
-        std::lock_guard<std::mutex> lock(mu_);
-        acks_.push_back(m.command_ack());
-      }
-      if (!m.has_step_report()) continue;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        const auto [it, fresh] = steps_.insert(m.step_report().step());
-        if (!fresh) ++duplicates_;
-        ++received_;
-        if (m.step_report().tensors_size() > 0) {
-          tensor_reports_.push_back(m.step_report().step());
-          globals_before_report_.push_back(global_steps_.size());
-        }
-        if (m.step_report().scope() != v1::REPORT_SCOPE_RANK) {
-          global_steps_.insert(m.step_report().step());
-          shards_[m.step_report().step()].assign(m.step_report().shard_ids().begin(),
-                                                 m.step_report().shard_ids().end());
-        }
-      }
-      best = std::max(best, m.step_report().step());
-      if (ack_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ack_delay_ms));
-      v1::ServerMessage ack;
-      ack.mutable_durability_ack()->set_run_id(m.step_report().run_id());
-      (*ack.mutable_durability_ack()->mutable_durable_step())[m.step_report().rank()] = best;
-      if (!s->Write(ack)) break;
-      if (repeat_acks) {
-        s->Write(ack);
-        (*ack.mutable_durability_ack()->mutable_durable_step())[0] = best - 5;  // stale
-        s->Write(ack);
-      }
-    }
-    return grpc::Status::OK;
-  }
-
-  std::set<int64_t> steps() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return steps_;
-  }
-  // The steps of the run's (global) records, and of the rank reports that
-  // name nonfinite tensors.
-  std::set<int64_t> global_steps() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return global_steps_;
-  }
-  std::vector<int64_t> tensor_reports() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return tensor_reports_;
-  }
-  // How many distinct global records had arrived before each tensor report.
-  std::vector<size_t> globals_before_report() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return globals_before_report_;
-  }
-  std::vector<v1::CommandAck> command_acks() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return acks_;
-  }
-  // The shard ids of the run's (global) record of `step`.
-  std::vector<uint64_t> shards(int64_t step) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return shards_[step];
-  }
-
- private:
-  std::mutex mu_;
-  std::set<int64_t> steps_, global_steps_;
-  std::vector<int64_t> tensor_reports_;
-  std::vector<size_t> globals_before_report_;
-  std::map<int64_t, std::vector<uint64_t>> shards_;
-  int64_t duplicates_ = 0, received_ = 0;
-  std::vector<v1::CommandAck> acks_;
-};
-
-class Running {
- public:
-  Running(FakeServer* service, int port) {
-    grpc::ServerBuilder b;
-    b.AddListeningPort("127.0.0.1:" + std::to_string(port), grpc::InsecureServerCredentials());
-    b.RegisterService(service);
-    server_ = b.BuildAndStart();
-    REQUIRE(server_ != nullptr);
-  }
-  ~Running() { Stop(); }
-  void Stop() {
-    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
-    server_.reset();
-  }
-
- private:
-  std::unique_ptr<grpc::Server> server_;
-};
+using testing::WaitUntil;
 
 AgentConfig Config(int port) {
   AgentConfig c;
@@ -175,7 +58,7 @@ double Feed(Agent& a, int64_t from, int64_t to) {
     in.grad_sum_squares = 1.0;
     in.grad_elements = 100;
     const auto t0 = Clock::now();
-    a.Step(in);
+    REQUIRE(a.Step(in).ok());
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     REQUIRE(ms < 2000.0);  // no call may ever block on the network
     times.push_back(ms);
@@ -185,12 +68,7 @@ double Feed(Agent& a, int64_t from, int64_t to) {
 }
 
 bool WaitDurable(Agent& a, int64_t step, int seconds = 20) {
-  const auto end = Clock::now() + std::chrono::seconds(seconds);
-  while (Clock::now() < end) {
-    if (a.Stats().durable_step >= step) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
+  return WaitUntil([&] { return a.Stats().durable_step >= step; }, std::chrono::seconds(seconds));
 }
 
 std::set<int64_t> Range(int64_t from, int64_t to) {
@@ -279,7 +157,7 @@ TEST_CASE("transport: a NaN's tensor report does not overtake the records before
     in.grad_nonfinite = 2;
     in.grad_elements = 100;
     in.tensors = tensors;
-    (*agent)->Step(in);
+    REQUIRE((*agent)->Step(in).ok());
     nan_steps.push_back(in.step);
   }
   const bool durable = WaitDurable(**agent, kRounds * kRound - 1, 60);
@@ -308,9 +186,7 @@ TEST_CASE("transport: records spill to disk while the server is away - then drai
   REQUIRE(agent.ok());
   Feed(**agent, 0, 1000);
   // Let the pump move everything out of the ring.
-  for (int i = 0; i < 100 && (*agent)->Stats().records_spilled < 900; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  WaitUntil([&] { return (*agent)->Stats().records_spilled >= 900; }, std::chrono::seconds(1));
   AgentStats s = (*agent)->Stats();
   CHECK(s.records_spilled >= 900);
   CHECK(s.records_dropped == 0);
@@ -337,9 +213,7 @@ TEST_CASE("transport: a full spill drops the oldest records and counts them",
   auto agent = Agent::Create(cfg, std::make_unique<SingleProcessReducer>());
   REQUIRE(agent.ok());
   Feed(**agent, 0, 2000);
-  for (int i = 0; i < 100 && (*agent)->Stats().records_dropped == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  WaitUntil([&] { return (*agent)->Stats().records_dropped > 0; }, std::chrono::seconds(1));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const AgentStats s = (*agent)->Stats();
   CHECK(s.records_dropped > 0);
@@ -387,10 +261,7 @@ TEST_CASE("transport: commands reach the trainer by callback and poll - acks go 
   REQUIRE(agent.ok());
   Feed(**agent, 0, 10);
   std::optional<Command> cmd;
-  for (int i = 0; i < 300 && !cmd; ++i) {
-    cmd = (*agent)->PollCommand();
-    if (!cmd) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  WaitUntil([&] { return (cmd = (*agent)->PollCommand()).has_value(); }, std::chrono::seconds(3));
   REQUIRE(cmd.has_value());
   CHECK(cmd->kind == Command::Kind::kRollback);
   CHECK(cmd->command_id == "cmd-1");
@@ -402,9 +273,7 @@ TEST_CASE("transport: commands reach the trainer by callback and poll - acks go 
   CHECK(*cmd->skip_steps == std::make_pair<int64_t, int64_t>(3001, 3050));
   CHECK(cmd->z_loss_alpha.value_or(0) == 1e-4);
   (*agent)->Acknowledge("cmd-1", AckStatus::kApplied, "loaded ckpt://3000", 3000);
-  for (int i = 0; i < 300 && fake.command_acks().empty(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  WaitUntil([&] { return !fake.command_acks().empty(); }, std::chrono::seconds(3));
   REQUIRE(fake.command_acks().size() == 1);
   CHECK(fake.command_acks()[0].status() == v1::ACK_STATUS_APPLIED);
   CHECK(fake.command_acks()[0].resumed_step() == 3000);
@@ -465,7 +334,9 @@ TEST_CASE("transport: a skipped step's record carries every rank's shard ids", "
           in.loss = 9.0;
           in.grad_sum_squares = 400.0;
         }
-        if ((*agent)->Step(in).decision == Decision::kSkipUpdate) ++skips[r];
+        const absl::StatusOr<Verdict> v = (*agent)->Step(in);
+        if (!v.ok()) ++skips[r];  // shows as a wrong count: Catch's assertions are not for threads
+        if (v.ok() && v->decision == Decision::kSkipUpdate) ++skips[r];
       }
       if (r == 0) REQUIRE(WaitDurable(**agent, kSteps - 1));
       (*agent)->Close(2000);

@@ -7,10 +7,10 @@
 //
 //   trainwatch::agent::AgentConfig cfg = *AgentConfig::FromEnvironment();
 //   auto agent = *Agent::Create(cfg, std::make_unique<SingleProcessReducer>());
-//   StepInput in;  in.step = step;  in.loss = loss;  in.grads = stats;  ...
-//   Verdict v = agent->Step(in);
-//   if (v.decision == Decision::kHalt) stop();
-//   else if (v.decision != Decision::kSkipUpdate) optimizer.step();
+//   StepInput in;  in.step = step;  in.loss = loss;  in.grad_sum_squares = ...;
+//   absl::StatusOr<Verdict> v = agent->Step(in);
+//   if (!v.ok() || v->decision == Decision::kHalt) stop();
+//   else if (v->decision != Decision::kSkipUpdate) optimizer.step();
 //
 // Thread-safety: Step() and ReportCheckpoint() from the training thread
 // only (the per-step path is single-producer); the rest from any thread.
@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "trainwatch/agent/reducer.h"
+#include "trainwatch/core/clock.h"
 #include "trainwatch/core/config.h"
 #include "trainwatch/core/rule_engine.h"
 
@@ -56,10 +57,16 @@ struct AgentConfig {
   int reconnect_initial_ms = 100;
   int reconnect_max_ms = 30'000;
   int heartbeat_ms = 5000;
+  // A write to the server blocked this long is cancelled and the agent
+  // reconnects: a server that stopped reading must not hold the records.
+  int stall_timeout_ms = 3000;
+  // Time for the stall timer, the heartbeat and the records' stamps; must
+  // outlive the agent. Tests pass a fake one.
+  core::Clock* clock = core::SystemClock();
   std::string host_name;  // reported in hello; default: gethostname()
   // The last reduced records kept so that ResumeFrom() rebuilds the local
   // rule engine from the steps up to the checkpoint, identically on every
-  // rank, instead of warming up again with tier 1 off. About 80 bytes each;
+  // rank, instead of warming up again with tier 1 off. About 128 bytes each;
   // 0: keep none (start over).
   size_t resume_history_records = 20000;
 
@@ -136,9 +143,9 @@ class Agent {
 
   // Reduces this rank's statistics across ranks, runs the rule engine and
   // queues the record for the server. Never waits on the network. A failed
-  // collective or a rejected step (not increasing) returns kHalt with the
-  // error in *error, if given: a rank that cannot agree must not train on.
-  Verdict Step(const StepInput& input, std::string* error = nullptr);
+  // collective or a rejected step (not increasing) is an error, and the
+  // trainer must halt on it: a rank that cannot agree must not train on.
+  absl::StatusOr<Verdict> Step(const StepInput& input);
 
   // The trainer saved a checkpoint at `step`.
   void ReportCheckpoint(int64_t step, const std::string& uri);
@@ -168,7 +175,7 @@ class Agent {
   void Close(int timeout_ms = 5000);
 
  private:
-  struct Impl;
+  class Impl;
   explicit Agent(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

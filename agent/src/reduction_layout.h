@@ -1,0 +1,75 @@
+// Private: how one step's numbers travel through the reducer's collective
+// (a few doubles summed, a few maxed) and what they mean once reduced, so
+// that every rank derives the same global record from the same buffers.
+// Also the layout of the rarer second collective that gathers every rank's
+// shard ids.
+
+#ifndef TRAINWATCH_AGENT_SRC_REDUCTION_LAYOUT_H_
+#define TRAINWATCH_AGENT_SRC_REDUCTION_LAYOUT_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "trainwatch/agent/agent.h"
+#include "trainwatch/core/step_record.h"
+
+namespace trainwatch::agent::internal {
+
+// The step's buffers: packed from this rank's input on construction,
+// reduced in place through sums() and maxes(), then read back.
+class StepReduction {
+ public:
+  explicit StepReduction(const StepInput& in);
+
+  absl::Span<double> sums() { return absl::MakeSpan(sums_); }
+  absl::Span<double> maxes() { return absl::MakeSpan(maxes_); }
+
+  // The global numbers, once every rank's buffers are reduced (on one rank
+  // alone: that rank's own numbers).
+  core::StepValues Values() const;
+  // The gradient element counts over every rank.
+  uint64_t nonfinite() const { return static_cast<uint64_t>(sums_[kNonfinite]); }
+  uint64_t elements() const { return static_cast<uint64_t>(sums_[kElements]); }
+
+ private:
+  enum SumIndex {
+    kSumSq, kNonfinite, kElements, kHasGrad, kLossSum, kLossCount, kLossNonfinite,
+    kLogZSum, kLogZRows, kLogZNonfinite, kNumSums
+  };
+  enum MaxIndex {
+    kLr, kZLoss, kActMax, kAttnP99, kHasLr, kHasZLoss, kHasAct, kHasAttn, kNumMaxes
+  };
+
+  std::array<double, kNumSums> sums_{};
+  std::array<double, kNumMaxes> maxes_;
+};
+
+// Every rank's shard ids (at most kPerRank each) through the reducer's sum:
+// each rank fills its own row of a zero matrix, ids split in 32-bit halves
+// so that doubles carry them exactly.
+class ShardGather {
+ public:
+  static constexpr size_t kPerRank = 16;
+
+  // REQUIRES: 0 <= rank < world_size.
+  ShardGather(int rank, int world_size, absl::Span<const uint64_t> mine);
+
+  absl::Span<double> sums() { return absl::MakeSpan(sums_); }
+  absl::Span<double> maxes() { return absl::MakeSpan(maxes_); }
+
+  // After the sum: every rank's ids, sorted, without repeats.
+  std::vector<uint64_t> Ids() const;
+
+ private:
+  static constexpr size_t kStride = 1 + 2 * kPerRank;
+  int world_size_;
+  std::vector<double> sums_;
+  std::array<double, 1> maxes_{};  // the collective takes both; nothing to max
+};
+
+}  // namespace trainwatch::agent::internal
+
+#endif  // TRAINWATCH_AGENT_SRC_REDUCTION_LAYOUT_H_

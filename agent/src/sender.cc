@@ -1,0 +1,381 @@
+#include "sender.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <random>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "trainwatch/core/version.h"
+
+namespace trainwatch::agent::internal {
+
+namespace {
+
+std::shared_ptr<grpc::ChannelCredentials> Credentials(const std::string& ca_file) {
+  if (ca_file.empty()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  std::ifstream in(ca_file);
+  ssl.pem_root_certs.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return grpc::SslCredentials(ssl);
+}
+
+Command CommandOf(const v1::Command& c) {
+  Command cmd;
+  cmd.command_id = c.command_id();
+  if (c.has_rollback()) {
+    cmd.kind = Command::Kind::kRollback;
+    const auto& p = c.rollback();
+    cmd.incident_id = p.incident_id();
+    cmd.target_step = p.target_step();
+    cmd.checkpoint_uri = p.checkpoint_uri();
+    for (const auto& r : p.quarantine().ranges()) cmd.quarantine.emplace_back(r.first(), r.last());
+    for (uint64_t id : p.quarantine().shard_ids()) cmd.quarantine.emplace_back(id, id);
+    if (p.has_skip_steps()) cmd.skip_steps = {p.skip_steps().first(), p.skip_steps().last()};
+    for (const auto& s : p.settings()) {
+      if (s.has_z_loss_alpha()) cmd.z_loss_alpha = s.z_loss_alpha();
+    }
+  } else if (c.has_halt()) {
+    cmd.kind = Command::Kind::kHalt;
+    cmd.incident_id = c.halt().incident_id();
+    cmd.reason = c.halt().reason();
+  } else if (c.has_resume()) {
+    cmd.kind = Command::Kind::kResume;
+    cmd.incident_id = c.resume().incident_id();
+    cmd.reason = c.resume().reason();
+  }
+  return cmd;
+}
+
+}  // namespace
+
+Sender::Sender(const AgentConfig& config, Origin origin, std::unique_ptr<SpillStore> spill)
+    : config_(config),
+      origin_(std::move(origin)),
+      clock_(config.clock != nullptr ? config.clock : core::SystemClock()),
+      ring_(config.ring_records),
+      spill_(std::move(spill)) {}
+
+Sender::~Sender() { Close(0); }
+
+void Sender::Start() {
+  pump_ = std::thread([this] { PumpLoop(); });
+  writer_ = std::thread([this] { WriterLoop(); });
+}
+
+void Sender::Commit(const Slot* slot) {
+  // Read before publishing: from then on the slot is the pump's.
+  const int records = slot->tensor_report != nullptr ? 2 : 1;
+  ring_.EndPush();
+  queued_.fetch_add(records, std::memory_order_relaxed);
+}
+
+void Sender::SendControl(v1::AgentMessage m) {
+  absl::MutexLock lock(&mu_);
+  control_.push_back(std::make_shared<const v1::AgentMessage>(std::move(m)));
+}
+
+void Sender::SetCommandCallback(std::function<void(const Command&)> callback) {
+  std::deque<Command> pending;
+  {
+    absl::MutexLock lock(&mu_);
+    callback_ = callback;
+    if (callback) pending.swap(commands_);
+  }
+  for (const Command& c : pending) callback(c);
+}
+
+std::optional<Command> Sender::PollCommand() {
+  absl::MutexLock lock(&mu_);
+  if (commands_.empty()) return std::nullopt;
+  Command c = std::move(commands_.front());
+  commands_.pop_front();
+  return c;
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> Sender::QuarantinedShards() const {
+  absl::MutexLock lock(&mu_);
+  return quarantine_;
+}
+
+void Sender::AbandonAfter(int64_t step) {
+  // Records still in the ring belong to the abandoned steps too.
+  Drain();
+  absl::MutexLock lock(&mu_);
+  while (!memory_.empty() && memory_.back().step > step) memory_.pop_back();
+  if (spill_ != nullptr && spill_->records() > 0) {
+    // The spill is a FIFO; keep only what is at or below the checkpoint.
+    std::vector<std::pair<int64_t, std::string>> keep;
+    spill_->ForEach([&](int64_t s, const std::string& bytes) {
+      if (s <= step) keep.emplace_back(s, bytes);
+    }).IgnoreError();
+    spill_->DiscardUpTo(std::numeric_limits<int64_t>::max());
+    for (const auto& [s, bytes] : keep) spill_->Append(s, bytes).IgnoreError();
+  }
+  if (durable_ > step) durable_ = step;
+}
+
+void Sender::FillStats(AgentStats* s) const {
+  s->records_queued = queued_.load();
+  absl::MutexLock lock(&mu_);
+  s->records_acked = acked_;
+  s->records_spilled = spilled_;
+  s->records_dropped = dropped_ + ring_.dropped() + (spill_ ? spill_->dropped() : 0);
+  s->reconnects = reconnects_;
+  s->durable_step = durable_;
+  s->connected = connected_;
+  s->unacked = memory_.size() + (spill_ ? spill_->records() : 0);
+  s->spill_bytes = spill_ ? spill_->bytes() : 0;
+}
+
+void Sender::Close(int timeout_ms) {
+  if (!pump_.joinable() && !writer_.joinable()) return;
+  Drain();
+  {
+    absl::MutexLock lock(&mu_);
+    auto flushed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return memory_.empty() && (spill_ == nullptr || spill_->records() == 0);
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&flushed), absl::Milliseconds(timeout_ms));
+    stop_ = true;
+    // Unacknowledged records survive in the spill folder for the next run.
+    if (spill_ != nullptr) {
+      for (const Entry& e : memory_) {
+        if (e.step > durable_) spill_->Append(e.step, e.message->SerializeAsString()).IgnoreError();
+      }
+      memory_.clear();
+    }
+    if (ctx_ != nullptr) ctx_->TryCancel();
+  }
+  if (pump_.joinable()) pump_.join();
+  if (writer_.joinable()) writer_.join();
+}
+
+// ------------------------------------------------------------------ pump
+
+// Moves what the training thread queued into the unacknowledged list,
+// spilling (or dropping) the oldest past the memory bound.
+void Sender::Drain() {
+  absl::MutexLock consumer(&drain_mu_);
+  std::vector<std::pair<int64_t, Message>> fresh;
+  while (Slot* s = ring_.Front()) {
+    fresh.emplace_back(s->step, std::make_shared<const v1::AgentMessage>(StepMessage(origin_, *s)));
+    if (s->tensor_report != nullptr) fresh.emplace_back(s->step, std::move(s->tensor_report));
+    ring_.Pop();
+  }
+  if (fresh.empty()) return;
+  absl::MutexLock lock(&mu_);
+  for (auto& [step, m] : fresh) memory_.push_back({step, std::move(m), 0});
+  while (memory_.size() > config_.memory_records) {
+    const Entry& old = memory_.front();
+    if (old.step > durable_) {
+      if (spill_ != nullptr && spill_->Append(old.step, old.message->SerializeAsString()).ok()) {
+        ++spilled_;
+        spill_resend_ = spill_resend_ || old.sent_gen != gen_ || !connected_;
+      } else {
+        ++dropped_;
+      }
+    }
+    memory_.pop_front();
+  }
+}
+
+void Sender::PumpLoop() {
+  for (;;) {
+    Drain();
+    absl::MutexLock lock(&mu_);
+    if (stop_) break;
+    // A write blocked for long means a server that stopped reading: cancel
+    // the call so that the writer reconnects.
+    const int64_t started = write_started_ms_.load();
+    if (started > 0 && clock_->NowMs() - started > config_.stall_timeout_ms &&
+        ctx_ != nullptr) {
+      ctx_->TryCancel();
+    }
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(5));
+  }
+  Drain();
+}
+
+// ---------------------------------------------------------------- writer
+
+void Sender::HandleServerMessage(const v1::ServerMessage& m) {
+  if (m.has_durability_ack()) {
+    auto it = m.durability_ack().durable_step().find(origin_.rank);
+    if (it == m.durability_ack().durable_step().end()) return;
+    absl::MutexLock lock(&mu_);
+    if (it->second <= durable_) return;
+    durable_ = it->second;
+    while (!memory_.empty() && memory_.front().step <= durable_) {
+      memory_.pop_front();
+      ++acked_;
+    }
+    if (spill_ != nullptr) spill_->DiscardUpTo(durable_);
+    return;
+  }
+  if (m.has_quarantined_shards()) {
+    absl::MutexLock lock(&mu_);
+    quarantine_.clear();
+    for (const auto& r : m.quarantined_shards().shards().ranges()) {
+      quarantine_.emplace_back(r.first(), r.last());
+    }
+    for (uint64_t id : m.quarantined_shards().shards().shard_ids()) {
+      quarantine_.emplace_back(id, id);
+    }
+    return;
+  }
+  if (m.has_command()) {
+    const Command cmd = CommandOf(m.command());
+    std::function<void(const Command&)> cb;
+    {
+      absl::MutexLock lock(&mu_);
+      cb = callback_;
+      if (!cb) commands_.push_back(cmd);
+    }
+    if (cb) cb(cmd);
+  }
+}
+
+v1::AgentMessage Sender::HelloMessage() const {
+  v1::AgentMessage m;
+  auto* h = m.mutable_hello();
+  h->set_run_id(origin_.run_id);
+  h->set_rank(origin_.rank);
+  h->set_world_size(origin_.world_size);
+  h->set_agent_version(absl::StrCat("trainwatch-agent ", kVersion));
+  h->set_host_name(config_.host_name);
+  h->add_capabilities(v1::CAPABILITY_SHARD_IDS);
+  h->add_capabilities(v1::CAPABILITY_ROLLBACK);
+  h->add_capabilities(v1::CAPABILITY_QUARANTINE);
+  return m;
+}
+
+v1::AgentMessage Sender::HeartbeatMessage() const {
+  v1::AgentMessage m;
+  auto* h = m.mutable_heartbeat();
+  h->set_run_id(origin_.run_id);
+  h->set_rank(origin_.rank);
+  h->mutable_time()->set_seconds(clock_->NowMs() / 1000);
+  h->set_agent_version(absl::StrCat("trainwatch-agent ", kVersion));
+  absl::MutexLock lock(&mu_);
+  h->set_queue_depth(static_cast<uint32_t>(memory_.size()));
+  h->set_queue_capacity(static_cast<uint32_t>(config_.memory_records));
+  h->set_dropped_total(static_cast<uint64_t>(dropped_ + ring_.dropped()));
+  h->set_last_step(memory_.empty() ? durable_ : memory_.back().step);
+  return m;
+}
+
+bool Sender::Write(Stream* stream, const v1::AgentMessage& m) {
+  write_started_ms_ = clock_->NowMs();
+  const bool ok = stream->Write(m);
+  write_started_ms_ = 0;
+  return ok;
+}
+
+void Sender::WriterLoop() {
+  std::mt19937_64 rng(std::hash<std::string>()(origin_.run_id) + origin_.rank);
+  int backoff_ms = config_.reconnect_initial_ms;
+  auto channel = grpc::CreateChannel(config_.server_address, Credentials(config_.ca_file));
+  auto stub = v1::AgentService::NewStub(channel);
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) break;
+    }
+    auto context = std::make_unique<grpc::ClientContext>();
+    if (!config_.token.empty()) context->AddMetadata("authorization", "Bearer " + config_.token);
+    context->set_wait_for_ready(false);
+    grpc::ClientContext* c = context.get();
+    {
+      absl::MutexLock lock(&mu_);
+      ctx_ = std::move(context);
+    }
+    auto stream = stub->Stream(c);
+    // Watched like every write: a server that accepts and never answers
+    // must not hold the writer until the connect timeout.
+    std::thread reader;
+    if (Write(stream.get(), HelloMessage())) {
+      {
+        absl::MutexLock lock(&mu_);
+        connected_ = true;
+        ++gen_;
+        spill_resend_ = spill_ != nullptr && spill_->records() > 0;
+      }
+      backoff_ms = config_.reconnect_initial_ms;
+      reader = std::thread([this, &stream] {
+        v1::ServerMessage m;
+        while (stream->Read(&m)) HandleServerMessage(m);
+        absl::MutexLock lock(&mu_);
+        connected_ = false;
+      });
+      SendUntilBroken(stream.get());
+    }
+    // Disconnected: everything unacknowledged goes again next time.
+    c->TryCancel();
+    if (reader.joinable()) reader.join();
+    stream->Finish().IgnoreError();
+    {
+      absl::MutexLock lock(&mu_);
+      connected_ = false;
+      ctx_.reset();
+      if (stop_) break;
+      ++reconnects_;
+    }
+    // Exponential backoff with full jitter.
+    const int wait = std::uniform_int_distribution<int>(backoff_ms / 2, backoff_ms)(rng);
+    backoff_ms = std::min(config_.reconnect_max_ms, backoff_ms * 2);
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(wait));
+  }
+}
+
+void Sender::SendUntilBroken(Stream* stream) {
+  int64_t last_heartbeat = clock_->NowMs();
+  for (;;) {
+    std::vector<Message> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (stop_ || !connected_ || spill_resend_ || !control_.empty()) return true;
+        return !memory_.empty() && memory_.back().sent_gen != gen_;
+      };
+      // Wakes at least every 20 ms for the heartbeat.
+      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(20));
+      if (!connected_) return;
+      if (stop_ && memory_.empty() && control_.empty()) return;
+      if (spill_resend_ && spill_ != nullptr) {
+        spill_->ForEach([&](int64_t step, const std::string& bytes) {
+          auto m = std::make_shared<v1::AgentMessage>();
+          if (step > durable_ && m->ParseFromString(bytes)) batch.push_back(std::move(m));
+        }).IgnoreError();
+      }
+      spill_resend_ = false;
+      for (Entry& e : memory_) {
+        if (e.sent_gen != gen_) {
+          batch.push_back(e.message);
+          e.sent_gen = gen_;
+        }
+      }
+      while (!control_.empty()) {
+        batch.push_back(std::move(control_.front()));
+        control_.pop_front();
+      }
+    }
+    for (const Message& m : batch) {
+      if (!Write(stream, *m)) return;
+    }
+    if (clock_->NowMs() - last_heartbeat >= config_.heartbeat_ms) {
+      if (!Write(stream, HeartbeatMessage())) return;
+      last_heartbeat = clock_->NowMs();
+    }
+    absl::MutexLock lock(&mu_);
+    if (stop_ && memory_.empty() && control_.empty()) return;
+  }
+}
+
+}  // namespace trainwatch::agent::internal

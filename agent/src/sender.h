@@ -1,0 +1,131 @@
+// Private: everything between the ring and trainwatchd. The pump thread
+// moves the training thread's records out of the ring into the list of
+// unacknowledged messages (spilling the oldest to disk past the memory
+// bound) and cancels a write that stalls; the writer thread keeps one
+// stream to the server, re-sending what is not durable on each new
+// connection; a reader per connection takes the server's acks, commands and
+// quarantine. The step only ever touches the ring.
+
+#ifndef TRAINWATCH_AGENT_SRC_SENDER_H_
+#define TRAINWATCH_AGENT_SRC_SENDER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "ring.h"
+#include "spill.h"
+#include "step_message.h"
+#include "trainwatch/agent/agent.h"
+#include "trainwatch/core/clock.h"
+#include "trainwatch/v1/agent.grpc.pb.h"
+
+namespace trainwatch::agent::internal {
+
+class Sender {
+ public:
+  // `spill` may be null (no spilling). Sends nothing until Start().
+  Sender(const AgentConfig& config, Origin origin, std::unique_ptr<SpillStore> spill);
+  ~Sender();  // Close(0)
+  Sender(const Sender&) = delete;
+  Sender& operator=(const Sender&) = delete;
+
+  // Starts the pump and the writer. Once.
+  void Start();
+
+  // Training thread only (the ring's one producer): the slot to fill, or
+  // nullptr when the ring is full (the record is dropped, and counted);
+  // then Commit() publishes it.
+  Slot* BeginRecord() { return ring_.BeginPush(); }
+  void Commit(const Slot* slot);
+
+  // A checkpoint or command ack: sent once, ahead of the records, not kept.
+  void SendControl(v1::AgentMessage m) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Commands: by callback (called on the reader's thread) or by poll; each
+  // delivered once either way.
+  void SetCommandCallback(std::function<void(const Command&)> callback)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  std::optional<Command> PollCommand() ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<std::pair<uint64_t, uint64_t>> QuarantinedShards() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A rollback to `step`: the records of later steps, queued or spilled,
+  // are never sent. Training thread only.
+  void AbandonAfter(int64_t step) ABSL_LOCKS_EXCLUDED(mu_, drain_mu_);
+
+  // The transport's part of the agent's statistics (every field but steps).
+  void FillStats(AgentStats* s) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Waits up to `timeout_ms` for every record to be durable, then stops the
+  // threads; what is still unacknowledged goes to the spill folder.
+  void Close(int timeout_ms) ABSL_LOCKS_EXCLUDED(mu_, drain_mu_);
+
+ private:
+  // What is waiting for the server's durability ack, oldest first.
+  // Shared, immutable: the writer takes its batch under the lock by pointer,
+  // not by a deep copy, and writes it after.
+  using Message = std::shared_ptr<const v1::AgentMessage>;
+  struct Entry {
+    int64_t step;
+    Message message;
+    uint64_t sent_gen;  // connection generation it was last sent on
+  };
+
+  void Drain() ABSL_LOCKS_EXCLUDED(mu_, drain_mu_);
+  void PumpLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  void WriterLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  using Stream = grpc::ClientReaderWriter<v1::AgentMessage, v1::ServerMessage>;
+  // Sends on one connection until it breaks or the sender stops.
+  void SendUntilBroken(Stream* stream) ABSL_LOCKS_EXCLUDED(mu_);
+  // A write, timed for the pump's stall watch.
+  bool Write(Stream* stream, const v1::AgentMessage& m);
+  void HandleServerMessage(const v1::ServerMessage& m) ABSL_LOCKS_EXCLUDED(mu_);
+  v1::AgentMessage HelloMessage() const;
+  v1::AgentMessage HeartbeatMessage() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  const AgentConfig config_;
+  const Origin origin_;
+  core::Clock* const clock_;
+  Ring<Slot> ring_;
+  std::atomic<int64_t> queued_{0};
+  // The ring has one consumer at a time: the pump, or Close()/AbandonAfter()
+  // on the training thread.
+  absl::Mutex drain_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+
+  mutable absl::Mutex mu_;
+  std::deque<Entry> memory_ ABSL_GUARDED_BY(mu_);
+  // Checkpoints and command acks. Never a step report: the server's durable
+  // step is a watermark over the records in step order, and a report sent
+  // out of order would cover records not yet sent.
+  std::deque<Message> control_ ABSL_GUARDED_BY(mu_);
+  const std::unique_ptr<SpillStore> spill_ ABSL_PT_GUARDED_BY(mu_);
+  bool spill_resend_ ABSL_GUARDED_BY(mu_) = false;  // re-send the spill on this connection
+  int64_t durable_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t acked_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t spilled_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t reconnects_ ABSL_GUARDED_BY(mu_) = 0;
+  bool connected_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t gen_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<Command> commands_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const Command&)> callback_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<uint64_t, uint64_t>> quarantine_ ABSL_GUARDED_BY(mu_);
+  // The writer's blocking call, watched by the pump (0: none in progress).
+  std::atomic<int64_t> write_started_ms_{0};
+  std::unique_ptr<grpc::ClientContext> ctx_ ABSL_GUARDED_BY(mu_);
+
+  std::thread pump_, writer_;
+};
+
+}  // namespace trainwatch::agent::internal
+
+#endif  // TRAINWATCH_AGENT_SRC_SENDER_H_

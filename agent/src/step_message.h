@@ -1,0 +1,58 @@
+// Private: one step's record as it crosses from the training thread to the
+// pump (a Slot in the ring), and its wire form (a trainwatch.v1 message).
+// The slot is plain data, reused in place: no allocation in the steady
+// state. The message is built on the pump's thread, never the step's.
+
+#ifndef TRAINWATCH_AGENT_SRC_STEP_MESSAGE_H_
+#define TRAINWATCH_AGENT_SRC_STEP_MESSAGE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainwatch/agent/agent.h"
+#include "trainwatch/core/step_record.h"
+#include "trainwatch/v1/agent.pb.h"
+
+namespace trainwatch::agent::internal {
+
+// Who is reporting: the address of every message this rank sends.
+struct Origin {
+  std::string run_id;
+  int rank = 0;
+  int world_size = 1;
+};
+
+struct Slot {
+  static constexpr size_t kMaxShards = 32;
+
+  // A rank's own report (a nonfinite gradient) rather than the run's.
+  bool rank_scope = false;
+  int64_t step = 0;
+  core::StepValues values;
+  double loss_ema_ratio = 0;  // NaN: not sent
+  uint64_t nonfinite = 0, elements = 0;
+  Verdict verdict;
+  uint16_t shard_count = 0;
+  uint64_t shards[kMaxShards];
+  std::vector<uint64_t> gathered_shards;  // every rank's, when not empty
+  // This rank's own report naming the tensors that held nonfinite values,
+  // sent right after the step's record. It shares the record's (run, rank,
+  // step) acknowledgement, so it must not overtake records of earlier
+  // steps: an ack for its step would cover them before they are sent.
+  std::unique_ptr<v1::AgentMessage> tensor_report;
+  int64_t time_ms = 0;
+};
+
+// The step report of a slot.
+v1::AgentMessage StepMessage(const Origin& origin, const Slot& slot);
+
+// A failure path, allocation allowed: this rank's own report with (up to 64
+// of) the tensors that hold nonfinite values.
+std::unique_ptr<v1::AgentMessage> TensorReportMessage(const Origin& origin,
+                                                      const StepInput& in);
+
+}  // namespace trainwatch::agent::internal
+
+#endif  // TRAINWATCH_AGENT_SRC_STEP_MESSAGE_H_

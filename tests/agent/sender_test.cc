@@ -1,0 +1,162 @@
+// The sender alone, without an Agent: records pushed into its ring reach a
+// fake trainwatchd and are acknowledged; control messages and commands go
+// both ways; its stall timer and heartbeat run on the clock it is given.
+
+#include "sender.h"
+
+#include <chrono>
+#include <limits>
+#include <memory>
+
+#include <catch2/catch.hpp>
+
+#include "fake_trainwatchd.h"
+#include "test_util.h"
+#include "testing/fake_clock.h"
+#include "testing/wait.h"
+
+namespace trainwatch::agent::internal {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using trainwatch::testing::FakeClock;
+using trainwatch::testing::FreePort;
+using trainwatch::testing::WaitUntil;
+
+AgentConfig Config(int port) {
+  AgentConfig c;
+  c.server_address = "127.0.0.1:" + std::to_string(port);
+  c.run_id = "run-s";
+  c.host_name = "host";
+  c.reconnect_initial_ms = 20;
+  c.reconnect_max_ms = 200;
+  return c;
+}
+
+const Origin kOrigin{"run-s", 0, 1};
+
+void Push(Sender& sender, int64_t step) {
+  Slot* slot = sender.BeginRecord();
+  REQUIRE(slot != nullptr);
+  slot->step = step;
+  slot->values = core::StepValues().Set(core::Signal::kLoss, 2.5);
+  slot->loss_ema_ratio = std::numeric_limits<double>::quiet_NaN();
+  sender.Commit(slot);
+}
+
+AgentStats StatsOf(const Sender& sender) {
+  AgentStats s;
+  sender.FillStats(&s);
+  return s;
+}
+
+TEST_CASE("sender: records reach the server and are acknowledged", "[agent][sender]") {
+  const int port = FreePort();
+  FakeServer fake;
+  Running server(&fake, port);
+  Sender sender(Config(port), kOrigin, nullptr);
+  sender.Start();
+  for (int64_t s = 0; s < 100; ++s) Push(sender, s);
+  REQUIRE(WaitUntil([&] { return StatsOf(sender).durable_step == 99; }, seconds(20)));
+  std::set<int64_t> want;
+  for (int64_t s = 0; s < 100; ++s) want.insert(s);
+  CHECK(fake.steps() == want);
+  const AgentStats st = StatsOf(sender);
+  CHECK(st.records_queued == 100);
+  CHECK(st.records_acked == 100);
+  CHECK(st.unacked == 0);
+  CHECK(st.connected);
+  sender.Close(1000);
+}
+
+TEST_CASE("sender: a control message goes out - a command comes back", "[agent][sender]") {
+  const int port = FreePort();
+  FakeServer fake;
+  fake.send_command = true;
+  Running server(&fake, port);
+  Sender sender(Config(port), kOrigin, nullptr);
+  sender.Start();
+  std::optional<Command> cmd;
+  REQUIRE(WaitUntil([&] { return (cmd = sender.PollCommand()).has_value(); }, seconds(5)));
+  CHECK(cmd->command_id == "cmd-1");
+  CHECK(cmd->kind == Command::Kind::kRollback);
+  v1::AgentMessage ack;
+  ack.mutable_command_ack()->set_command_id("cmd-1");
+  ack.mutable_command_ack()->set_status(v1::ACK_STATUS_RECEIVED);
+  sender.SendControl(ack);
+  REQUIRE(WaitUntil([&] { return !fake.command_acks().empty(); }, seconds(5)));
+  CHECK(fake.command_acks()[0].command_id() == "cmd-1");
+  sender.Close(1000);
+}
+
+TEST_CASE("sender: abandoned steps are never sent", "[agent][sender]") {
+  const int port = FreePort();
+  Sender sender(Config(port), kOrigin, nullptr);
+  sender.Start();  // the server is down: nothing acknowledged
+  for (int64_t s = 0; s < 20; ++s) Push(sender, s);
+  sender.AbandonAfter(9);
+  CHECK(StatsOf(sender).unacked == 10);
+  FakeServer fake;
+  Running server(&fake, port);
+  REQUIRE(WaitUntil([&] { return StatsOf(sender).durable_step == 9; }, seconds(20)));
+  CHECK(fake.steps().size() == 10);
+  CHECK(*fake.steps().rbegin() == 9);
+  sender.Close(1000);
+}
+
+TEST_CASE("sender: the heartbeat follows the clock", "[agent][sender][clock]") {
+  const int port = FreePort();
+  FakeServer fake;
+  Running server(&fake, port);
+  FakeClock clock;
+  AgentConfig config = Config(port);
+  config.clock = &clock;
+  Sender sender(config, kOrigin, nullptr);
+  sender.Start();
+  REQUIRE(WaitUntil([&] { return StatsOf(sender).connected; }, seconds(5)));
+  // Real time passes, the clock does not: no heartbeat.
+  std::this_thread::sleep_for(milliseconds(100));
+  CHECK(fake.heartbeats == 0);
+  clock.AdvanceMs(config.heartbeat_ms);
+  CHECK(WaitUntil([&] { return fake.heartbeats > 0; }, seconds(5)));
+  sender.Close(1000);
+}
+
+TEST_CASE("sender: a write stalled past the timeout on the clock is cancelled",
+          "[agent][sender][clock]") {
+  const int port = FreePort();
+  FakeServer fake;
+  fake.stop_reading = true;  // a server that stopped reading: the writes fill the window
+  Running server(&fake, port);
+  FakeClock clock;
+  AgentConfig config = Config(port);
+  config.clock = &clock;
+  config.stall_timeout_ms = 60'000;
+  Sender sender(config, kOrigin, nullptr);
+  sender.Start();
+  REQUIRE(WaitUntil([&] { return StatsOf(sender).connected; }, seconds(5)));
+  // Far more than the flow-control windows and socket buffers hold.
+  for (int64_t s = 0; s < 400; ++s) {
+    Slot* slot = sender.BeginRecord();
+    REQUIRE(slot != nullptr);
+    slot->step = s;
+    slot->loss_ema_ratio = std::numeric_limits<double>::quiet_NaN();
+    slot->gathered_shards.assign(10000, static_cast<uint64_t>(s) << 40);
+    sender.Commit(slot);
+  }
+  std::this_thread::sleep_for(milliseconds(300));
+  CHECK(StatsOf(sender).reconnects == 0);  // stuck, and the clock has not moved
+  // Past the timeout on the clock: cancelled, so the writer reconnects. (The
+  // clock moves on each poll: the write may start after any one advance.)
+  CHECK(WaitUntil(
+      [&] {
+        clock.AdvanceMs(config.stall_timeout_ms / 2);
+        return StatsOf(sender).reconnects >= 1;
+      },
+      seconds(10)));
+  sender.Close(100);
+}
+
+}  // namespace
+}  // namespace trainwatch::agent::internal

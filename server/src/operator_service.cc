@@ -167,7 +167,7 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
         }
         attempt = req->attempt();
       }
-      absl::StatusOr<std::vector<StoredStep>> recent =
+      absl::StatusOr<std::vector<StepRow>> recent =
           state_->store()->RecentSteps(run->row.run_id, attempt, window);
       if (!recent.ok()) return recent.status();
       const size_t max_points = req->max_points() > 0 ? static_cast<size_t>(req->max_points())
@@ -277,11 +277,7 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
     d.comment = req->comment();
     d.dry_run = req->dry_run();
     d.idempotency_key = req->idempotency_key();
-    return Decide(ctx, req->incident_id(), std::move(d), [resp](const DecisionOutcome& o) {
-      resp->mutable_decision()->ParseFromString(o.decision);
-      resp->set_replayed(o.replayed);
-      resp->set_incident_state(static_cast<v1::IncidentState>(static_cast<int>(o.state)));
-    });
+    return Decide(ctx, req->incident_id(), std::move(d), resp);
   }
 
   grpc::ServerUnaryReactor* RejectRollback(grpc::CallbackServerContext* ctx,
@@ -291,11 +287,7 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
     d.approve = false;
     d.comment = req->comment();
     d.idempotency_key = req->idempotency_key();
-    return Decide(ctx, req->incident_id(), std::move(d), [resp](const DecisionOutcome& o) {
-      resp->mutable_decision()->ParseFromString(o.decision);
-      resp->set_replayed(o.replayed);
-      resp->set_incident_state(static_cast<v1::IncidentState>(static_cast<int>(o.state)));
-    });
+    return Decide(ctx, req->incident_id(), std::move(d), resp);
   }
 
   grpc::ServerUnaryReactor* ListQuarantinedShards(grpc::CallbackServerContext* ctx,
@@ -336,9 +328,11 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
  private:
   // Hands the decision to the writer thread and finishes the call when it is
   // durable (or refused): no gRPC thread waits on the store.
-  template <typename Fill>
+  // Approve and reject answer alike: the decision, whether it was a replay,
+  // and the incident's state.
+  template <typename Response>
   grpc::ServerUnaryReactor* Decide(grpc::CallbackServerContext* ctx, const std::string& id_text,
-                                   DecisionRequest d, Fill fill) {
+                                   DecisionRequest d, Response* resp) {
     grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
     absl::StatusOr<Principal> p = state_->auth().Check(AuthorizationOf(ctx), Access::kDecide);
     if (!p.ok()) {
@@ -358,12 +352,14 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
       return r;
     }
     d.actor = p->name;
-    state_->ingestor()->Decide(std::move(d), [r, fill](DecisionOutcome o) {
+    state_->ingestor()->Decide(std::move(d), [r, resp](DecisionOutcome o) {
       if (!o.status.ok()) {
         r->Finish(ToGrpc(o.status));
         return;
       }
-      fill(o);
+      resp->mutable_decision()->ParseFromString(o.decision);
+      resp->set_replayed(o.replayed);
+      resp->set_incident_state(static_cast<v1::IncidentState>(static_cast<int>(o.state)));
       r->Finish(grpc::Status::OK);
     });
     return r;
@@ -394,7 +390,7 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
     const int64_t attempt = IncidentAttempt(inc, current_attempt);
     // Curves from the stored steps: the 5,000 steps before the onset up to
     // the detection.
-    absl::StatusOr<std::vector<StoredStep>> steps = state_->store()->StepsBetween(
+    absl::StatusOr<std::vector<StepRow>> steps = state_->store()->StepsBetween(
         inc.run_id, attempt, std::max<int64_t>(0, inc.onset_step - 5000), inc.detection_step);
     if (!steps.ok()) return steps.status();
     std::vector<RankStepRow> ranks;

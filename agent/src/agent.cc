@@ -179,22 +179,19 @@ void Agent::Impl::Acknowledge(const std::string& command_id, AckStatus status,
 }
 
 void Agent::Impl::ResumeFrom(int64_t step) {
-  engine_ = std::make_unique<core::RuleEngine>(config_.rules);
-  for (const auto& [s, uri] : checkpoints_) {
-    if (s <= step) engine_->NoteCheckpoint(s, uri);
-  }
   // Replay the kept records up to the checkpoint; forget the rest. Every
   // rank kept the same reduced records, so every rank rebuilds the same
   // engine.
+  core::EngineRebuilder rebuild(config_.rules, step);
+  for (const auto& [s, uri] : checkpoints_) rebuild.NoteCheckpoint(s, uri);
   size_t kept = 0;
-  core::StepOutcome scratch;
-  for (size_t i = 0; i < history_count_; ++i) {
-    const core::StepRecord& rec = history_[(history_head_ + i) % history_.size()];
+  for (; kept < history_count_; ++kept) {
+    const core::StepRecord& rec = history_[(history_head_ + kept) % history_.size()];
     if (rec.step > step) break;
-    engine_->Observe(rec, &scratch).IgnoreError();
-    ++kept;
+    rebuild.Feed(rec);
   }
   history_count_ = kept;
+  engine_ = std::move(rebuild).Finish();
   sender_.AbandonAfter(step);
 }
 

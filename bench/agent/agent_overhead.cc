@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "trainwatch/agent/agent.h"
-#include "trainwatch/server/server.h"
+#include "server.h"
 
 namespace {
 

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 
 namespace trainwatch::core {
@@ -102,7 +103,11 @@ class Parser {
       v->number = -std::numeric_limits<double>::infinity();
       return absl::OkStatus();
     }
-    return Number(&v->number);
+    const size_t start = pos_;
+    absl::Status st = Number(&v->number);
+    // The literal too: integers beyond 2^53 (shard ids) read exactly from it.
+    if (st.ok()) v->string.assign(text_.data() + start, pos_ - start);
+    return st;
   }
 
   absl::Status Number(double* out) {
@@ -353,6 +358,76 @@ void AppendRecommendedActionsJson(std::string* out,
     out->push_back('}');
   }
   out->push_back(']');
+}
+
+absl::StatusOr<std::vector<RecommendedAction>> ParseRecommendedActionsJson(
+    absl::string_view text, absl::string_view source) {
+  absl::StatusOr<JsonValue> doc = ParseJson(text, source);
+  if (!doc.ok()) return doc.status();
+  if (doc->type != JsonValue::Type::kArray) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not an array of actions"));
+  }
+  auto error = [&](const JsonValue& at, absl::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s:%d:%d: %s", source, at.line, at.column, what));
+  };
+  auto field = [&](const JsonValue& a, absl::string_view key,
+                   JsonValue::Type type) -> absl::StatusOr<const JsonValue*> {
+    const JsonValue* v = a.Find(key);
+    if (v == nullptr || v->type != type) {
+      return error(a, absl::StrCat("an action needs \"", key, "\" of the right type"));
+    }
+    return v;
+  };
+  std::vector<RecommendedAction> out;
+  for (const JsonValue& a : doc->array) {
+    absl::StatusOr<const JsonValue*> kind = field(a, "kind", JsonValue::Type::kString);
+    if (!kind.ok()) return kind.status();
+    absl::StatusOr<const JsonValue*> text_field = field(a, "text", JsonValue::Type::kString);
+    if (!text_field.ok()) return text_field.status();
+    RecommendedAction r;
+    r.text = (*text_field)->string;
+    bool known = false;
+    for (auto k : {RecommendedAction::Kind::kQuarantineShards,
+                   RecommendedAction::Kind::kInspectShards,
+                   RecommendedAction::Kind::kSetZLossAlpha,
+                   RecommendedAction::Kind::kWidenPrecision}) {
+      if (RecommendedActionKindName(k) == (*kind)->string) {
+        r.kind = k;
+        known = true;
+      }
+    }
+    if (!known) return error(a, absl::StrCat("unknown action kind \"", (*kind)->string, "\""));
+    switch (r.kind) {
+      case RecommendedAction::Kind::kQuarantineShards:
+      case RecommendedAction::Kind::kInspectShards: {
+        absl::StatusOr<const JsonValue*> first = field(a, "shard_first", JsonValue::Type::kNumber);
+        absl::StatusOr<const JsonValue*> last = field(a, "shard_last", JsonValue::Type::kNumber);
+        if (!first.ok()) return first.status();
+        if (!last.ok()) return last.status();
+        if (!absl::SimpleAtoi((*first)->string, &r.shard_first) ||
+            !absl::SimpleAtoi((*last)->string, &r.shard_last)) {
+          return error(a, "shard ids must be non-negative integers");
+        }
+        break;
+      }
+      case RecommendedAction::Kind::kSetZLossAlpha: {
+        absl::StatusOr<const JsonValue*> alpha =
+            field(a, "z_loss_alpha", JsonValue::Type::kNumber);
+        if (!alpha.ok()) return alpha.status();
+        r.z_loss_alpha = (*alpha)->number;
+        break;
+      }
+      case RecommendedAction::Kind::kWidenPrecision: {
+        absl::StatusOr<const JsonValue*> tensor = field(a, "tensor", JsonValue::Type::kString);
+        if (!tensor.ok()) return tensor.status();
+        r.tensor = (*tensor)->string;
+        break;
+      }
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
 }
 
 }  // namespace trainwatch::core

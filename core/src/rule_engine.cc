@@ -171,4 +171,14 @@ absl::Status RuleEngine::Observe(const StepRecord& r, StepOutcome* out) {
   return absl::OkStatus();
 }
 
+bool EngineRebuilder::Feed(const StepRecord& record) {
+  if (record.step > up_to_ || !engine_->Observe(record, &scratch_).ok()) return false;
+  ++fed_;
+  return true;
+}
+
+void EngineRebuilder::NoteCheckpoint(int64_t step, absl::string_view uri) {
+  if (step <= up_to_) engine_->NoteCheckpoint(step, uri);
+}
+
 }  // namespace trainwatch::core

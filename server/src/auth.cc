@@ -1,4 +1,4 @@
-#include "trainwatch/server/auth.h"
+#include "auth.h"
 
 #include <fstream>
 #include <iterator>

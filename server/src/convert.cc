@@ -55,7 +55,7 @@ v1::Rule RuleToProto(EventKind kind) {
   return v1::RULE_UNSPECIFIED;
 }
 
-void StepToProto(const StoredStep& s, v1::StepMetrics* out) {
+void StepToProto(const StepRow& s, v1::StepMetrics* out) {
   out->set_step(s.step);
   v1::Metrics* m = out->mutable_metrics();
   if (s.Has(Signal::kLoss)) m->set_loss(s.Get(Signal::kLoss));

@@ -9,7 +9,7 @@
 #include "google/protobuf/timestamp.pb.h"
 #include "trainwatch/core/event.h"
 #include "ingest.h"
-#include "trainwatch/server/store.h"
+#include "store.h"
 #include "trainwatch/v1/common.pb.h"
 #include "trainwatch/v1/operator.pb.h"
 
@@ -20,7 +20,7 @@ trainwatch::v1::Tier TierToProto(int tier);
 // -1 for TIER_UNSPECIFIED (every tier).
 int TierFromProto(trainwatch::v1::Tier tier);
 trainwatch::v1::Rule RuleToProto(core::EventKind kind);
-void StepToProto(const StoredStep& s, trainwatch::v1::StepMetrics* out);
+void StepToProto(const StepRow& s, trainwatch::v1::StepMetrics* out);
 // The incident without its summary (lists).
 void IncidentToProto(const IncidentRow& r, trainwatch::v1::Incident* out);
 void RunToProto(const RunSnapshot& s, int32_t ranks_connected, trainwatch::v1::RunInfo* out);

@@ -10,7 +10,6 @@
 #include "absl/strings/str_format.h"
 #include "convert.h"
 #include "rollback.h"
-#include "trainwatch/core/json.h"
 #include "trainwatch/v1/agent.pb.h"
 
 namespace trainwatch::server {
@@ -55,7 +54,7 @@ void BuildSummary(const SummaryInputs& in, v1::DiagnosticSummary* s) {
   std::vector<double> window;
   int64_t window_first = -1;
   for (size_t i = 0; i < n; ++i) {
-    const StoredStep& st = in.steps[i];
+    const StepRow& st = in.steps[i];
     if (i % stride == 0 && st.Has(core::Signal::kLogZ)) {
       auto* p = s->add_log_z_trend();
       p->set_step(st.step);
@@ -127,30 +126,30 @@ void BuildSummary(const SummaryInputs& in, v1::DiagnosticSummary* s) {
     s->mutable_recommended_checkpoint()->set_step(inc.recommended_checkpoint_step);
     s->mutable_recommended_checkpoint()->set_uri(inc.recommended_checkpoint_uri);
   }
-  absl::StatusOr<core::JsonValue> actions = core::ParseJson(inc.actions_json, "actions");
   std::string flags;
-  if (actions.ok()) {
-    for (const core::JsonValue& a : actions->array) {
-      const core::JsonValue* kind = a.Find("kind");
-      const core::JsonValue* text = a.Find("text");
-      v1::RecommendedAction* ra = s->add_recommended_actions();
-      ra->set_description(text ? text->string : "");
-      const std::string k = kind ? kind->string : "";
-      if (k == "quarantine_shards") {
+  for (const core::RecommendedAction& a : inc.actions) {
+    v1::RecommendedAction* ra = s->add_recommended_actions();
+    ra->set_description(a.text);
+    switch (a.kind) {
+      case core::RecommendedAction::Kind::kQuarantineShards: {
         ra->set_kind(v1::ACTION_KIND_QUARANTINE_SHARDS);
         auto* r = ra->mutable_shards()->add_ranges();
-        r->set_first(static_cast<uint64_t>(a.Find("shard_first")->number));
-        r->set_last(static_cast<uint64_t>(a.Find("shard_last")->number));
-        absl::StrAppend(&flags, " --quarantine-shards ", r->first(), "..", r->last());
-      } else if (k == "inspect_shards") {
-        ra->set_kind(v1::ACTION_KIND_INSPECT_SHARDS);
-      } else if (k == "set_z_loss_alpha") {
-        ra->set_kind(v1::ACTION_KIND_SET_Z_LOSS_ALPHA);
-        ra->mutable_setting()->set_z_loss_alpha(a.Find("z_loss_alpha")->number);
-        absl::StrAppendFormat(&flags, " --z-loss-alpha %g", a.Find("z_loss_alpha")->number);
-      } else if (k == "widen_precision") {
-        ra->set_kind(v1::ACTION_KIND_SET_LAYER_PRECISION);
+        r->set_first(a.shard_first);
+        r->set_last(a.shard_last);
+        absl::StrAppend(&flags, " --quarantine-shards ", a.shard_first, "..", a.shard_last);
+        break;
       }
+      case core::RecommendedAction::Kind::kInspectShards:
+        ra->set_kind(v1::ACTION_KIND_INSPECT_SHARDS);
+        break;
+      case core::RecommendedAction::Kind::kSetZLossAlpha:
+        ra->set_kind(v1::ACTION_KIND_SET_Z_LOSS_ALPHA);
+        ra->mutable_setting()->set_z_loss_alpha(a.z_loss_alpha);
+        absl::StrAppendFormat(&flags, " --z-loss-alpha %g", a.z_loss_alpha);
+        break;
+      case core::RecommendedAction::Kind::kWidenPrecision:
+        ra->set_kind(v1::ACTION_KIND_SET_LAYER_PRECISION);
+        break;
     }
   }
   // What an approval does by default besides the shards: every rank skips

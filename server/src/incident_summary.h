@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "absl/types/span.h"
-#include "trainwatch/server/store.h"
+#include "store.h"
 #include "trainwatch/v1/operator.pb.h"
 
 namespace trainwatch::server {
@@ -20,7 +20,7 @@ struct SummaryInputs {
   const IncidentRow& incident;
   absl::Span<const EventRow> events;  // the incident's, in order
   // The incident's attempt, from 5,000 steps before the onset to detection.
-  absl::Span<const StoredStep> steps;
+  absl::Span<const StepRow> steps;
   // The ranks' own reports at the onset (tier 3: which tensors, which ranks).
   absl::Span<const RankStepRow> onset_ranks;
   int64_t steps_before_onset = 0;  // the rules' shard_steps_before_onset

@@ -4,7 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "trainwatch/core/json.h"
 #include "trainwatch/v1/common.pb.h"
 
 namespace trainwatch::server {
@@ -143,8 +142,7 @@ void IncidentTracker::OnEvents(int64_t attempt, const std::vector<core::Event>& 
       inc.recommended_checkpoint_step = e.recommended_checkpoint_step;
       inc.recommended_checkpoint_uri = e.recommended_checkpoint_uri;
       if (!e.shards.empty()) inc.shards = e.shards;
-      inc.actions_json.clear();
-      core::AppendRecommendedActionsJson(&inc.actions_json, e.recommended_actions);
+      inc.actions = e.recommended_actions;
       if (!opened && (e.action == core::Action::kPage || e.action == core::Action::kHalt) &&
           !IsClosed(inc.state) && inc.state != IncidentState::kRollingBack) {
         inc.state = IncidentState::kAwaitingDecision;

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "trainwatch/core/event.h"
-#include "trainwatch/server/store.h"
+#include "store.h"
 
 namespace trainwatch::server {
 

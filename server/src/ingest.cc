@@ -6,14 +6,13 @@
 
 #include "log.h"
 #include "absl/strings/str_cat.h"
-#include "trainwatch/core/json.h"
-#include "trainwatch/server/pager.h"
+#include "pager.h"
 
 namespace trainwatch::server {
 
 using trainwatch::v1::StepReport;
 
-Ingestor::Ingestor(Store* store, const IngestOptions& options, Clock* clock)
+Ingestor::Ingestor(Store* store, const IngestOptions& options, core::Clock* clock)
     : store_(store), options_(options), clock_(clock) {}
 
 Ingestor::~Ingestor() { Stop(); }
@@ -59,26 +58,25 @@ absl::Status Ingestor::Recover() {
 
 absl::Status Ingestor::RecoverRun(const RunRow& row) {
   auto rs = std::make_unique<RunState>(row);
-  rs->engine = std::make_unique<core::RuleEngine>(options_.rules);
   RunState& r = *rs;
-  int64_t steps = 0;
+  core::EngineRebuilder rebuild(options_.rules);
   absl::Status st = store_->ForEachStep(
-      row.run_id, row.attempt, [&](const StoredStep& s, const std::string& ckpt) {
+      row.run_id, row.attempt, [&](const StepRow& s, const std::string& ckpt) {
         core::StepRecord rec = s.View();
         rec.checkpoint_uri = ckpt;
-        // Events were stored the first time; this only rebuilds state.
-        if (r.engine->Observe(rec, &r.out).ok()) {
+        if (rebuild.Feed(rec)) {
           r.latest = s;
           r.has_latest = true;
           r.skipped_total += s.decision == static_cast<int>(core::Decision::kSkipUpdate);
-          ++steps;
         }
       });
   if (!st.ok()) return st;
   // Checkpoints reported apart from steps (and after the last one).
   absl::StatusOr<std::vector<CheckpointRow>> cks = store_->Checkpoints(row.run_id);
   if (!cks.ok()) return cks.status();
-  for (const CheckpointRow& c : *cks) r.engine->NoteCheckpoint(c.step, c.uri);
+  for (const CheckpointRow& c : *cks) rebuild.NoteCheckpoint(c.step, c.uri);
+  const int64_t steps = rebuild.fed();
+  r.engine = std::move(rebuild).Finish();
   IncidentFilter f;
   f.run_id = row.run_id;
   f.limit = 1 << 30;
@@ -232,12 +230,7 @@ void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
         absl::StrAppend(&summary, " Recommended: roll back to checkpoint step ",
                         inc.recommended_checkpoint_step, ".");
       }
-      absl::StatusOr<core::JsonValue> actions = core::ParseJson(inc.actions_json, "actions");
-      if (actions.ok()) {
-        for (const core::JsonValue& a : actions->array) {
-          if (const core::JsonValue* t = a.Find("text")) absl::StrAppend(&summary, " ", t->string, ".");
-        }
-      }
+      for (const core::RecommendedAction& a : inc.actions) absl::StrAppend(&summary, " ", a.text, ".");
       for (OutboxRow& row : pager_->Rows(inc, summary, now)) batch_.outbox.push_back(std::move(row));
     }
   }
@@ -369,7 +362,7 @@ void Ingestor::HandleStep(RunState& run, const StepReport& r, uint64_t stream, i
     }
     return;
   }
-  StoredStep s = GlobalStep(r);
+  StepRow s = GlobalStep(r);
   s.received_ms = now;
   if (r.step() <= run.row.last_step) {
     // Already evaluated: a re-send after a reconnect (ignored by the store)
@@ -397,7 +390,7 @@ void Ingestor::CompletePending(RunState& run, int64_t now, bool force) {
     const bool complete = p.count() >= run.row.world_size;
     const bool timed_out = now - p.first_ms() >= options_.aggregation_timeout_ms;
     if (!complete && !timed_out && !force) break;
-    StoredStep s = p.Finish(it->first, run.row.world_size);
+    StepRow s = p.Finish(it->first, run.row.world_size);
     s.received_ms = now;
     if (!s.missing_ranks.empty()) {
       ++run.missing_rank_steps_total;
@@ -409,7 +402,7 @@ void Ingestor::CompletePending(RunState& run, int64_t now, bool force) {
   }
 }
 
-void Ingestor::Evaluate(RunState& run, StoredStep s, int64_t now,
+void Ingestor::Evaluate(RunState& run, StepRow s, int64_t now,
                         absl::Span<const core::TensorStat> tensors) {
   core::StepRecord rec = s.View();
   rec.tensors = tensors;

@@ -34,8 +34,8 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "trainwatch/core/config.h"
-#include "trainwatch/server/clock.h"
-#include "trainwatch/server/store.h"
+#include "trainwatch/core/clock.h"
+#include "store.h"
 #include "incident_tracker.h"
 #include "rollback.h"
 #include "step_aggregation.h"
@@ -78,7 +78,7 @@ struct DecisionOutcome {
 struct RunSnapshot {
   RunRow row;
   bool rank_mode = false;
-  StoredStep latest;  // the last evaluated global step
+  StepRow latest;  // the last evaluated global step
   bool has_latest = false;
   int64_t skipped_total = 0;
   int64_t incidents_total[4] = {0, 0, 0, 0};  // by tier
@@ -108,7 +108,7 @@ struct IngestOptions {
 
 class Ingestor {
  public:
-  Ingestor(Store* store, const IngestOptions& options, Clock* clock);
+  Ingestor(Store* store, const IngestOptions& options, core::Clock* clock);
   ~Ingestor();
   // Fixed at construction; any thread.
   const IngestOptions& options() const { return options_; }
@@ -154,7 +154,7 @@ class Ingestor {
     core::StepOutcome out;
     std::map<int64_t, StepAggregate> pending;  // ranks mode: steps not complete
     IncidentTracker incidents;
-    StoredStep latest;
+    StepRow latest;
     bool has_latest = false;
     bool row_dirty = false;
     int64_t skipped_total = 0;
@@ -173,7 +173,7 @@ class Ingestor {
                   int64_t now);
   // `tensors`: the report's per-tensor statistics, if any (names the source
   // of a numerical failure).
-  void Evaluate(RunState& run, StoredStep step, int64_t now,
+  void Evaluate(RunState& run, StepRow step, int64_t now,
                 absl::Span<const core::TensorStat> tensors = {});
   void CompletePending(RunState& run, int64_t now, bool force);
   // Incident changes are written with this batch and heard after commit.
@@ -188,7 +188,7 @@ class Ingestor {
 
   Store* store_;
   IngestOptions options_;
-  Clock* clock_;
+  core::Clock* clock_;
   IngestListener* listener_ = nullptr;
   class Pager* pager_ = nullptr;
 

@@ -166,27 +166,24 @@ void Ingestor::CompleteRollback(RunState& run, int64_t now) {
   // A new attempt: its history is the old one's up to the checkpoint, and
   // the engine is rebuilt from exactly that.
   batch_.attempt_copies.push_back({run.row.run_id, old_attempt, old_attempt + 1, target});
-  run.engine = std::make_unique<core::RuleEngine>(options_.rules);
   run.has_latest = false;
-  int64_t fed = 0;
+  core::EngineRebuilder rebuild(options_.rules, target);
   absl::Status st = store_->ForEachStep(
-      run.row.run_id, old_attempt, [&](const StoredStep& s, const std::string& ckpt) {
-        if (s.step > target) return;
+      run.row.run_id, old_attempt, [&](const StepRow& s, const std::string& ckpt) {
         core::StepRecord rec = s.View();
         rec.checkpoint_uri = ckpt;
-        if (run.engine->Observe(rec, &run.out).ok()) {
+        if (rebuild.Feed(rec)) {
           run.latest = s;
           run.has_latest = true;
-          ++fed;
         }
       });
   if (!st.ok()) LOG(ERROR) << "run " << run.row.run_id << ": rebuilding after rollback: " << st;
   absl::StatusOr<std::vector<CheckpointRow>> cks = store_->Checkpoints(run.row.run_id);
   if (cks.ok()) {
-    for (const CheckpointRow& c : *cks) {
-      if (c.step <= target) run.engine->NoteCheckpoint(c.step, c.uri);
-    }
+    for (const CheckpointRow& c : *cks) rebuild.NoteCheckpoint(c.step, c.uri);
   }
+  const int64_t fed = rebuild.fed();
+  run.engine = std::move(rebuild).Finish();
   run.row.attempt = old_attempt + 1;
   run.row.last_step = target;
   run.row_dirty = true;

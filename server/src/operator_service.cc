@@ -167,7 +167,7 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
         }
         attempt = req->attempt();
       }
-      absl::StatusOr<std::vector<StoredStep>> recent =
+      absl::StatusOr<std::vector<StepRow>> recent =
           state_->store()->RecentSteps(run->row.run_id, attempt, window);
       if (!recent.ok()) return recent.status();
       const size_t max_points = req->max_points() > 0 ? static_cast<size_t>(req->max_points())
@@ -394,7 +394,7 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
     const int64_t attempt = IncidentAttempt(inc, current_attempt);
     // Curves from the stored steps: the 5,000 steps before the onset up to
     // the detection.
-    absl::StatusOr<std::vector<StoredStep>> steps = state_->store()->StepsBetween(
+    absl::StatusOr<std::vector<StepRow>> steps = state_->store()->StepsBetween(
         inc.run_id, attempt, std::max<int64_t>(0, inc.onset_step - 5000), inc.detection_step);
     if (!steps.ok()) return steps.status();
     std::vector<RankStepRow> ranks;

@@ -1,4 +1,4 @@
-#include "trainwatch/server/pager.h"
+#include "pager.h"
 
 #include <curl/curl.h>
 
@@ -197,7 +197,7 @@ std::string PagePayload(const Receiver& r, const PageContent& c, int64_t now_ms)
   return "{}";
 }
 
-Pager::Pager(Store* store, PagerConfig config, Clock* clock)
+Pager::Pager(Store* store, PagerConfig config, core::Clock* clock)
     : store_(store), config_(std::move(config)), clock_(clock) {
   curl_global_init(CURL_GLOBAL_DEFAULT);
 }

@@ -5,7 +5,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "trainwatch/core/json.h"
 
 namespace trainwatch::server {
 
@@ -23,23 +22,14 @@ const char* StateWord(IncidentState s) {
   return "?";
 }
 
-// The recommendation's quarantine ranges and z-loss, as the engine wrote them.
+// The recommendation's quarantine ranges and z-loss.
 void RecommendedSettings(const IncidentRow& incident, ShardRanges* quarantine,
                          std::optional<double>* z_loss) {
-  absl::StatusOr<core::JsonValue> actions = core::ParseJson(incident.actions_json, "actions");
-  if (!actions.ok()) return;
-  for (const core::JsonValue& a : actions->array) {
-    const core::JsonValue* kind = a.Find("kind");
-    if (kind == nullptr) continue;
-    if (kind->string == "quarantine_shards") {
-      const core::JsonValue* first = a.Find("shard_first");
-      const core::JsonValue* last = a.Find("shard_last");
-      if (first != nullptr && last != nullptr) {
-        quarantine->emplace_back(static_cast<uint64_t>(first->number),
-                                 static_cast<uint64_t>(last->number));
-      }
-    } else if (kind->string == "set_z_loss_alpha") {
-      if (const core::JsonValue* alpha = a.Find("z_loss_alpha")) *z_loss = alpha->number;
+  for (const core::RecommendedAction& a : incident.actions) {
+    if (a.kind == core::RecommendedAction::Kind::kQuarantineShards) {
+      quarantine->emplace_back(a.shard_first, a.shard_last);
+    } else if (a.kind == core::RecommendedAction::Kind::kSetZLossAlpha) {
+      *z_loss = a.z_loss_alpha;
     }
   }
 }

@@ -3,7 +3,7 @@
 // started; the services themselves live in agent_stream.cc,
 // operator_service.cc and exporter.cc.
 
-#include "trainwatch/server/server.h"
+#include "server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
@@ -24,8 +24,8 @@
 #include "absl/strings/str_cat.h"
 #include "operator_service.h"
 #include "service_state.h"
-#include "trainwatch/server/auth.h"
-#include "trainwatch/server/pager.h"
+#include "auth.h"
+#include "pager.h"
 
 namespace trainwatch::server {
 
@@ -70,7 +70,7 @@ Ingestor* Server::ingestor() { return impl_->ingestor.get(); }
 Store* Server::store() { return impl_->store.get(); }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
-                                                      Clock* clock) {
+                                                      core::Clock* clock) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   Authenticator auth;

@@ -22,10 +22,10 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "ingest.h"
-#include "trainwatch/server/auth.h"
-#include "trainwatch/server/clock.h"
-#include "trainwatch/server/pager.h"
-#include "trainwatch/server/store.h"
+#include "auth.h"
+#include "trainwatch/core/clock.h"
+#include "pager.h"
+#include "store.h"
 #include "trainwatch/v1/agent.pb.h"
 #include "trainwatch/v1/operator.pb.h"
 #include "work_queue.h"
@@ -72,7 +72,7 @@ class IncidentWatcher {
 // Everything the services share. Thread-safe.
 class ServiceState : public IngestListener {
  public:
-  ServiceState(Ingestor* ingestor, Store* store, Pager* pager, Authenticator auth, Clock* clock,
+  ServiceState(Ingestor* ingestor, Store* store, Pager* pager, Authenticator auth, core::Clock* clock,
                std::string grafana_url)
       : ingestor_(ingestor),
         pager_(pager),
@@ -85,7 +85,7 @@ class ServiceState : public IngestListener {
   Store* store() { return store_; }
   Pager* pager() { return pager_; }
   const Authenticator& auth() const { return auth_; }
-  Clock* clock() { return clock_; }
+  core::Clock* clock() { return clock_; }
   const std::string& grafana_url() const { return grafana_url_; }
 
   uint64_t Register(std::shared_ptr<Session> s) {
@@ -142,7 +142,7 @@ class ServiceState : public IngestListener {
   Pager* pager_;
   Store* store_;
   Authenticator auth_;
-  Clock* clock_;
+  core::Clock* clock_;
   std::string grafana_url_;
   absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -68,8 +68,8 @@ void StepAggregate::Merge(const trainwatch::v1::StepReport& r) {
   for (uint64_t s : r.shard_ids()) shards_.insert(s);
 }
 
-StoredStep StepAggregate::Finish(int64_t step, int32_t world_size) const {
-  StoredStep s = extras_;
+StepRow StepAggregate::Finish(int64_t step, int32_t world_size) const {
+  StepRow s = extras_;
   s.step = step;
   if (loss_nonfinite_) {
     s.Set(Signal::kLoss, kNaN);
@@ -100,10 +100,10 @@ StoredStep StepAggregate::Finish(int64_t step, int32_t world_size) const {
   return s;
 }
 
-StoredStep GlobalStep(const trainwatch::v1::StepReport& report) {
+StepRow GlobalStep(const trainwatch::v1::StepReport& report) {
   StepAggregate a(0);
   a.Add(0, report);
-  StoredStep s = a.Finish(report.step(), 0);
+  StepRow s = a.Finish(report.step(), 0);
   if (report.element_count() == 0 && report.metrics().has_nan_frac()) {
     s.Set(Signal::kNanFrac, report.metrics().nan_frac());
   }

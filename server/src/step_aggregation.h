@@ -17,7 +17,7 @@
 #include <set>
 #include <vector>
 
-#include "trainwatch/server/store.h"
+#include "store.h"
 #include "trainwatch/v1/agent.pb.h"
 
 namespace trainwatch::server {
@@ -36,7 +36,7 @@ class StepAggregate {
 
   // The merged record of `step`; ranks below `world_size` that did not
   // report are listed in missing_ranks ("3,7").
-  StoredStep Finish(int64_t step, int32_t world_size) const;
+  StepRow Finish(int64_t step, int32_t world_size) const;
 
  private:
   void Merge(const trainwatch::v1::StepReport& r);
@@ -52,14 +52,14 @@ class StepAggregate {
   int64_t nonfinite_ = 0, elements_ = 0;
   bool counts_seen_ = false;
   double nan_frac_max_ = -1;
-  StoredStep extras_;  // lr, z-loss, activation max, attention p99
+  StepRow extras_;  // lr, z-loss, activation max, attention p99
   std::set<uint64_t> shards_;
 };
 
 // The stored form of a record that rank 0 reduced itself
 // (REPORT_SCOPE_GLOBAL): the same conversion, with nan_frac as reported when
 // the record carries no counts.
-StoredStep GlobalStep(const trainwatch::v1::StepReport& report);
+StepRow GlobalStep(const trainwatch::v1::StepReport& report);
 
 }  // namespace trainwatch::server
 

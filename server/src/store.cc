@@ -1,4 +1,4 @@
-#include "trainwatch/server/store.h"
+#include "store.h"
 
 #include <sqlite3.h>
 
@@ -40,20 +40,6 @@ absl::StatusOr<sqlite3*> OpenConnection(const std::string& path) {
 }
 
 }  // namespace
-
-double StoredStep::Get(core::Signal s) const {
-  return Has(s) ? values[static_cast<int>(s)] : std::numeric_limits<double>::quiet_NaN();
-}
-
-core::StepRecord StoredStep::View() const {
-  core::StepRecord r;
-  r.step = step;
-  for (int i = 0; i < core::kNumSignals; ++i) {
-    if (present & (1u << i)) r.Set(static_cast<core::Signal>(i), values[i]);
-  }
-  r.shards = shards;
-  return r;
-}
 
 void WriteBatch::clear() {
   runs.clear();
@@ -126,7 +112,7 @@ absl::StatusOr<std::vector<RunRow>> Store::LoadRuns() { return rows::Runs(db_); 
 
 absl::Status Store::ForEachStep(
     const std::string& run_id, int64_t attempt,
-    const std::function<void(const StoredStep&, const std::string&)>& fn) {
+    const std::function<void(const StepRow&, const std::string&)>& fn) {
   return rows::ForEachStep(db_, run_id, attempt, fn);
 }
 
@@ -174,13 +160,13 @@ absl::StatusOr<std::vector<EventRow>> Store::EventsOfIncident(int64_t id) {
   return rows::EventsOfIncident(read_db_, id);
 }
 
-absl::StatusOr<std::vector<StoredStep>> Store::RecentSteps(const std::string& run_id,
+absl::StatusOr<std::vector<StepRow>> Store::RecentSteps(const std::string& run_id,
                                                            int64_t attempt, int limit) {
   absl::MutexLock lock(&read_mu_);
   return rows::RecentSteps(read_db_, run_id, attempt, limit);
 }
 
-absl::StatusOr<std::vector<StoredStep>> Store::StepsBetween(const std::string& run_id,
+absl::StatusOr<std::vector<StepRow>> Store::StepsBetween(const std::string& run_id,
                                                             int64_t attempt, int64_t first,
                                                             int64_t last) {
   absl::MutexLock lock(&read_mu_);

@@ -1,6 +1,7 @@
 #include "store_incident_rows.h"
 
 #include "absl/strings/str_cat.h"
+#include "trainwatch/core/json.h"
 #include "sql_statement.h"
 
 namespace trainwatch::server::rows {
@@ -11,7 +12,10 @@ constexpr char kIncidentColumns[] =
     "id, run_id, episode, tier, state, kind, title, onset_step, detection_step, "
     "checkpoint_step, checkpoint_uri, shards, actions, opened_ms, updated_ms, closed_ms";
 
-IncidentRow ReadIncident(const SqlStatement& q) {
+// The recommended actions are stored as the JSON replay prints; a column
+// that does not parse whole fails the read (`error`) rather than giving half
+// a recommendation.
+IncidentRow ReadIncident(const SqlStatement& q, absl::Status* error) {
   IncidentRow r;
   r.id = q.Int(0);
   r.run_id = q.Text(1);
@@ -25,7 +29,13 @@ IncidentRow ReadIncident(const SqlStatement& q) {
   r.recommended_checkpoint_step = q.Int(9);
   r.recommended_checkpoint_uri = q.Text(10);
   r.shards = q.Shards(11);
-  r.actions_json = q.Text(12);
+  absl::StatusOr<std::vector<core::RecommendedAction>> actions = core::ParseRecommendedActionsJson(
+      q.Text(12), absl::StrCat("actions of incident I-", r.id));
+  if (actions.ok()) {
+    r.actions = *std::move(actions);
+  } else if (error->ok()) {
+    *error = absl::DataLossError(actions.status().message());
+  }
   r.opened_ms = q.Int(13);
   r.updated_ms = q.Int(14);
   r.closed_ms = q.Int(15);
@@ -50,7 +60,9 @@ absl::Status UpsertIncidents(sqlite3* db, const std::vector<IncidentRow>& incide
     q.Bind(6, int64_t{static_cast<int>(r.kind)}).Bind(7, r.title).Bind(8, r.onset_step);
     q.Bind(9, r.detection_step).Bind(10, r.recommended_checkpoint_step);
     q.Bind(11, r.recommended_checkpoint_uri).BindShards(12, r.shards);
-    q.Bind(13, r.actions_json).Bind(14, r.opened_ms).Bind(15, r.updated_ms);
+    std::string actions;
+    core::AppendRecommendedActionsJson(&actions, r.actions);
+    q.Bind(13, actions).Bind(14, r.opened_ms).Bind(15, r.updated_ms);
     q.Bind(16, r.closed_ms);
     if (absl::Status s = q.Run(); !s.ok()) return s;
     absl::Status s = flag.RunEach(r.shards, [&](SqlStatement& f, uint64_t shard) {
@@ -68,13 +80,19 @@ absl::StatusOr<std::vector<IncidentRow>> ListIncidents(sqlite3* db, const Incide
                                   "id > ?4 ORDER BY id LIMIT ?5"));
   q.Bind(1, f.run_id).Bind(2, int64_t{f.open_only}).Bind(3, int64_t{f.tier});
   q.Bind(4, f.after_id).Bind(5, int64_t{f.limit});
-  return q.All(ReadIncident);
+  absl::Status bad;
+  auto rows = q.All([&bad](const SqlStatement& s) { return ReadIncident(s, &bad); });
+  if (!bad.ok()) return bad;
+  return rows;
 }
 
 absl::StatusOr<std::optional<IncidentRow>> GetIncident(sqlite3* db, int64_t id) {
   SqlStatement q(db, absl::StrCat("SELECT ", kIncidentColumns, " FROM incidents WHERE id = ?1"));
   q.Bind(1, id);
-  return q.First(ReadIncident);
+  absl::Status bad;
+  auto row = q.First([&bad](const SqlStatement& s) { return ReadIncident(s, &bad); });
+  if (!bad.ok()) return bad;
+  return row;
 }
 
 absl::StatusOr<int64_t> MaxIncidentId(sqlite3* db) {

@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "trainwatch/server/store.h"
+#include "store.h"
 
 struct sqlite3;
 

@@ -26,14 +26,15 @@ void BindCount(SqlStatement& q, int i, int64_t v) {
   }
 }
 
-StoredStep ReadStep(const SqlStatement& q) {
-  StoredStep s;
+StepRow ReadStep(const SqlStatement& q) {
+  StepRow s;
   s.step = q.Int(0);
-  s.present = static_cast<uint32_t>(q.Int(9));
+  const auto present = static_cast<uint32_t>(q.Int(9));
   for (int i = 0; i < core::kNumSignals; ++i) {
     // A reported NaN is stored as NULL and comes back as NaN; presence says
     // whether it was reported.
-    s.values[i] = q.Real(1 + i);
+    const auto signal = static_cast<core::Signal>(i);
+    if (present & core::Bit(signal)) s.Set(signal, q.Real(1 + i));
   }
   s.loss_ema_ratio = q.Real(10);
   s.nonfinite = q.IsNull(11) ? -1 : q.Int(11);
@@ -101,16 +102,17 @@ absl::Status InsertSteps(sqlite3* db, const std::vector<WriteBatch::Step>& steps
                                   ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
                                   "?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)"));
   return q.RunEach(steps, [](SqlStatement& q, const WriteBatch::Step& w) {
-    const StoredStep& s = w.step;
+    const StepRow& s = w.step;
     q.Bind(1, w.run_id).Bind(2, w.attempt).Bind(3, s.step);
     for (int i = 0; i < core::kNumSignals; ++i) {
-      if (s.present & (1u << i)) {
-        q.Bind(4 + i, s.values[i]);
+      const auto signal = static_cast<core::Signal>(i);
+      if (s.Has(signal)) {
+        q.Bind(4 + i, s.Get(signal));
       } else {
         q.BindNull(4 + i);
       }
     }
-    q.Bind(12, int64_t{s.present}).Bind(13, s.loss_ema_ratio);
+    q.Bind(12, int64_t{s.present()}).Bind(13, s.loss_ema_ratio);
     BindCount(q, 14, s.nonfinite);
     BindCount(q, 15, s.elements);
     q.Bind(16, int64_t{s.decision}).BindShards(17, s.shards);
@@ -129,7 +131,7 @@ absl::Status CopyAttempts(sqlite3* db, const std::vector<AttemptCopy>& copies) {
 }
 
 absl::Status ForEachStep(sqlite3* db, const std::string& run_id, int64_t attempt,
-                         const std::function<void(const StoredStep&, const std::string&)>& fn) {
+                         const std::function<void(const StepRow&, const std::string&)>& fn) {
   SqlStatement q(db, absl::StrCat("SELECT ", kStepColumns,
                                   ", (SELECT uri FROM checkpoints c WHERE c.run_id = s.run_id AND "
                                   "c.step = s.step) FROM steps s WHERE run_id = ?1 AND "
@@ -140,18 +142,18 @@ absl::Status ForEachStep(sqlite3* db, const std::string& run_id, int64_t attempt
   return st;
 }
 
-absl::StatusOr<std::vector<StoredStep>> RecentSteps(sqlite3* db, const std::string& run_id,
+absl::StatusOr<std::vector<StepRow>> RecentSteps(sqlite3* db, const std::string& run_id,
                                                     int64_t attempt, int limit) {
   SqlStatement q(db, absl::StrCat("SELECT ", kStepColumns,
                                   " FROM steps WHERE run_id = ?1 AND attempt = ?2 ORDER BY step "
                                   "DESC LIMIT ?3"));
   q.Bind(1, run_id).Bind(2, attempt).Bind(3, int64_t{limit});
-  absl::StatusOr<std::vector<StoredStep>> out = q.All(ReadStep);
+  absl::StatusOr<std::vector<StepRow>> out = q.All(ReadStep);
   if (out.ok()) std::reverse(out->begin(), out->end());
   return out;
 }
 
-absl::StatusOr<std::vector<StoredStep>> StepsBetween(sqlite3* db, const std::string& run_id,
+absl::StatusOr<std::vector<StepRow>> StepsBetween(sqlite3* db, const std::string& run_id,
                                                      int64_t attempt, int64_t first, int64_t last) {
   SqlStatement q(db, absl::StrCat("SELECT ", kStepColumns,
                                   " FROM steps WHERE run_id = ?1 AND attempt = ?2 AND "

@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "trainwatch/server/store.h"
+#include "store.h"
 
 struct sqlite3;
 
@@ -30,10 +30,10 @@ absl::Status CopyAttempts(sqlite3* db, const std::vector<AttemptCopy>& copies);
 // The attempt's evaluated (not late) steps in step order, each with the uri
 // of the checkpoint reported at that step ("" if none).
 absl::Status ForEachStep(sqlite3* db, const std::string& run_id, int64_t attempt,
-                         const std::function<void(const StoredStep&, const std::string&)>& fn);
-absl::StatusOr<std::vector<StoredStep>> RecentSteps(sqlite3* db, const std::string& run_id,
+                         const std::function<void(const StepRow&, const std::string&)>& fn);
+absl::StatusOr<std::vector<StepRow>> RecentSteps(sqlite3* db, const std::string& run_id,
                                                     int64_t attempt, int limit);
-absl::StatusOr<std::vector<StoredStep>> StepsBetween(sqlite3* db, const std::string& run_id,
+absl::StatusOr<std::vector<StepRow>> StepsBetween(sqlite3* db, const std::string& run_id,
                                                      int64_t attempt, int64_t first, int64_t last);
 absl::StatusOr<int64_t> CountSteps(sqlite3* db, const std::string& run_id);
 

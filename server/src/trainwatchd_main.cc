@@ -1,5 +1,7 @@
 // trainwatchd: flags in, Server::Start, wait for SIGTERM/SIGINT, Shutdown.
 
+#include <pthread.h>
+
 #include <csignal>
 #include <cstdio>
 #include <string>
@@ -9,10 +11,9 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
-#include "absl/synchronization/notification.h"
 #include "trainwatch/core/config.h"
 #include "trainwatch/core/version.h"
-#include "trainwatch/server/server.h"
+#include "server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "gRPC address (port 0: pick a free one)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
@@ -29,15 +30,6 @@ ABSL_FLAG(int, aggregation_timeout_ms, 30000,
 ABSL_FLAG(std::string, grafana_url, "", "Grafana dashboard URL, for links in pages");
 ABSL_FLAG(std::string, pager_config, "",
           "pager receivers (JSON: alertmanager, pagerduty, slack, webhook); empty: no pages");
-
-namespace {
-absl::Notification* g_stop = nullptr;
-void OnSignal(int) {
-  // Notify is async-signal-safe enough here: it only flips an atomic and
-  // wakes a futex; main does the rest.
-  if (g_stop != nullptr && !g_stop->HasBeenNotified()) g_stop->Notify();
-}
-}  // namespace
 
 int main(int argc, char** argv) {
   // absl prints "<program>: <message>" and groups flags under the path the
@@ -86,10 +78,14 @@ int main(int argc, char** argv) {
     o.ingest.rules = *cfg;
   }
 
-  absl::Notification stop;
-  g_stop = &stop;
-  std::signal(SIGTERM, OnSignal);
-  std::signal(SIGINT, OnSignal);
+  // SIGTERM and SIGINT stay blocked in every thread (the server's threads
+  // inherit the mask) and main takes them with sigwait: no code runs in a
+  // signal handler, where almost nothing is safe.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   auto server = trainwatch::server::Server::Start(o);
   if (!server.ok()) {
@@ -100,7 +96,8 @@ int main(int argc, char** argv) {
   std::printf("metrics on 127.0.0.1:%d\nlistening on 127.0.0.1:%d\n", (*server)->metrics_port(),
               (*server)->port());
   std::fflush(stdout);
-  stop.WaitForNotification();
+  int received = 0;
+  sigwait(&stop_signals, &received);
   std::fprintf(stderr, "trainwatchd: signal received, draining\n");
   (*server)->Shutdown();
   return 0;

@@ -94,5 +94,34 @@ TEST_CASE("configuration files override - round-trip and reject bad keys", "[cor
   CHECK_FALSE(ParseRuleConfigJson("[]", "c").ok());
 }
 
+TEST_CASE("recommended actions: JSON round trip exact beyond 2^53 - refused when not whole",
+          "[core][json]") {
+  RecommendedAction q;
+  q.kind = RecommendedAction::Kind::kInspectShards;
+  q.shard_first = 9007199254740993u;  // 2^53 + 1: a double would read 2^53
+  q.shard_last = 18446744073709551615u;
+  q.text = "inspect";
+  RecommendedAction z;
+  z.kind = RecommendedAction::Kind::kSetZLossAlpha;
+  z.z_loss_alpha = 1e-4;
+  z.text = "z";
+  std::string json;
+  AppendRecommendedActionsJson(&json, {q, z});
+  auto back = ParseRecommendedActionsJson(json, "t");
+  REQUIRE(back.ok());
+  REQUIRE(back->size() == 2);
+  CHECK((*back)[0].kind == RecommendedAction::Kind::kInspectShards);
+  CHECK((*back)[0].shard_first == q.shard_first);
+  CHECK((*back)[0].shard_last == q.shard_last);
+  CHECK((*back)[1].z_loss_alpha == 1e-4);
+  for (const char* bad : {R"([{"kind":"quarantine_shards","text":"x","shard_first":1}])",
+                          R"([{"kind":"reboot","text":"x"}])",
+                          R"([{"kind":"quarantine_shards","text":"x","shard_first":-1,"shard_last":2}])",
+                          R"([{"kind":"set_z_loss_alpha","z_loss_alpha":1}])", R"({})"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(ParseRecommendedActionsJson(bad, "t").ok());
+  }
+}
+
 }  // namespace
 }  // namespace trainwatch::core

@@ -13,7 +13,7 @@
 #include "stack.h"
 #include "test_util.h"
 #include "trainwatch/core/json.h"
-#include "trainwatch/server/server.h"
+#include "server.h"
 
 namespace trainwatch::server {
 namespace {

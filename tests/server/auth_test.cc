@@ -4,7 +4,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "trainwatch/server/auth.h"
+#include "auth.h"
 
 namespace trainwatch::server {
 namespace {

@@ -41,7 +41,7 @@ TEST_CASE("step aggregation: means - maxima - sums - union and the missing ranks
   CHECK_FALSE(a.Add(2, Report(7, 99.0, 99.0, 99, 99, {})));  // a re-send merges nothing
   CHECK(a.count() == 2);
   CHECK(a.first_ms() == 100);
-  const StoredStep s = a.Finish(7, 3);
+  const StepRow s = a.Finish(7, 3);
   CHECK(s.step == 7);
   CHECK(s.Get(Signal::kLoss) == Approx(3.0));
   CHECK(s.Get(Signal::kGradNorm) == Approx(3.0));
@@ -60,7 +60,7 @@ TEST_CASE("step aggregation: one nonfinite loss makes the mean NaN - absent stay
   StepAggregate a(0);
   a.Add(0, Report(1, 2.0, 1.0, 0, 10, {}));
   a.Add(1, Report(1, std::nan(""), 1.0, 0, 10, {}));
-  const StoredStep s = a.Finish(1, 2);
+  const StepRow s = a.Finish(1, 2);
   REQUIRE(s.Has(Signal::kLoss));
   CHECK(std::isnan(s.Get(Signal::kLoss)));
   CHECK_FALSE(s.Has(Signal::kLearningRate));
@@ -73,7 +73,7 @@ TEST_CASE("step aggregation: a global record keeps its nan_frac when it has no c
   r.set_step(3);
   r.mutable_metrics()->set_nan_frac(0.25);
   r.set_learning_rate(1e-3);
-  const StoredStep s = GlobalStep(r);
+  const StepRow s = GlobalStep(r);
   CHECK(s.step == 3);
   CHECK(s.Get(Signal::kNanFrac) == Approx(0.25));
   CHECK(s.Get(Signal::kLearningRate) == Approx(1e-3));
@@ -192,7 +192,7 @@ IncidentRow PagedIncident() {
   z.kind = core::RecommendedAction::Kind::kSetZLossAlpha;
   z.z_loss_alpha = 1e-4;
   z.text = "set z-loss";
-  core::AppendRecommendedActionsJson(&inc.actions_json, {q, z});
+  inc.actions = {q, z};
   return inc;
 }
 

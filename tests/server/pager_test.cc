@@ -13,8 +13,8 @@
 
 #include "test_util.h"
 #include "trainwatch/core/json.h"
-#include "trainwatch/server/pager.h"
-#include "trainwatch/server/server.h"
+#include "pager.h"
+#include "server.h"
 
 namespace trainwatch::server {
 namespace {

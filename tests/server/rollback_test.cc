@@ -15,7 +15,7 @@
 #include "server_fixture.h"
 #include "test_util.h"
 #include "trainwatch/cli/operator_commands.h"
-#include "trainwatch/server/server.h"
+#include "server.h"
 
 namespace trainwatch::server {
 namespace {

@@ -4,7 +4,7 @@
 
 namespace trainwatch::testing {
 
-Running StartServer(const std::string& db, server::Clock* clock, server::ServerOptions options) {
+Running StartServer(const std::string& db, core::Clock* clock, server::ServerOptions options) {
   options.listen = "127.0.0.1:0";
   options.metrics_listen = "127.0.0.1:0";
   options.db_path = db;

@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "trainwatch/server/server.h"
+#include "server.h"
 
 namespace trainwatch::testing {
 
@@ -20,7 +20,7 @@ struct Running {
 };
 
 // Starts a server on `db` with `options` (listen and metrics on free ports).
-Running StartServer(const std::string& db, server::Clock* clock = server::SystemClock(),
+Running StartServer(const std::string& db, core::Clock* clock = core::SystemClock(),
                     server::ServerOptions options = server::ServerOptions());
 
 }  // namespace trainwatch::testing

@@ -18,8 +18,9 @@
 
 #include "server_fixture.h"
 #include "test_util.h"
+#include "testing/fake_clock.h"
 #include "trainwatch/core/rule_engine.h"
-#include "trainwatch/server/server.h"
+#include "server.h"
 
 namespace trainwatch::server {
 namespace {
@@ -91,7 +92,7 @@ TEST_CASE("server: a re-sent range after a reconnect is deduplicated", "[server]
 TEST_CASE("server: per-rank records out of order - and a step completed without a rank",
           "[server][ingest][aggregation]") {
   TempDir dir;
-  FakeClock clock;
+  testing::FakeClock clock;
   ServerOptions o;
   o.ingest.aggregation_timeout_ms = 30'000;
   Running r = StartServer(dir.File("tw.db"), &clock, o);
@@ -124,7 +125,7 @@ TEST_CASE("server: per-rank records out of order - and a step completed without 
   CHECK((*early)[2].shards == std::vector<uint64_t>{1000002});
   clock.AdvanceMs(31'000);
   // The writer wakes every 50 ms; give it a few cycles.
-  std::vector<StoredStep> all;
+  std::vector<StepRow> all;
   for (int i = 0; i < 100 && all.size() < 10; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     auto steps = r.server->store()->StepsBetween(run, 0, 0, 9);
@@ -334,7 +335,7 @@ TEST_CASE("server: the auth matrix - every method by every role - in clear", "[s
   TempDir dir;
   ServerOptions o;
   o.tokens_file = WriteTokens(dir);
-  Running r = StartServer(dir.File("tw.db"), SystemClock(), o);
+  Running r = StartServer(dir.File("tw.db"), core::SystemClock(), o);
   CheckMatrix(r.channel);
 }
 
@@ -369,7 +370,7 @@ TEST_CASE("server: the auth matrix over TLS - and mutual TLS", "[server][auth][t
   o.tls_cert_file = dir.File("server.pem");
   o.tls_key_file = dir.File("server.key");
   SECTION("TLS") {
-    Running r = StartServer(dir.File("tw.db"), SystemClock(), o);
+    Running r = StartServer(dir.File("tw.db"), core::SystemClock(), o);
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = testing::ReadFile(dir.File("ca.pem"));
     auto ch = grpc::CreateChannel("127.0.0.1:" + std::to_string(r.server->port()),
@@ -382,7 +383,7 @@ TEST_CASE("server: the auth matrix over TLS - and mutual TLS", "[server][auth][t
   }
   SECTION("mutual TLS") {
     o.tls_client_ca_file = dir.File("ca.pem");
-    Running r = StartServer(dir.File("tw.db"), SystemClock(), o);
+    Running r = StartServer(dir.File("tw.db"), core::SystemClock(), o);
     grpc::SslCredentialsOptions with_cert;
     with_cert.pem_root_certs = testing::ReadFile(dir.File("ca.pem"));
     with_cert.pem_private_key = testing::ReadFile(dir.File("client.key"));
@@ -426,7 +427,7 @@ TEST_CASE("server: malformed and oversized messages end only their own stream",
   TempDir dir;
   ServerOptions o;
   o.max_message_bytes = 64 * 1024;
-  Running r = StartServer(dir.File("tw.db"), SystemClock(), o);
+  Running r = StartServer(dir.File("tw.db"), core::SystemClock(), o);
   TestAgent good(r.channel);
   good.Send(Hello("run-good", 0, 1));
   for (int64_t s = 0; s < 50; ++s) good.Send(Step("run-good", 0, 1, s, Loss(s), Grad(s)));

@@ -15,6 +15,7 @@
 #include "incident_summary.h"
 #include "service_state.h"
 #include "test_util.h"
+#include "testing/fake_clock.h"
 #include "trainwatch/core/json.h"
 #include "work_queue.h"
 
@@ -59,15 +60,15 @@ TEST_CASE("incident summary: curves - percentiles - shards and the approve comma
   q.shard_first = 40;
   q.shard_last = 42;
   q.text = "quarantine shards 40..42";
-  core::AppendRecommendedActionsJson(&inc.actions_json, {q});
+  inc.actions = {q};
   std::vector<EventRow> events(1);
   events[0].event.step = 1520;
   events[0].event.tier = 2;
   events[0].event.kind = core::EventKind::kNonRecovering;
   events[0].event.reason = "no recovery";
-  std::vector<StoredStep> steps;
+  std::vector<StepRow> steps;
   for (int64_t s = 0; s <= 1520; ++s) {
-    StoredStep st;
+    StepRow st;
     st.step = s;
     st.Set(Signal::kLoss, 2.0);
     st.Set(Signal::kGradNorm, static_cast<double>(s % 100));
@@ -106,7 +107,7 @@ TEST_CASE("exporter: a scrape reads the ingestor's live state - no gRPC server",
   testing::TempDir dir;
   auto store = Store::Open(dir.File("tw.db"));
   REQUIRE(store.ok());
-  FakeClock clock;
+  testing::FakeClock clock;
   Ingestor ingestor(store->get(), IngestOptions{}, &clock);
   Pager pager(store->get(), PagerConfig{}, &clock);
   ServiceState state(&ingestor, store->get(), &pager, Authenticator(), &clock, "");

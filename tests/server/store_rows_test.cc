@@ -23,8 +23,8 @@ struct MigratedDb : MemoryDb {
   MigratedDb() { REQUIRE(MigrateSchema(get()).ok()); }
 };
 
-StoredStep Step(int64_t step, double loss) {
-  StoredStep s;
+StepRow Step(int64_t step, double loss) {
+  StepRow s;
   s.step = step;
   s.Set(core::Signal::kLoss, loss);
   s.shards = {4, 5};
@@ -34,7 +34,7 @@ StoredStep Step(int64_t step, double loss) {
 
 TEST_CASE("store rows: steps round-trip and the first write of a step wins", "[server][store]") {
   MigratedDb db;
-  StoredStep full = Step(1, 2.0);
+  StepRow full = Step(1, 2.0);
   full.Set(core::Signal::kGradNorm, std::nan(""));
   full.loss_ema_ratio = 1.25;
   full.nonfinite = 3;
@@ -48,12 +48,12 @@ TEST_CASE("store rows: steps round-trip and the first write of a step wins", "[s
   auto steps = rows::StepsBetween(db.get(), "r", 0, 0, 10);
   REQUIRE(steps.ok());
   REQUIRE(steps->size() == 3);
-  const StoredStep& got = (*steps)[1];
+  const StepRow& got = (*steps)[1];
   CHECK(got.Get(core::Signal::kLoss) == 2.0);  // not 9.0
   CHECK(got.Has(core::Signal::kGradNorm));
   CHECK(std::isnan(got.Get(core::Signal::kGradNorm)));
   CHECK_FALSE(got.Has(core::Signal::kLogZ));
-  CHECK(got.present == full.present);
+  CHECK(got.present() == full.present());
   CHECK(got.loss_ema_ratio == 1.25);
   CHECK(got.nonfinite == 3);
   CHECK(got.elements == 1000);
@@ -74,7 +74,7 @@ TEST_CASE("store rows: steps round-trip and the first write of a step wins", "[s
   REQUIRE(rows::ReplaceCheckpoints(db.get(), {{"r", 2, "ckpt://old", 1}}).ok());
   REQUIRE(rows::ReplaceCheckpoints(db.get(), {{"r", 2, "ckpt://2", 2}}).ok());
   std::vector<std::pair<int64_t, std::string>> seen;
-  REQUIRE(rows::ForEachStep(db.get(), "r", 0, [&](const StoredStep& s, const std::string& c) {
+  REQUIRE(rows::ForEachStep(db.get(), "r", 0, [&](const StepRow& s, const std::string& c) {
             seen.emplace_back(s.step, c);
           }).ok());
   CHECK(seen == std::vector<std::pair<int64_t, std::string>>{{0, ""}, {2, "ckpt://2"}});
@@ -124,6 +124,40 @@ TEST_CASE("store rows: runs upsert and rank steps read by step", "[server][store
   CHECK((*after)[0].attempt == 1);
 }
 
+TEST_CASE("store rows: recommended actions round-trip typed - a damaged column fails the read",
+          "[server][store]") {
+  MigratedDb db;
+  IncidentRow inc;
+  inc.id = 5;
+  inc.run_id = "r";
+  core::RecommendedAction q;
+  q.kind = core::RecommendedAction::Kind::kQuarantineShards;
+  q.shard_first = (uint64_t{1} << 60) + 1;  // beyond a double's exact integers
+  q.shard_last = (uint64_t{1} << 60) + 3;
+  q.text = "quarantine";
+  core::RecommendedAction w;
+  w.kind = core::RecommendedAction::Kind::kWidenPrecision;
+  w.tensor = "lm_head.weight";
+  w.text = "widen";
+  inc.actions = {q, w};
+  REQUIRE(rows::UpsertIncidents(db.get(), {inc}).ok());
+  auto got = rows::GetIncident(db.get(), 5);
+  REQUIRE(got.ok());
+  REQUIRE((*got)->actions.size() == 2);
+  CHECK((*got)->actions[0].shard_first == q.shard_first);
+  CHECK((*got)->actions[0].shard_last == q.shard_last);
+  CHECK((*got)->actions[1].tensor == "lm_head.weight");
+
+  REQUIRE(sqlite3_exec(db.get(),
+                       "UPDATE incidents SET actions = '[{\"kind\":\"quarantine_shards\"}]'",
+                       nullptr, nullptr, nullptr) == SQLITE_OK);
+  auto damaged = rows::GetIncident(db.get(), 5);
+  CHECK(damaged.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(std::string(damaged.status().message()).find("I-5") != std::string::npos);
+  IncidentFilter all;
+  CHECK(rows::ListIncidents(db.get(), all).status().code() == absl::StatusCode::kDataLoss);
+}
+
 TEST_CASE("store rows: incidents upsert - flag shards - and list by filter", "[server][store]") {
   MigratedDb db;
   IncidentRow inc;
@@ -134,7 +168,7 @@ TEST_CASE("store rows: incidents upsert - flag shards - and list by filter", "[s
   inc.kind = core::EventKind::kSpike;
   inc.title = "spike";
   inc.shards = {11, 12};
-  inc.actions_json = "[]";
+  inc.actions.clear();
   REQUIRE(rows::UpsertIncidents(db.get(), {inc}).ok());
   inc.state = IncidentState::kResolved;
   inc.shards = {12, 13};

@@ -10,15 +10,15 @@
 #include <catch2/catch.hpp>
 
 #include "test_util.h"
-#include "trainwatch/server/store.h"
+#include "store.h"
 
 namespace trainwatch::server {
 namespace {
 
 using testing::TempDir;
 
-StoredStep MakeStep(int64_t step, double loss) {
-  StoredStep s;
+StepRow MakeStep(int64_t step, double loss) {
+  StepRow s;
   s.step = step;
   s.Set(core::Signal::kLoss, loss);
   s.Set(core::Signal::kGradNorm, 1.0);
@@ -38,7 +38,7 @@ TEST_CASE("store: migrates - writes a batch - deduplicates and reads back", "[se
     WriteBatch b;
     b.runs.push_back({"run-a", 4, 0, 2, 1, 2});
     for (int64_t s = 0; s < 3; ++s) b.steps.push_back({"run-a", 0, MakeStep(s, 2.5 - 0.1 * s)});
-    StoredStep nan_step = MakeStep(3, 0);
+    StepRow nan_step = MakeStep(3, 0);
     nan_step.Set(core::Signal::kLoss, std::nan(""));
     b.steps.push_back({"run-a", 0, nan_step});
     b.checkpoints.push_back({"run-a", 2, "ckpt://a/2", 5});
@@ -50,7 +50,7 @@ TEST_CASE("store: migrates - writes a batch - deduplicates and reads back", "[se
     inc.state = IncidentState::kAwaitingDecision;
     inc.title = "tier 2";
     inc.shards = {10, 11};
-    inc.actions_json = "[]";
+    inc.actions.clear();
     b.incidents.push_back(inc);
     REQUIRE((*store)->Write(b).ok());
     // The same steps again (a re-send): ignored, not an error.
@@ -67,11 +67,11 @@ TEST_CASE("store: migrates - writes a batch - deduplicates and reads back", "[se
   REQUIRE(runs.ok());
   REQUIRE(runs->size() == 1);
   CHECK((*runs)[0].world_size == 4);
-  std::vector<StoredStep> seen;
+  std::vector<StepRow> seen;
   std::vector<std::string> ckpts;
   REQUIRE((*store)
               ->ForEachStep("run-a", 0,
-                            [&](const StoredStep& s, const std::string& c) {
+                            [&](const StepRow& s, const std::string& c) {
                               seen.push_back(s);
                               ckpts.push_back(c);
                             })

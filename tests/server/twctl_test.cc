@@ -17,7 +17,7 @@
 #include "test_util.h"
 #include "trainwatch/cli/operator_commands.h"
 #include "trainwatch/core/json.h"
-#include "trainwatch/server/server.h"
+#include "server.h"
 
 namespace trainwatch::server {
 namespace {
@@ -238,7 +238,7 @@ TEST_CASE("twctl: server and token from the environment or a config file", "[ser
       {"name": "oncall", "token": "operator-token-0123456", "role": "operator"}]})";
   ServerOptions o;
   o.tokens_file = tokens;
-  Running r = StartServer(dir.File("tw.db"), SystemClock(), o);
+  Running r = StartServer(dir.File("tw.db"), core::SystemClock(), o);
   const std::string addr = r.address();
   auto run = [](std::vector<std::string> args) {
     Out out;

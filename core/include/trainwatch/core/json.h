@@ -24,7 +24,7 @@ struct JsonValue {
   Type type = Type::kNull;
   bool boolean = false;
   double number = 0.0;
-  std::string string;
+  std::string string;  // for a number: its literal as written
   std::vector<JsonValue> array;
   // Members in input order; duplicate keys are rejected by the parser.
   std::vector<std::pair<std::string, JsonValue>> object;
@@ -54,6 +54,11 @@ void AppendJsonNumber(std::string* out, double v);
 // tensor): the form replay prints and the server stores.
 void AppendRecommendedActionsJson(std::string* out,
                                   const std::vector<RecommendedAction>& actions);
+// Its inverse, whole or not at all: an unknown kind, a missing or mistyped
+// field, or a shard id that is not an exact unsigned integer is an error
+// naming `source`, line and column.
+absl::StatusOr<std::vector<RecommendedAction>> ParseRecommendedActionsJson(
+    absl::string_view text, absl::string_view source);
 
 }  // namespace trainwatch::core
 

@@ -11,6 +11,7 @@
 #define TRAINWATCH_CORE_RULE_ENGINE_H_
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -72,6 +73,36 @@ class RuleEngine {
 
  private:
   std::unique_ptr<EngineState> s_;
+};
+
+// History replayed into a fresh engine, as after a restart, a resume or a
+// rollback: every record and checkpoint at or before `up_to`, records in
+// step order. The engine is deterministic, so the same history gives the
+// same windows and episodes, on every rank and after every restart. The
+// events of the replay are discarded: they were acted on the first time.
+// Checkpoints may come before, between or after the records.
+class EngineRebuilder {
+ public:
+  explicit EngineRebuilder(const RuleConfig& config,
+                           int64_t up_to = std::numeric_limits<int64_t>::max())
+      : engine_(std::make_unique<RuleEngine>(config)), up_to_(up_to) {}
+
+  // True when the engine took the record; false past `up_to` or for a step
+  // the engine refuses (not after the last one).
+  bool Feed(const StepRecord& record);
+  void NoteCheckpoint(int64_t step, absl::string_view uri);
+  // Records the engine took.
+  int64_t fed() const { return fed_; }
+  // The outcome of the last record taken (its loss_ema_ratio, verdict).
+  const StepOutcome& last_outcome() const { return scratch_; }
+
+  std::unique_ptr<RuleEngine> Finish() && { return std::move(engine_); }
+
+ private:
+  std::unique_ptr<RuleEngine> engine_;
+  int64_t up_to_;
+  int64_t fed_ = 0;
+  StepOutcome scratch_;
 };
 
 }  // namespace trainwatch::core

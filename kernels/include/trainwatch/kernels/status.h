@@ -1,8 +1,7 @@
 // A small status value for the statistics kernels. The kernels build without
 // Abseil (a GPU box may have nothing but CUDA, CMake and PyTorch), so they
 // carry their own status; the codes have the same numbers as
-// absl::StatusCode, and trainwatch/kernels/absl_status.h converts one into
-// the other for code that does use Abseil.
+// absl::StatusCode, so code that uses Abseil converts by a cast.
 
 #ifndef TRAINWATCH_KERNELS_STATUS_H_
 #define TRAINWATCH_KERNELS_STATUS_H_

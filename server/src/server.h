@@ -12,7 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "trainwatch/server/clock.h"
+#include "trainwatch/core/clock.h"
 #include "ingest.h"
 
 namespace trainwatch::server {
@@ -48,7 +48,7 @@ class Server {
   // exporter and the gRPC server. Fails with a clear status on a bad option
   // (unreadable tokens or certificates, a port in use).
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options,
-                                                       Clock* clock = SystemClock());
+                                                       core::Clock* clock = core::SystemClock());
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;

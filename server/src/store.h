@@ -34,11 +34,11 @@ struct sqlite3;
 
 namespace trainwatch::server {
 
-// One global step record of a run, owned.
-struct StoredStep {
+// One global step of a run as the store keeps it: the engine's numbers
+// (core::StepValues, the one representation of a step's signals), what the
+// engine derived and decided, and how the step arrived.
+struct StepRow : core::StepValues {
   int64_t step = 0;
-  std::array<double, core::kNumSignals> values{};
-  uint32_t present = 0;
   double loss_ema_ratio = 0.0;  // NaN when unknown
   int64_t nonfinite = -1;       // -1: not reported
   int64_t elements = -1;
@@ -48,14 +48,12 @@ struct StoredStep {
   bool late = false;            // arrived after later steps: stored, not evaluated
   int64_t received_ms = 0;
 
-  void Set(core::Signal s, double v) {
-    values[static_cast<int>(s)] = v;
-    present |= core::Bit(s);
+  // A view for the rule engine; valid while this row lives.
+  core::StepRecord View() const {
+    core::StepRecord r(step, *this);
+    r.shards = shards;
+    return r;
   }
-  bool Has(core::Signal s) const { return (present & core::Bit(s)) != 0; }
-  double Get(core::Signal s) const;
-  // A view for the rule engine; valid while this object lives.
-  core::StepRecord View() const;
 };
 
 struct RunRow {
@@ -89,7 +87,7 @@ struct IncidentRow {
   int64_t recommended_checkpoint_step = -1;
   std::string recommended_checkpoint_uri;
   std::vector<uint64_t> shards;
-  std::string actions_json;  // recommended actions, as replay prints them
+  std::vector<core::RecommendedAction> actions;  // what the rules recommend
   int64_t opened_ms = 0;
   int64_t updated_ms = 0;
   int64_t closed_ms = 0;     // 0 while open
@@ -190,7 +188,7 @@ struct WriteBatch {
   struct Step {
     std::string run_id;
     int64_t attempt = 0;
-    StoredStep step;
+    StepRow step;
   };
   std::vector<Step> steps;
   std::vector<RankStepRow> rank_steps;
@@ -239,7 +237,7 @@ class Store {
   // Every step of the run's attempt in step order, with the checkpoint uri
   // reported at that step (empty if none).
   absl::Status ForEachStep(const std::string& run_id, int64_t attempt,
-                           const std::function<void(const StoredStep&, const std::string&)>& fn);
+                           const std::function<void(const StepRow&, const std::string&)>& fn);
   // Per-rank reports of one step (any thread).
   absl::StatusOr<std::vector<RankStepRow>> RankStepsAt(const std::string& run_id,
                                                        int64_t attempt, int64_t step);
@@ -259,9 +257,9 @@ class Store {
   absl::StatusOr<std::optional<IncidentRow>> GetIncident(int64_t id);
   absl::StatusOr<std::vector<EventRow>> EventsOfIncident(int64_t id);
   // The last `limit` steps of the run's current attempt, oldest first.
-  absl::StatusOr<std::vector<StoredStep>> RecentSteps(const std::string& run_id, int64_t attempt,
+  absl::StatusOr<std::vector<StepRow>> RecentSteps(const std::string& run_id, int64_t attempt,
                                                       int limit);
-  absl::StatusOr<std::vector<StoredStep>> StepsBetween(const std::string& run_id,
+  absl::StatusOr<std::vector<StepRow>> StepsBetween(const std::string& run_id,
                                                        int64_t attempt, int64_t first,
                                                        int64_t last);
   absl::StatusOr<std::vector<CheckpointRow>> Checkpoints(const std::string& run_id);

@@ -30,8 +30,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "trainwatch/server/clock.h"
-#include "trainwatch/server/store.h"
+#include "trainwatch/core/clock.h"
+#include "store.h"
 
 namespace trainwatch::server {
 
@@ -69,7 +69,7 @@ std::string PageUrl(const Receiver& r);
 
 class Pager {
  public:
-  Pager(Store* store, PagerConfig config, Clock* clock);
+  Pager(Store* store, PagerConfig config, core::Clock* clock);
   ~Pager();
 
   // Outbox rows for an incident's change, to be written in the caller's
@@ -91,7 +91,7 @@ class Pager {
 
   Store* store_;
   PagerConfig config_;
-  Clock* clock_;
+  core::Clock* clock_;
   std::atomic<int64_t> sent_{0}, failed_{0};
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -9,10 +9,15 @@ using ActionKind = core::RecommendedAction::Kind;
 
 namespace {
 
-// The last enumerator of each core enum. The readers below invert the
-// writers by search, so that each mapping is written once.
-constexpr EventKind kLastKind = EventKind::kTransient;
-constexpr ActionKind kLastActionKind = ActionKind::kWidenPrecision;
+// The readers invert the writers by search, so that each mapping is written
+// once: the first of the values 0..`last` that `to_proto` maps to `p`.
+template <typename Core, typename Proto, typename ToProto>
+std::optional<Core> Invert(ToProto to_proto, Core last, Proto p) {
+  for (int i = 0; i <= static_cast<int>(last); ++i) {
+    if (to_proto(static_cast<Core>(i)) == p) return static_cast<Core>(i);
+  }
+  return std::nullopt;
+}
 
 }  // namespace
 
@@ -25,12 +30,7 @@ v1::Tier TierToProto(int tier) {
   }
 }
 
-int TierFromProto(v1::Tier tier) {
-  for (int t = 0; t <= 3; ++t) {
-    if (TierToProto(t) == tier) return t;
-  }
-  return -1;
-}
+int TierFromProto(v1::Tier tier) { return Invert(TierToProto, 3, tier).value_or(-1); }
 
 v1::Rule RuleToProto(EventKind kind) {
   switch (kind) {
@@ -56,10 +56,7 @@ v1::Rule RuleToProto(EventKind kind) {
 }
 
 std::optional<EventKind> RuleFromProto(v1::Rule rule) {
-  for (int k = 0; k <= static_cast<int>(kLastKind); ++k) {
-    if (RuleToProto(static_cast<EventKind>(k)) == rule) return static_cast<EventKind>(k);
-  }
-  return std::nullopt;
+  return Invert(RuleToProto, EventKind::kTransient, rule);  // kTransient: the last kind
 }
 
 v1::Verdict DecisionToProto(Decision d) {
@@ -72,10 +69,7 @@ v1::Verdict DecisionToProto(Decision d) {
 }
 
 Decision DecisionFromProto(v1::Verdict v) {
-  for (Decision d : {Decision::kSkipUpdate, Decision::kHalt}) {
-    if (DecisionToProto(d) == v) return d;
-  }
-  return Decision::kContinue;
+  return Invert(DecisionToProto, Decision::kHalt, v).value_or(Decision::kContinue);
 }
 
 v1::ActionKind ActionKindToProto(ActionKind k) {
@@ -89,10 +83,7 @@ v1::ActionKind ActionKindToProto(ActionKind k) {
 }
 
 std::optional<ActionKind> ActionKindFromProto(v1::ActionKind k) {
-  for (int a = 0; a <= static_cast<int>(kLastActionKind); ++a) {
-    if (ActionKindToProto(static_cast<ActionKind>(a)) == k) return static_cast<ActionKind>(a);
-  }
-  return std::nullopt;
+  return Invert(ActionKindToProto, ActionKind::kWidenPrecision, k);  // the last kind
 }
 
 }  // namespace trainwatch::wire

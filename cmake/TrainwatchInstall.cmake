@@ -14,14 +14,17 @@ include(CMakePackageConfigHelpers)
 
 set(TRAINWATCH_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/trainwatch)
 
-# The libraries a trainer links, and trainwatch_proto, which the agent links
-# privately: static archives carry their private dependencies to the
-# consumer's link line, so it has to be in the export too.
+# The libraries a trainer links, and trainwatch_proto and trainwatch_wire,
+# which the agent links privately: static archives carry their private
+# dependencies to the consumer's link line, so they have to be in the export
+# too (their headers do not: a trainer never includes them).
 set_target_properties(trainwatch_core PROPERTIES EXPORT_NAME core)
 set_target_properties(trainwatch_kernels PROPERTIES EXPORT_NAME kernels)
 set_target_properties(trainwatch_proto PROPERTIES EXPORT_NAME proto)
+set_target_properties(trainwatch_wire PROPERTIES EXPORT_NAME wire)
 set_target_properties(trainwatch_agent PROPERTIES EXPORT_NAME agent)
-install(TARGETS trainwatch_core trainwatch_kernels trainwatch_proto trainwatch_agent
+install(TARGETS trainwatch_core trainwatch_kernels trainwatch_proto trainwatch_wire
+                trainwatch_agent
   EXPORT trainwatchTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev

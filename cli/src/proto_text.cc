@@ -1,13 +1,16 @@
 #include "proto_text.h"
 
+#include <algorithm>
+
 #include "absl/strings/ascii.h"
 #include "absl/time/time.h"
+#include "trainwatch/wire/enums.h"
 
 namespace trainwatch::cli {
 
 int TierNumber(trainwatch::v1::Tier tier) {
-  const int n = static_cast<int>(tier);
-  return n >= 1 && n <= 3 ? n : 0;
+  // Unspecified and unknown tiers are shown with the early warnings.
+  return std::max(0, wire::TierFromProto(tier));
 }
 
 std::string StateName(trainwatch::v1::IncidentState state) {

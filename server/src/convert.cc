@@ -1,68 +1,17 @@
 #include "convert.h"
 
-#include <cmath>
+#include "trainwatch/wire/step_report.h"
 
 namespace trainwatch::server {
 
 namespace v1 = trainwatch::v1;
-using core::EventKind;
-using core::Signal;
-
-void SetTime(int64_t ms, google::protobuf::Timestamp* t) {
-  t->set_seconds(ms / 1000);
-  t->set_nanos(static_cast<int32_t>((ms % 1000) * 1'000'000));
-}
-
-v1::Tier TierToProto(int tier) {
-  switch (tier) {
-    case 1: return v1::TIER_DATA_ANOMALY;
-    case 2: return v1::TIER_LOGIT_DRIFT;
-    case 3: return v1::TIER_NUMERICAL_FAILURE;
-    default: return v1::TIER_EARLY_WARNING;
-  }
-}
-
-int TierFromProto(v1::Tier tier) {
-  switch (tier) {
-    case v1::TIER_DATA_ANOMALY: return 1;
-    case v1::TIER_LOGIT_DRIFT: return 2;
-    case v1::TIER_NUMERICAL_FAILURE: return 3;
-    case v1::TIER_EARLY_WARNING: return 0;
-    default: return -1;
-  }
-}
-
-v1::Rule RuleToProto(EventKind kind) {
-  switch (kind) {
-    case EventKind::kDataAnomaly: return v1::RULE_GRAD_NORM_SPIKE;
-    case EventKind::kLossRatioSkip: return v1::RULE_LOSS_EMA_RATIO_SKIP;
-    case EventKind::kSpike: return v1::RULE_LOSS_SPIKE;
-    case EventKind::kTier1Confirmed: return v1::RULE_GRAD_NORM_SPIKE;
-    case EventKind::kRecovered: return v1::RULE_LOSS_SPIKE;
-    case EventKind::kNonRecovering: return v1::RULE_LOSS_NOT_RECOVERED;
-    case EventKind::kLossRatioHigh: return v1::RULE_LOSS_EMA_RATIO_ROLLBACK;
-    case EventKind::kLogZRise: return v1::RULE_LOG_Z_RISE;
-    case EventKind::kLogZDrift: return v1::RULE_LOG_Z_DRIFT;
-    case EventKind::kNonfiniteGradients: return v1::RULE_NONFINITE_GRADIENT;
-    case EventKind::kNonfiniteValue: return v1::RULE_NONFINITE_METRIC;
-    case EventKind::kLossExplosion: return v1::RULE_LOSS_ABOVE_LIMIT;
-    case EventKind::kWarnLogZ: return v1::RULE_LOG_Z_HIGH_RISING;
-    case EventKind::kWarnGradMedian: return v1::RULE_GRAD_NORM_MEDIAN_RISING;
-    case EventKind::kWarnAttentionLogits: return v1::RULE_ATTENTION_LOGIT_RISING;
-    case EventKind::kWarnActivations: return v1::RULE_ACTIVATION_MAX_RISING;
-    case EventKind::kTransient: return v1::RULE_LOSS_TRANSIENT;
-  }
-  return v1::RULE_UNSPECIFIED;
-}
+using wire::RuleToProto;
+using wire::SetTime;
+using wire::TierToProto;
 
 void StepToProto(const StepRow& s, v1::StepMetrics* out) {
   out->set_step(s.step);
-  v1::Metrics* m = out->mutable_metrics();
-  if (s.Has(Signal::kLoss)) m->set_loss(s.Get(Signal::kLoss));
-  if (s.Has(Signal::kGradNorm)) m->set_grad_norm(s.Get(Signal::kGradNorm));
-  if (s.Has(Signal::kLogZ)) m->set_log_z(s.Get(Signal::kLogZ));
-  if (s.Has(Signal::kNanFrac)) m->set_nan_frac(s.Get(Signal::kNanFrac));
-  if (!std::isnan(s.loss_ema_ratio)) m->set_loss_ema_ratio(s.loss_ema_ratio);
+  wire::MetricsToProto(s, s.loss_ema_ratio, out->mutable_metrics());
   if (s.received_ms > 0) SetTime(s.received_ms, out->mutable_time());
 }
 

@@ -1,25 +1,20 @@
-// Between the core/store types and the trainwatch.v1 wire types. Private to
-// server/.
+// The server's own rows as trainwatch.v1 API messages. Private to server/;
+// every value inside a row converts through trainwatch::wire.
 
 #ifndef TRAINWATCH_SERVER_SRC_CONVERT_H_
 #define TRAINWATCH_SERVER_SRC_CONVERT_H_
 
 #include <cstdint>
 
-#include "google/protobuf/timestamp.pb.h"
-#include "trainwatch/core/event.h"
 #include "ingest.h"
 #include "store.h"
 #include "trainwatch/v1/common.pb.h"
 #include "trainwatch/v1/operator.pb.h"
+#include "trainwatch/wire/enums.h"
+#include "trainwatch/wire/time.h"
 
 namespace trainwatch::server {
 
-void SetTime(int64_t ms, google::protobuf::Timestamp* t);
-trainwatch::v1::Tier TierToProto(int tier);
-// -1 for TIER_UNSPECIFIED (every tier).
-int TierFromProto(trainwatch::v1::Tier tier);
-trainwatch::v1::Rule RuleToProto(core::EventKind kind);
 void StepToProto(const StepRow& s, trainwatch::v1::StepMetrics* out);
 // The incident without its summary (lists).
 void IncidentToProto(const IncidentRow& r, trainwatch::v1::Incident* out);

@@ -11,6 +11,9 @@
 #include "convert.h"
 #include "rollback.h"
 #include "trainwatch/v1/agent.pb.h"
+#include "trainwatch/wire/event.h"
+#include "trainwatch/wire/step_report.h"
+#include "trainwatch/wire/time.h"
 
 namespace trainwatch::server {
 
@@ -38,11 +41,7 @@ void BuildSummary(const SummaryInputs& in, v1::DiagnosticSummary* s) {
   const IncidentRow& inc = in.incident;
   std::string explanation;
   for (const EventRow& e : in.events) {
-    v1::RuleFiring* f = s->add_fired();
-    f->set_rule(RuleToProto(e.event.kind));
-    f->set_tier(TierToProto(e.event.tier));
-    f->set_step(e.event.step);
-    f->set_explanation(e.event.reason);
+    wire::EventToProto(e.event, s->add_fired());
     absl::StrAppend(&explanation, explanation.empty() ? "" : "\n", "step ", e.event.step, ": ",
                     e.event.reason);
   }
@@ -102,14 +101,16 @@ void BuildSummary(const SummaryInputs& in, v1::DiagnosticSummary* s) {
   if (inc.tier == 3) {
     std::map<std::string, v1::TensorBreakdown> by_name;
     for (const RankStepRow& rk : in.onset_ranks) {
-      v1::StepReport rep;
-      if (!rep.ParseFromString(rk.report) || rep.nonfinite_count() == 0) continue;
+      v1::StepReport proto;
+      if (!proto.ParseFromString(rk.report)) continue;
+      const wire::ReportedStep rep = wire::StepFromProto(proto);
+      if (rep.nonfinite == 0) continue;
       s->add_nonfinite_ranks(rk.rank);
-      for (const auto& t : rep.tensors()) {
-        v1::TensorBreakdown& b = by_name[t.name()];
-        b.set_name(t.name());
-        b.set_nonfinite_count(b.nonfinite_count() + t.nonfinite_count());
-        b.set_element_count(b.element_count() + t.element_count());
+      for (const core::TensorStat& t : rep.tensors) {
+        v1::TensorBreakdown& b = by_name[std::string(t.name)];
+        b.set_name(std::string(t.name));
+        b.set_nonfinite_count(b.nonfinite_count() + static_cast<uint64_t>(t.nonfinite));
+        b.set_element_count(b.element_count() + static_cast<uint64_t>(t.elements));
         b.set_first_step(inc.onset_step);
         b.add_ranks(rk.rank);
       }
@@ -128,28 +129,11 @@ void BuildSummary(const SummaryInputs& in, v1::DiagnosticSummary* s) {
   }
   std::string flags;
   for (const core::RecommendedAction& a : inc.actions) {
-    v1::RecommendedAction* ra = s->add_recommended_actions();
-    ra->set_description(a.text);
-    switch (a.kind) {
-      case core::RecommendedAction::Kind::kQuarantineShards: {
-        ra->set_kind(v1::ACTION_KIND_QUARANTINE_SHARDS);
-        auto* r = ra->mutable_shards()->add_ranges();
-        r->set_first(a.shard_first);
-        r->set_last(a.shard_last);
-        absl::StrAppend(&flags, " --quarantine-shards ", a.shard_first, "..", a.shard_last);
-        break;
-      }
-      case core::RecommendedAction::Kind::kInspectShards:
-        ra->set_kind(v1::ACTION_KIND_INSPECT_SHARDS);
-        break;
-      case core::RecommendedAction::Kind::kSetZLossAlpha:
-        ra->set_kind(v1::ACTION_KIND_SET_Z_LOSS_ALPHA);
-        ra->mutable_setting()->set_z_loss_alpha(a.z_loss_alpha);
-        absl::StrAppendFormat(&flags, " --z-loss-alpha %g", a.z_loss_alpha);
-        break;
-      case core::RecommendedAction::Kind::kWidenPrecision:
-        ra->set_kind(v1::ACTION_KIND_SET_LAYER_PRECISION);
-        break;
+    wire::ActionToProto(a, s->add_recommended_actions());
+    if (a.kind == core::RecommendedAction::Kind::kQuarantineShards) {
+      absl::StrAppend(&flags, " --quarantine-shards ", a.shard_first, "..", a.shard_last);
+    } else if (a.kind == core::RecommendedAction::Kind::kSetZLossAlpha) {
+      absl::StrAppendFormat(&flags, " --z-loss-alpha %g", a.z_loss_alpha);
     }
   }
   // What an approval does by default besides the shards: every rank skips
@@ -171,7 +155,7 @@ void BuildSummary(const SummaryInputs& in, v1::DiagnosticSummary* s) {
             : "",
         flags, " --comment \"...\""));
   }
-  SetTime(in.now_ms, s->mutable_generated_at());
+  wire::SetTime(in.now_ms, s->mutable_generated_at());
 }
 
 }  // namespace trainwatch::server

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "log.h"
+#include "trainwatch/wire/step_report.h"
 #include "absl/strings/str_cat.h"
 #include "pager.h"
 
@@ -125,7 +126,8 @@ absl::Status Ingestor::RecoverRun(const RunRow& row) {
     r.mode_known = true;
     r.rank_mode = true;
     if (rk.rank < 0 || rk.rank >= row.world_size) continue;
-    r.pending.try_emplace(rk.step, clock_->NowMs()).first->second.Add(rk.rank, rep);
+    r.pending.try_emplace(rk.step, clock_->NowMs())
+        .first->second.Add(rk.rank, wire::StepFromProto(rep));
   }
   if (!r.mode_known && steps > 0) r.mode_known = true;
   LOG(INFO) << "recovered run " << row.run_id << ": " << steps << " steps, "
@@ -356,31 +358,27 @@ void Ingestor::HandleStep(RunState& run, const StepReport& r, uint64_t stream, i
       stats_.rejected_total++;
       return;
     }
-    if (!run.pending.try_emplace(r.step(), now).first->second.Add(r.rank(), r)) {
+    if (!run.pending.try_emplace(r.step(), now).first->second.Add(r.rank(),
+                                                                   wire::StepFromProto(r))) {
       absl::MutexLock lock(&snap_mu_);
       stats_.duplicates_total++;
     }
     return;
   }
-  StepRow s = GlobalStep(r);
+  const wire::ReportedStep rep = wire::StepFromProto(r);
+  StepRow s = GlobalStep(rep);
   s.received_ms = now;
   if (r.step() <= run.row.last_step) {
     // Already evaluated: a re-send after a reconnect (ignored by the store)
     // or a record that arrived after later ones (stored, not evaluated).
     s.late = true;
-    s.decision = r.update_skipped() ? static_cast<int>(core::Decision::kSkipUpdate) : 0;
+    s.decision = rep.update_skipped ? static_cast<int>(core::Decision::kSkipUpdate) : 0;
     batch_.steps.push_back({run.row.run_id, run.row.attempt, std::move(s)});
     absl::MutexLock lock(&snap_mu_);
     stats_.duplicates_total++;
     return;
   }
-  std::vector<core::TensorStat> tensors;
-  tensors.reserve(static_cast<size_t>(r.tensors_size()));
-  for (const auto& t : r.tensors()) {
-    tensors.push_back({t.name(), t.sum_squares(), static_cast<int64_t>(t.nonfinite_count()),
-                       static_cast<int64_t>(t.element_count())});
-  }
-  Evaluate(run, std::move(s), now, tensors);
+  Evaluate(run, std::move(s), now, rep.tensors);
 }
 
 void Ingestor::CompletePending(RunState& run, int64_t now, bool force) {

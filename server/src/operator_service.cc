@@ -40,7 +40,7 @@ class Watcher : public grpc::ServerWriteReactor<v1::IncidentEvent>, public Incid
       IncidentFilter f;
       f.run_id = req_.run_id();
       f.open_only = true;
-      f.tier = TierFromProto(req_.tier());
+      f.tier = wire::TierFromProto(req_.tier());
       f.limit = 10000;
       absl::StatusOr<std::vector<IncidentRow>> open = state_->store()->ListIncidents(f);
       if (open.ok()) {
@@ -56,12 +56,12 @@ class Watcher : public grpc::ServerWriteReactor<v1::IncidentEvent>, public Incid
   // From the writer thread.
   void Push(const IncidentRow& r, v1::IncidentEventKind kind) override {
     if (!req_.run_id().empty() && req_.run_id() != r.run_id) return;
-    const int tier = TierFromProto(req_.tier());
+    const int tier = wire::TierFromProto(req_.tier());
     if (tier >= 0 && tier != r.tier) return;
     v1::IncidentEvent ev;
     ev.set_kind(kind);
     IncidentToProto(r, ev.mutable_incident());
-    SetTime(state_->clock()->NowMs(), ev.mutable_time());
+    wire::SetTime(state_->clock()->NowMs(), ev.mutable_time());
     absl::MutexLock lock(&mu_);
     if (queue_.size() >= 1000) queue_.pop_front();  // a slow watcher loses the oldest
     queue_.push_back(std::move(ev));
@@ -201,7 +201,7 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
       if (!cks->empty()) {
         resp->mutable_latest_checkpoint()->set_step(cks->back().step);
         resp->mutable_latest_checkpoint()->set_uri(cks->back().uri);
-        SetTime(cks->back().reported_ms, resp->mutable_latest_checkpoint()->mutable_saved_at());
+        wire::SetTime(cks->back().reported_ms, resp->mutable_latest_checkpoint()->mutable_saved_at());
       }
       return absl::OkStatus();
     });
@@ -214,7 +214,7 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
       IncidentFilter f;
       f.run_id = req->run_id();
       f.open_only = req->open_only();
-      f.tier = TierFromProto(req->tier());
+      f.tier = wire::TierFromProto(req->tier());
       f.limit = req->page_size() > 0 ? std::min(req->page_size(), 1000) : 100;
       if (!req->page_token().empty() && !absl::SimpleAtoi(req->page_token(), &f.after_id)) {
         return absl::InvalidArgumentError("page_token is not one this server gave");
@@ -308,7 +308,7 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
         er->set_last(q.last);
         e->set_incident_id(absl::StrCat("I-", q.incident_id));
         e->set_decision_id(absl::StrCat("D-", q.decision_id));
-        SetTime(q.created_ms, e->mutable_added_at());
+        wire::SetTime(q.created_ms, e->mutable_added_at());
       }
       resp->set_version(static_cast<int64_t>(rows->size()));
       return absl::OkStatus();

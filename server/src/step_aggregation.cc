@@ -13,7 +13,7 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 using core::Signal;
 }  // namespace
 
-bool StepAggregate::Add(int32_t rank, const trainwatch::v1::StepReport& report) {
+bool StepAggregate::Add(int32_t rank, const wire::ReportedStep& report) {
   if (static_cast<size_t>(rank) >= seen_.size()) seen_.resize(static_cast<size_t>(rank) + 1);
   if (seen_[rank]) return false;
   seen_[rank] = true;
@@ -22,50 +22,52 @@ bool StepAggregate::Add(int32_t rank, const trainwatch::v1::StepReport& report) 
   return true;
 }
 
-void StepAggregate::Merge(const trainwatch::v1::StepReport& r) {
-  const auto& m = r.metrics();
-  if (m.has_loss()) {
-    if (std::isfinite(m.loss())) {
-      loss_sum_ += m.loss();
+void StepAggregate::Merge(const wire::ReportedStep& r) {
+  if (r.Has(Signal::kLoss)) {
+    if (std::isfinite(r.Get(Signal::kLoss))) {
+      loss_sum_ += r.Get(Signal::kLoss);
       ++loss_n_;
     } else {
       loss_nonfinite_ = true;
     }
   }
-  if (m.has_log_z()) {
-    if (std::isfinite(m.log_z())) {
-      logz_sum_ += m.log_z();
+  if (r.Has(Signal::kLogZ)) {
+    if (std::isfinite(r.Get(Signal::kLogZ))) {
+      logz_sum_ += r.Get(Signal::kLogZ);
       ++logz_n_;
     } else {
       logz_nonfinite_ = true;
     }
   }
-  if (m.has_grad_norm()) {
+  if (r.Has(Signal::kGradNorm)) {
     grad_seen_ = true;
-    if (std::isfinite(m.grad_norm())) {
-      grad_max_ = std::max(grad_max_, m.grad_norm());
+    if (std::isfinite(r.Get(Signal::kGradNorm))) {
+      grad_max_ = std::max(grad_max_, r.Get(Signal::kGradNorm));
     } else {
       grad_nonfinite_ = true;
     }
   }
-  if (r.element_count() > 0) {
+  if (r.elements > 0) {
     counts_seen_ = true;
-    nonfinite_ += static_cast<int64_t>(r.nonfinite_count());
-    elements_ += static_cast<int64_t>(r.element_count());
-  } else if (m.has_nan_frac()) {
-    nan_frac_max_ = std::isfinite(m.nan_frac()) ? std::max(nan_frac_max_, m.nan_frac()) : 1.0;
+    nonfinite_ += static_cast<int64_t>(r.nonfinite);
+    elements_ += static_cast<int64_t>(r.elements);
+  } else if (r.Has(Signal::kNanFrac)) {
+    const double f = r.Get(Signal::kNanFrac);
+    nan_frac_max_ = std::isfinite(f) ? std::max(nan_frac_max_, f) : 1.0;
   }
-  if (r.has_learning_rate()) extras_.Set(Signal::kLearningRate, r.learning_rate());
-  if (r.has_z_loss_alpha()) extras_.Set(Signal::kZLossAlpha, r.z_loss_alpha());
+  for (Signal s : {Signal::kLearningRate, Signal::kZLossAlpha}) {
+    if (r.Has(s)) extras_.Set(s, r.Get(s));
+  }
   // Absent maxima start below every value.
   auto max_of = [this](Signal s, double v) {
     const double prev =
         extras_.Has(s) ? extras_.Get(s) : -std::numeric_limits<double>::infinity();
     extras_.Set(s, std::isfinite(v) || s == Signal::kActivationMax ? std::max(prev, v) : v);
   };
-  if (r.has_activation_max()) max_of(Signal::kActivationMax, r.activation_max());
-  for (double v : r.attention_logit_p99()) max_of(Signal::kAttentionLogitP99, v);
-  for (uint64_t s : r.shard_ids()) shards_.insert(s);
+  for (Signal s : {Signal::kActivationMax, Signal::kAttentionLogitP99}) {
+    if (r.Has(s)) max_of(s, r.Get(s));
+  }
+  shards_.insert(r.shards.begin(), r.shards.end());
 }
 
 StepRow StepAggregate::Finish(int64_t step, int32_t world_size) const {
@@ -100,12 +102,12 @@ StepRow StepAggregate::Finish(int64_t step, int32_t world_size) const {
   return s;
 }
 
-StepRow GlobalStep(const trainwatch::v1::StepReport& report) {
+StepRow GlobalStep(const wire::ReportedStep& report) {
   StepAggregate a(0);
   a.Add(0, report);
-  StepRow s = a.Finish(report.step(), 0);
-  if (report.element_count() == 0 && report.metrics().has_nan_frac()) {
-    s.Set(Signal::kNanFrac, report.metrics().nan_frac());
+  StepRow s = a.Finish(report.step, 0);
+  if (report.elements == 0 && report.Has(Signal::kNanFrac)) {
+    s.Set(Signal::kNanFrac, report.Get(Signal::kNanFrac));
   }
   return s;
 }

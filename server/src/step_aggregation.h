@@ -8,7 +8,7 @@
 // (nan_frac is their ratio; without counts, the largest nan_frac), the
 // activation and attention-logit maxima maxima, shard ids the union.
 //
-// Pure: no clock, no store, no threads.
+// Pure: no clock, no store, no threads, no wire messages.
 
 #ifndef TRAINWATCH_SERVER_STEP_AGGREGATION_H_
 #define TRAINWATCH_SERVER_STEP_AGGREGATION_H_
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "store.h"
-#include "trainwatch/v1/agent.pb.h"
+#include "trainwatch/wire/step_report.h"
 
 namespace trainwatch::server {
 
@@ -29,7 +29,7 @@ class StepAggregate {
 
   // Merges `rank`'s record. False, and nothing merged, when that rank
   // already reported this step. REQUIRES: 0 <= rank.
-  bool Add(int32_t rank, const trainwatch::v1::StepReport& report);
+  bool Add(int32_t rank, const wire::ReportedStep& report);
 
   int32_t count() const { return count_; }
   int64_t first_ms() const { return first_ms_; }
@@ -39,7 +39,7 @@ class StepAggregate {
   StepRow Finish(int64_t step, int32_t world_size) const;
 
  private:
-  void Merge(const trainwatch::v1::StepReport& r);
+  void Merge(const wire::ReportedStep& r);
 
   int64_t first_ms_;
   std::vector<bool> seen_;
@@ -59,7 +59,7 @@ class StepAggregate {
 // The stored form of a record that rank 0 reduced itself
 // (REPORT_SCOPE_GLOBAL): the same conversion, with nan_frac as reported when
 // the record carries no counts.
-StepRow GlobalStep(const trainwatch::v1::StepReport& report);
+StepRow GlobalStep(const wire::ReportedStep& report);
 
 }  // namespace trainwatch::server
 

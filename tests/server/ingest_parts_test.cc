@@ -19,25 +19,24 @@ namespace {
 using core::Signal;
 namespace v1 = trainwatch::v1;
 
-v1::StepReport Report(int64_t step, double loss, double grad, uint64_t nonfinite,
-                      uint64_t elements, std::vector<uint64_t> shards) {
-  v1::StepReport r;
-  r.set_step(step);
-  r.set_scope(v1::REPORT_SCOPE_RANK);
-  r.mutable_metrics()->set_loss(loss);
-  r.mutable_metrics()->set_grad_norm(grad);
-  r.mutable_metrics()->set_log_z(8.0);
-  r.set_nonfinite_count(nonfinite);
-  r.set_element_count(elements);
-  for (uint64_t s : shards) r.add_shard_ids(s);
+// `shards` must outlive the record (a view).
+wire::ReportedStep Report(int64_t step, double loss, double grad, uint64_t nonfinite,
+                          uint64_t elements, const std::vector<uint64_t>& shards) {
+  wire::ReportedStep r;
+  r.step = step;
+  r.Set(Signal::kLoss, loss).Set(Signal::kGradNorm, grad).Set(Signal::kLogZ, 8.0);
+  r.nonfinite = nonfinite;
+  r.elements = elements;
+  r.shards = shards;
   return r;
 }
 
 TEST_CASE("step aggregation: means - maxima - sums - union and the missing ranks",
           "[server][aggregation]") {
   StepAggregate a(/*first_ms=*/100);
-  CHECK(a.Add(0, Report(7, 2.0, 1.0, 0, 100, {5, 3})));
-  CHECK(a.Add(2, Report(7, 4.0, 3.0, 10, 100, {3, 9})));
+  const std::vector<uint64_t> shards0 = {5, 3}, shards2 = {3, 9};
+  CHECK(a.Add(0, Report(7, 2.0, 1.0, 0, 100, shards0)));
+  CHECK(a.Add(2, Report(7, 4.0, 3.0, 10, 100, shards2)));
   CHECK_FALSE(a.Add(2, Report(7, 99.0, 99.0, 99, 99, {})));  // a re-send merges nothing
   CHECK(a.count() == 2);
   CHECK(a.first_ms() == 100);
@@ -67,12 +66,29 @@ TEST_CASE("step aggregation: one nonfinite loss makes the mean NaN - absent stay
   CHECK_FALSE(s.Has(Signal::kActivationMax));
 }
 
+TEST_CASE("step aggregation: activation and attention maxima - a nonfinite attention p99 wins",
+          "[server][aggregation]") {
+  StepAggregate a(0);
+  wire::ReportedStep r0 = Report(4, 1.0, 1.0, 0, 10, {});
+  r0.Set(Signal::kActivationMax, 3.0).Set(Signal::kAttentionLogitP99, 20.0);
+  wire::ReportedStep r1 = Report(4, 1.0, 1.0, 0, 10, {});
+  r1.Set(Signal::kActivationMax, 5.0).Set(Signal::kAttentionLogitP99, std::nan(""));
+  wire::ReportedStep r2 = Report(4, 1.0, 1.0, 0, 10, {});
+  r2.Set(Signal::kAttentionLogitP99, 30.0);
+  a.Add(0, r0);
+  a.Add(1, r1);
+  a.Add(2, r2);
+  const StepRow s = a.Finish(4, 3);
+  CHECK(s.Get(Signal::kActivationMax) == 5.0);
+  REQUIRE(s.Has(Signal::kAttentionLogitP99));
+  CHECK(std::isnan(s.Get(Signal::kAttentionLogitP99)));
+}
+
 TEST_CASE("step aggregation: a global record keeps its nan_frac when it has no counts",
           "[server][aggregation]") {
-  v1::StepReport r;
-  r.set_step(3);
-  r.mutable_metrics()->set_nan_frac(0.25);
-  r.set_learning_rate(1e-3);
+  wire::ReportedStep r;
+  r.step = 3;
+  r.Set(Signal::kNanFrac, 0.25).Set(Signal::kLearningRate, 1e-3);
   const StepRow s = GlobalStep(r);
   CHECK(s.step == 3);
   CHECK(s.Get(Signal::kNanFrac) == Approx(0.25));

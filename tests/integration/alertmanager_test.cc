@@ -3,7 +3,6 @@
 // notification carries the summary and the dashboard link; when the
 // incident ends, Alertmanager sends the resolution.
 
-#include <unistd.h>
 
 #include <fstream>
 #include <string>
@@ -12,6 +11,7 @@
 
 #include "stack.h"
 #include "test_util.h"
+#include "testing/wait.h"
 #include "trainwatch/core/json.h"
 #include "server.h"
 
@@ -70,15 +70,15 @@ TEST_CASE("alertmanager: a tier 2 page arrives through the real Alertmanager and
   req.set_comment("benign");
   v1::RejectRollbackResponse resp;
   REQUIRE(op->RejectRollback(&c, req, &resp).ok());
-  bool resolved = false;
-  for (int i = 0; i < 300 && !resolved; ++i) {
-    for (const auto& r : hook.requests()) {
-      auto v = core::ParseJson(r.body, "webhook");
-      if (v.ok() && v->Find("status") && v->Find("status")->string == "resolved") resolved = true;
-    }
-    if (!resolved) usleep(100000);
-  }
-  CHECK(resolved);
+  CHECK(testing::WaitUntil(
+      [&] {
+        for (const auto& r : hook.requests()) {
+          auto v = core::ParseJson(r.body, "webhook");
+          if (v.ok() && v->Find("status") && v->Find("status")->string == "resolved") return true;
+        }
+        return false;
+      },
+      std::chrono::seconds(30), std::chrono::milliseconds(100)));
   CHECK(a.Close().ok());
 }
 

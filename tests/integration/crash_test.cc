@@ -4,7 +4,6 @@
 // doubled.
 
 #include <sqlite3.h>
-#include <unistd.h>
 
 #include <fstream>
 #include <map>
@@ -16,6 +15,7 @@
 
 #include "stack.h"
 #include "test_util.h"
+#include "testing/wait.h"
 #include "trainwatch/cli/operator_commands.h"
 
 namespace trainwatch::server {
@@ -42,11 +42,8 @@ int64_t Count(const std::string& db, const std::string& sql) {
 }
 
 bool WaitCount(const std::string& db, const std::string& sql, int64_t n) {
-  for (int i = 0; i < 500; ++i) {
-    if (Count(db, sql) >= n) return true;
-    usleep(20000);
-  }
-  return false;
+  return testing::WaitUntil([&] { return Count(db, sql) >= n; }, std::chrono::seconds(10),
+                            std::chrono::milliseconds(20));
 }
 
 double Loss(int64_t s) { return 2.5 + 0.01 * std::sin(static_cast<double>(s) * 1.7); }

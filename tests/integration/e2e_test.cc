@@ -23,6 +23,7 @@
 
 #include "stack.h"
 #include "test_util.h"
+#include "testing/wait.h"
 #include "trainwatch/core/json.h"
 
 namespace trainwatch::testing {
@@ -170,6 +171,16 @@ size_t SeriesCount(const Prometheus& prom, const std::string& expr) {
   return v->Find("data")->Find("result")->array.size();
 }
 
+// When Prometheus last scraped (its least recent target, in Unix seconds);
+// 0 on any error.
+double LastScrapeS(const Prometheus& prom) {
+  auto v = core::ParseJson(prom.Query("min(timestamp(up))"), "prometheus");
+  if (!v.ok() || v->Find("data") == nullptr || v->Find("data")->Find("result") == nullptr) return 0;
+  const auto& result = v->Find("data")->Find("result")->array;
+  if (result.size() != 1 || result[0].Find("value") == nullptr) return 0;
+  return std::stod(result[0].Find("value")->array[1].string);
+}
+
 TEST_CASE("e2e: the example trainer through tiers 1 and 2 and 3 with real components",
           "[integration][e2e]") {
   TempDir dir;
@@ -199,12 +210,9 @@ TEST_CASE("e2e: the example trainer through tiers 1 and 2 and 3 with real compon
   const std::string twctl = std::string("TRAINWATCH_SERVER=") + daemon.address() + " " + TWCTL_PATH;
   std::string incident;
   int code = -1;
-  for (int i = 0; i < 6000 && code == -1; ++i) {
+  auto approve_until_exit = [&] {
     code = trainer.Wait(0);
-    if (code != -1 || !incident.empty()) {
-      usleep(100000);
-      continue;
-    }
+    if (code != -1 || !incident.empty()) return code != -1;
     std::string out;
     REQUIRE(RunCommand(twctl + " incidents --run " + kRun + " -o json", "", &out) == 0);
     auto v = core::ParseJson(out, "twctl");
@@ -222,10 +230,14 @@ TEST_CASE("e2e: the example trainer through tiers 1 and 2 and 3 with real compon
       INFO(out);
       REQUIRE(rc == 0);
     }
-    usleep(300000);
-  }
+    return false;
+  };
+  // Each poll may start twctl: a process of its own, so not too often.
+  const bool exited =
+      WaitUntil(approve_until_exit, std::chrono::minutes(10), std::chrono::milliseconds(300));
   const std::string log = ReadFile(trainer_log);
   INFO("trainer output:\n" << log);
+  REQUIRE(exited);
   // Tier 3 halted the run at the NaN; nothing else stopped it.
   REQUIRE(code == 3);
   REQUIRE(!incident.empty());
@@ -361,8 +373,13 @@ TEST_CASE("e2e: the example trainer through tiers 1 and 2 and 3 with real compon
   }
 
   {  // every PromQL expression of the dashboard and the alert rules returns data
-    // Let Prometheus scrape the final state.
-    usleep(3000000);
+    // Prometheus has the final state (twice over) once a scrape that began
+    // 2 s from now has landed; it scrapes every second.
+    const double final_s =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    REQUIRE(WaitUntil([&] { return LastScrapeS(prom) > final_s + 2; }, std::chrono::seconds(30),
+                      std::chrono::milliseconds(200)));
     // Every dashboard in dashboards/: panel targets, annotations, and the
     // query variables (label_values(METRIC, LABEL) must list this run).
     std::vector<std::string> exprs;
@@ -430,16 +447,6 @@ TEST_CASE("e2e: PromQL operands split at top-level comparisons and set operators
 namespace trainwatch::testing {
 namespace {
 
-// Polls `fn` every 100 ms for up to `seconds`.
-template <typename Fn>
-bool Eventually(int seconds, Fn fn) {
-  for (int i = 0; i < seconds * 10; ++i) {
-    if (fn()) return true;
-    usleep(100000);
-  }
-  return fn();
-}
-
 TEST_CASE(
     "deploy: local-stack brings up trainwatchd and Prometheus and Alertmanager and stops them",
     "[integration][deploy]") {
@@ -455,19 +462,23 @@ TEST_CASE(
                {"TW_PROMETHEUS_PORT", std::to_string(prom)},
                {"TW_ALERTMANAGER_PORT", std::to_string(am)}});
   // Prometheus scrapes trainwatchd, has the rules and knows the Alertmanager.
-  const bool up = Eventually(40, [&] {
-    return HttpGet(prom, "/api/v1/query?query=up").find("\"value\":[") != std::string::npos &&
-           HttpGet(prom, "/api/v1/query?query=up").find("\"1\"]") != std::string::npos;
-  });
+  const bool up = WaitUntil(
+      [&] {
+        return HttpGet(prom, "/api/v1/query?query=up").find("\"value\":[") != std::string::npos &&
+               HttpGet(prom, "/api/v1/query?query=up").find("\"1\"]") != std::string::npos;
+      },
+      std::chrono::seconds(40), std::chrono::milliseconds(100));
   INFO(ReadFile(log));
   REQUIRE(up);
   CHECK(HttpGet(prom, "/api/v1/query?query=up").find("\"job\":\"trainwatchd\"") !=
         std::string::npos);
   CHECK(HttpGet(prom, "/api/v1/rules").find("TrainwatchdDown") != std::string::npos);
-  CHECK(Eventually(20, [&] {
-    return HttpGet(prom, "/api/v1/alertmanagers").find("127.0.0.1:" + std::to_string(am)) !=
-           std::string::npos;
-  }));
+  CHECK(WaitUntil(
+      [&] {
+        return HttpGet(prom, "/api/v1/alertmanagers").find("127.0.0.1:" + std::to_string(am)) !=
+               std::string::npos;
+      },
+      std::chrono::seconds(20), std::chrono::milliseconds(100)));
   CHECK(HttpGet(am, "/-/ready").find("OK") != std::string::npos);
   CHECK(HttpGet(metrics, "/metrics").find("trainwatch_ingest_records_total") != std::string::npos);
   std::string state;

@@ -16,16 +16,15 @@
 #include <iterator>
 #include <sstream>
 
+#include "testing/wait.h"
+
 namespace trainwatch::testing {
 
 namespace {
 
 bool WaitReady(int port, const std::string& path, const std::string& want, int seconds) {
-  for (int i = 0; i < seconds * 20; ++i) {
-    if (HttpGet(port, path).find(want) != std::string::npos) return true;
-    usleep(50000);
-  }
-  return false;
+  return WaitUntil([&] { return HttpGet(port, path).find(want) != std::string::npos; },
+                   std::chrono::seconds(seconds), std::chrono::milliseconds(50));
 }
 
 // Checks `config` with `checker` (promtool, amtool), starts `argv` with its
@@ -79,16 +78,17 @@ Child::~Child() { Stop(); }
 
 int Child::Wait(int seconds) {
   if (pid_ <= 0) return status_;
-  for (int i = 0; i <= seconds * 10; ++i) {
+  auto exited = [this] {
     int st = 0;
-    if (waitpid(pid_, &st, WNOHANG) == pid_) {
-      status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      pid_ = -1;
-      return status_;
-    }
-    if (i < seconds * 10) usleep(100000);
-  }
-  return -1;
+    if (waitpid(pid_, &st, WNOHANG) != pid_) return false;
+    status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    pid_ = -1;
+    return true;
+  };
+  // With no time (seconds == 0) the process is checked once.
+  return WaitUntil(exited, std::chrono::seconds(seconds), std::chrono::milliseconds(100))
+             ? status_
+             : -1;
 }
 
 bool Child::running() { return Wait(0) == -1 && pid_ > 0; }
@@ -121,14 +121,17 @@ Trainwatchd::Trainwatchd(const TempDir& dir, const std::string& rules, const std
   if (!pager.empty()) argv.insert(argv.end(), {"--pager_config", pager});
   const std::string log = dir.File("trainwatchd.log");
   child_ = std::make_unique<Child>(argv, log);
-  for (int i = 0; i < 200 && port_ == 0; ++i) {
-    std::istringstream lines(ReadFile(log));
-    for (std::string line; std::getline(lines, line);) {
-      std::sscanf(line.c_str(), "metrics on 127.0.0.1:%d", &metrics_port_);
-      std::sscanf(line.c_str(), "listening on 127.0.0.1:%d", &port_);
-    }
-    if (port_ == 0) usleep(50000);
-  }
+  // The ports it chose, from its log.
+  WaitUntil(
+      [&] {
+        std::istringstream lines(ReadFile(log));
+        for (std::string line; std::getline(lines, line);) {
+          std::sscanf(line.c_str(), "metrics on 127.0.0.1:%d", &metrics_port_);
+          std::sscanf(line.c_str(), "listening on 127.0.0.1:%d", &port_);
+        }
+        return port_ > 0;
+      },
+      std::chrono::seconds(10), std::chrono::milliseconds(50));
   INFO(ReadFile(log));
   REQUIRE(port_ > 0);
   REQUIRE(metrics_port_ > 0);

@@ -12,6 +12,8 @@
 #include <catch2/catch.hpp>
 
 #include "test_util.h"
+#include "testing/fake_clock.h"
+#include "testing/wait.h"
 #include "trainwatch/core/json.h"
 #include "pager.h"
 #include "server.h"
@@ -25,6 +27,7 @@ using testing::HttpReceiver;
 using testing::Step;
 using testing::TempDir;
 using testing::TestAgent;
+using testing::WaitUntil;
 
 core::JsonValue J(const std::string& body) {
   auto v = core::ParseJson(body, "page");
@@ -55,6 +58,12 @@ TEST_CASE("pager: four formats - retries - once per state change - across a rest
   setenv("TW_TEST_PD_KEY", "pd-routing-key-secret", 1);
   TempDir dir;
   HttpReceiver rx;
+  // The retry backoff reads this clock; the test moves it past each backoff
+  // once the failed attempt before it has been seen.
+  testing::FakeClock clock;
+  auto attempts_reach = [&](size_t n) {
+    return WaitUntil([&] { return rx.attempts() >= n; }, std::chrono::seconds(30));
+  };
   rx.FailNext("/hook", 2, 503);  // the webhook is down for two attempts
   ServerOptions o;
   o.listen = "127.0.0.1:0";
@@ -63,7 +72,7 @@ TEST_CASE("pager: four formats - retries - once per state change - across a rest
   o.pager_config_file = WritePagerConfig(dir, rx.port());
   std::string id;
   {
-    auto server = Server::Start(o);
+    auto server = Server::Start(o, &clock);
     REQUIRE(server.ok());
     auto ch = grpc::CreateChannel("127.0.0.1:" + std::to_string((*server)->port()),
                                   grpc::InsecureChannelCredentials());
@@ -80,7 +89,14 @@ TEST_CASE("pager: four formats - retries - once per state change - across a rest
       }
     }
     REQUIRE(a.WaitDurable(0, 3599));
-    REQUIRE(rx.WaitFor(4));  // the webhook only after its retries
+    // The webhook only after its retries: 1 s, then 2 s later.
+    REQUIRE(attempts_reach(4));
+    CHECK(rx.requests().size() == 3);
+    clock.AdvanceMs(1000);
+    REQUIRE(attempts_reach(5));
+    CHECK(rx.requests().size() == 3);
+    clock.AdvanceMs(2000);
+    REQUIRE(rx.WaitFor(4));
     CHECK(a.Close().ok());
     (*server)->Shutdown();
   }
@@ -123,7 +139,7 @@ TEST_CASE("pager: four formats - retries - once per state change - across a rest
   // a restart, and are delivered once after it.
   for (const char* p : {"/am/api/v2/alerts", "/pd", "/slack", "/hook"}) rx.FailNext(p, 3, 500);
   {
-    auto server = Server::Start(o);
+    auto server = Server::Start(o, &clock);
     REQUIRE(server.ok());
     auto ch = grpc::CreateChannel("127.0.0.1:" + std::to_string((*server)->port()),
                                   grpc::InsecureChannelCredentials());
@@ -133,16 +149,28 @@ TEST_CASE("pager: four formats - retries - once per state change - across a rest
     req.set_incident_id(id);
     req.set_comment("benign for this test");
     v1::RejectRollbackResponse resp;
+    const size_t before = rx.attempts();
     REQUIRE(op->RejectRollback(&c, req, &resp).ok());
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    REQUIRE(attempts_reach(before + 4));  // each page tried once, and failed
     (*server)->Shutdown();  // before the pages could go out
   }
   CHECK(rx.requests().size() == 4);
   {
-    auto server = Server::Start(o);
+    auto server = Server::Start(o, &clock);
     REQUIRE(server.ok());
+    // The backoff after each failure doubles: 1 s, 2 s, then 4 s.
+    const size_t before = rx.attempts();
+    clock.AdvanceMs(1000);
+    REQUIRE(attempts_reach(before + 4));
+    clock.AdvanceMs(2000);
+    REQUIRE(attempts_reach(before + 8));
+    CHECK(rx.requests().size() == 4);
+    clock.AdvanceMs(4000);
     REQUIRE(rx.WaitFor(8, 30));
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    // A page sent twice (its delivery not recorded) would go out again on
+    // the pager's next pass, every 200 ms.
+    CHECK(testing::HoldsFor([&] { return rx.requests().size() == 8; },
+                            std::chrono::milliseconds(500)));
     (*server)->Shutdown();
   }
   reqs = rx.requests();

@@ -14,6 +14,7 @@
 
 #include "server_fixture.h"
 #include "test_util.h"
+#include "testing/wait.h"
 #include "trainwatch/cli/operator_commands.h"
 #include "server.h"
 
@@ -289,11 +290,13 @@ TEST_CASE("rollback: a rejected incident cannot be approved - tier 1 needs no ro
   REQUIRE_FALSE(t3.empty());
   // The rank's own report travels after the global record on the stream, so
   // the global record's ack does not cover it yet: wait until it is stored.
-  v1::Incident t3_full = op.Get(t3);
-  for (int i = 0; i < 200 && t3_full.summary().tensor_breakdown_size() == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    t3_full = op.Get(t3);
-  }
+  v1::Incident t3_full;
+  REQUIRE(testing::WaitUntil(
+      [&] {
+        t3_full = op.Get(t3);
+        return t3_full.summary().tensor_breakdown_size() > 0;
+      },
+      std::chrono::seconds(10)));
   CHECK(t3_full.summary().explanation().find("layers.11.mlp.fc2.weight (42 of 1048576") !=
         std::string::npos);
   REQUIRE(t3_full.decisions_size() == 1);

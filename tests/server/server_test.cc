@@ -19,6 +19,7 @@
 #include "server_fixture.h"
 #include "test_util.h"
 #include "testing/fake_clock.h"
+#include "testing/wait.h"
 #include "trainwatch/core/rule_engine.h"
 #include "server.h"
 
@@ -124,14 +125,16 @@ TEST_CASE("server: per-rank records out of order - and a step completed without 
   CHECK((*early)[2].missing_ranks.empty());
   CHECK((*early)[2].shards == std::vector<uint64_t>{1000002});
   clock.AdvanceMs(31'000);
-  // The writer wakes every 50 ms; give it a few cycles.
+  // The writer notices the timeout on its next wake-up (every 50 ms, real time).
   std::vector<StepRow> all;
-  for (int i = 0; i < 100 && all.size() < 10; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    auto steps = r.server->store()->StepsBetween(run, 0, 0, 9);
-    REQUIRE(steps.ok());
-    all = *steps;
-  }
+  REQUIRE(testing::WaitUntil(
+      [&] {
+        auto steps = r.server->store()->StepsBetween(run, 0, 0, 9);
+        REQUIRE(steps.ok());
+        all = *steps;
+        return all.size() == 10;
+      },
+      std::chrono::seconds(10)));
   REQUIRE(all.size() == 10);
   CHECK(all[5].missing_ranks == "1");
   CHECK(all[5].Get(core::Signal::kLoss) == Approx(2.0));  // mean of ranks 0 and 2

@@ -14,6 +14,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "testing/wait.h"
+
 namespace trainwatch::testing {
 
 TempDir::TempDir() {
@@ -138,13 +140,13 @@ std::vector<HttpReceiver::Request> HttpReceiver::requests() {
   return requests_;
 }
 
+size_t HttpReceiver::attempts() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return attempts_;
+}
+
 bool HttpReceiver::WaitFor(size_t n, int seconds) {
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
-  while (std::chrono::steady_clock::now() < end) {
-    if (requests().size() >= n) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
+  return WaitUntil([&] { return requests().size() >= n; }, std::chrono::seconds(seconds));
 }
 
 void HttpReceiver::Loop() {
@@ -174,6 +176,7 @@ void HttpReceiver::Loop() {
     int status = 200;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      ++attempts_;
       auto it = failures_.find(r.path);
       if (it != failures_.end() && it->second.first > 0) {
         --it->second.first;

@@ -80,6 +80,9 @@ class HttpReceiver {
   // The next `count` requests to `path` get `status`.
   void FailNext(const std::string& path, int count, int status = 500);
   std::vector<Request> requests();
+  // Every request answered, the failed ones included: how a test sees a
+  // retry that left no request behind.
+  size_t attempts();
   // Waits until at least `n` requests arrived (or `seconds` passed).
   bool WaitFor(size_t n, int seconds = 20);
 
@@ -91,6 +94,7 @@ class HttpReceiver {
   std::thread thread_;
   std::mutex mu_;
   std::vector<Request> requests_;
+  size_t attempts_ = 0;
   std::map<std::string, std::pair<int, int>> failures_;  // path -> (count, status)
 };
 

@@ -15,6 +15,7 @@
 
 #include "server_fixture.h"
 #include "test_util.h"
+#include "testing/wait.h"
 #include "trainwatch/cli/operator_commands.h"
 #include "trainwatch/core/json.h"
 #include "server.h"
@@ -201,9 +202,8 @@ TEST_CASE("twctl: watch prints incident changes as they happen", "[server][twctl
     std::lock_guard<std::mutex> lock(mu);
     return lines.size();
   };
-  for (int i = 0; i < 1500 && seen() < open + 1; ++i) {  // up to 30 s on a busy machine
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  // Up to 30 s on a busy machine.
+  REQUIRE(testing::WaitUntil([&] { return seen() >= open + 1; }, std::chrono::seconds(30)));
   REQUIRE(seen() == open + 1);  // the header and a snapshot per open incident
   CHECK(Twctl(addr, "rollback", {"reject", id, "--comment", "benign"}).code == 0);
   watch.join();

@@ -47,7 +47,7 @@ struct Connection {
   std::string server, token, ca_file;
   // Set by ResolveConnection when the config file is there but unreadable;
   // DialOperator's client then fails every call with it.
-  absl::Status error;
+  absl::Status error = absl::OkStatus();
 };
 
 // Fills what `c` lacks the way kubectl and amtool users expect: the

@@ -33,8 +33,12 @@ class ScratchDir {
   std::string path_;
 };
 
-bool MessageNames(const absl::Status& s, const std::string& path) {
-  return std::string(s.message()).find(path) != std::string::npos;
+// The read failed with `code` and a message naming `path`.
+void CheckFailed(const absl::StatusOr<std::string>& got, absl::StatusCode code,
+                 const std::string& path) {
+  REQUIRE_FALSE(got.ok());
+  CHECK(got.status().code() == code);
+  CHECK(std::string(got.status().message()).find(path) != std::string::npos);
 }
 
 TEST_CASE("local file system: reads a whole file", "[core][file_system]") {
@@ -52,10 +56,7 @@ TEST_CASE("local file system: reads a whole file", "[core][file_system]") {
 TEST_CASE("local file system: a missing path is NOT_FOUND naming it", "[core][file_system]") {
   ScratchDir dir;
   const std::string path = dir.Path("missing.json");
-  absl::StatusOr<std::string> got = LocalFileSystem().ReadFile(path);
-  REQUIRE_FALSE(got.ok());
-  CHECK(got.status().code() == absl::StatusCode::kNotFound);
-  CHECK(MessageNames(got.status(), path));
+  CheckFailed(LocalFileSystem().ReadFile(path), absl::StatusCode::kNotFound, path);
 }
 
 TEST_CASE("local file system: a directory is FAILED_PRECONDITION naming it",
@@ -77,10 +78,7 @@ TEST_CASE("local file system: an unreadable file is PERMISSION_DENIED", "[core][
   ScratchDir dir;
   const std::string path = dir.Write("secret", "x");
   ::chmod(path.c_str(), 0);
-  absl::StatusOr<std::string> got = LocalFileSystem().ReadFile(path);
-  REQUIRE_FALSE(got.ok());
-  CHECK(got.status().code() == absl::StatusCode::kPermissionDenied);
-  CHECK(MessageNames(got.status(), path));
+  CheckFailed(LocalFileSystem().ReadFile(path), absl::StatusCode::kPermissionDenied, path);
 }
 
 TEST_CASE("local file system: a file over the limit is RESOURCE_EXHAUSTED",
@@ -88,10 +86,7 @@ TEST_CASE("local file system: a file over the limit is RESOURCE_EXHAUSTED",
   ScratchDir dir;
   const std::string path = dir.Write("big", std::string(100, 'x'));
   CHECK(LocalFileSystem(100).ReadFile(path).ok());
-  absl::StatusOr<std::string> got = LocalFileSystem(99).ReadFile(path);
-  REQUIRE_FALSE(got.ok());
-  CHECK(got.status().code() == absl::StatusCode::kResourceExhausted);
-  CHECK(MessageNames(got.status(), path));
+  CheckFailed(LocalFileSystem(99).ReadFile(path), absl::StatusCode::kResourceExhausted, path);
 }
 
 TEST_CASE("local file system: reads a pipe, which has no size, to its end",

@@ -89,7 +89,7 @@ TEST_CASE("local file system: a file over the limit is RESOURCE_EXHAUSTED",
   CheckFailed(LocalFileSystem(99).ReadFile(path), absl::StatusCode::kResourceExhausted, path);
 }
 
-TEST_CASE("local file system: reads a pipe, which has no size, to its end",
+TEST_CASE("local file system: reads a pipe (no size) to its end",
           "[core][file_system]") {
   ScratchDir dir;
   const std::string fifo = dir.Path("fifo");

@@ -4,10 +4,10 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <fstream>
-#include <iterator>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "trainwatch/core/file_system.h"
 #include "trainwatch/core/json.h"
 #include "trainwatch/v1/operator.grpc.pb.h"
 
@@ -17,13 +17,12 @@ namespace {
 
 class GrpcOperatorClient : public OperatorClient {
  public:
-  explicit GrpcOperatorClient(const Connection& c) : token_(c.token) {
+  // TLS when `ca_pem` is set (the contents of c.ca_file).
+  GrpcOperatorClient(const Connection& c, const std::string& ca_pem) : token_(c.token) {
     std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
     if (!c.ca_file.empty()) {
       grpc::SslCredentialsOptions ssl;
-      std::ifstream in(c.ca_file);
-      ssl.pem_root_certs.assign(std::istreambuf_iterator<char>(in),
-                                std::istreambuf_iterator<char>());
+      ssl.pem_root_certs = ca_pem;
       creds = grpc::SslCredentials(ssl);
     }
     stub_ = v1::OperatorService::NewStub(grpc::CreateChannel(c.server, creds));
@@ -93,19 +92,66 @@ class GrpcOperatorClient : public OperatorClient {
   std::unique_ptr<v1::OperatorService::Stub> stub_;
 };
 
-// Fills the fields still empty from the config file, if there is one.
-void LoadConfigFile(Connection* c) {
+// What twctl could not set up before dialling (an unreadable config or CA
+// file): every call fails with it as UNAVAILABLE, the code a channel whose
+// TLS cannot be set up gives, so the command reports it (exit 1) the way it
+// reports a server that cannot be reached; the file's own code (a directory
+// is FAILED_PRECONDITION) would read as the server refusing (exit 3).
+class FailingOperatorClient : public OperatorClient {
+ public:
+  explicit FailingOperatorClient(const absl::Status& s)
+      : status_(grpc::StatusCode::UNAVAILABLE, std::string(s.message())) {}
+
+  grpc::Status ListRuns(const v1::ListRunsRequest&, v1::ListRunsResponse*) override {
+    return status_;
+  }
+  grpc::Status GetRunStatus(const v1::GetRunStatusRequest&, v1::GetRunStatusResponse*) override {
+    return status_;
+  }
+  grpc::Status ListIncidents(const v1::ListIncidentsRequest&,
+                             v1::ListIncidentsResponse*) override {
+    return status_;
+  }
+  grpc::Status GetIncident(const v1::GetIncidentRequest&, v1::GetIncidentResponse*) override {
+    return status_;
+  }
+  grpc::Status ApproveRollback(const v1::ApproveRollbackRequest&,
+                               v1::ApproveRollbackResponse*) override {
+    return status_;
+  }
+  grpc::Status RejectRollback(const v1::RejectRollbackRequest&,
+                              v1::RejectRollbackResponse*) override {
+    return status_;
+  }
+  grpc::Status ListQuarantinedShards(const v1::ListQuarantinedShardsRequest&,
+                                     v1::ListQuarantinedShardsResponse*) override {
+    return status_;
+  }
+  grpc::Status WatchIncidents(const v1::WatchIncidentsRequest&, int64_t,
+                              const std::function<bool(const v1::IncidentEvent&)>&) override {
+    return status_;
+  }
+
+ private:
+  grpc::Status status_;
+};
+
+// Fills the fields still empty from the config file, if there is one. A
+// config file that is absent is normal; one that is there but cannot be
+// read (a directory, no permission) is an error, not a silent default.
+absl::Status LoadConfigFile(Connection* c) {
   std::string path;
   if (const char* p = std::getenv("TWCTL_CONFIG")) {
     path = p;
   } else if (const char* home = std::getenv("HOME")) {
     path = absl::StrCat(home, "/.config/trainwatch/twctl.json");
   }
-  std::ifstream in(path);
-  if (!in) return;
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  absl::StatusOr<core::JsonValue> doc = core::ParseJson(text, path);
-  if (!doc.ok()) return;
+  if (path.empty()) return absl::OkStatus();
+  absl::StatusOr<std::string> text = core::LocalFileSystem().ReadFile(path);
+  if (absl::IsNotFound(text.status())) return absl::OkStatus();
+  if (!text.ok()) return text.status();
+  absl::StatusOr<core::JsonValue> doc = core::ParseJson(*text, path);
+  if (!doc.ok()) return absl::OkStatus();
   auto take = [&](const char* key, std::string* dst) {
     const core::JsonValue* v = doc->Find(key);
     if (dst->empty() && v != nullptr && v->type == core::JsonValue::Type::kString) *dst = v->string;
@@ -113,6 +159,7 @@ void LoadConfigFile(Connection* c) {
   take("server", &c->server);
   take("token", &c->token);
   take("ca_file", &c->ca_file);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -124,13 +171,20 @@ Connection ResolveConnection(Connection c) {
   if (c.token.empty()) {
     if (const char* v = std::getenv("TRAINWATCH_TOKEN")) c.token = v;
   }
-  LoadConfigFile(&c);
+  c.error = LoadConfigFile(&c);
   if (c.server.empty()) c.server = "127.0.0.1:7070";
   return c;
 }
 
 std::unique_ptr<OperatorClient> DialOperator(const Connection& c) {
-  return std::make_unique<GrpcOperatorClient>(c);
+  if (!c.error.ok()) return std::make_unique<FailingOperatorClient>(c.error);
+  std::string ca_pem;
+  if (!c.ca_file.empty()) {
+    absl::StatusOr<std::string> pem = core::LocalFileSystem().ReadFile(c.ca_file);
+    if (!pem.ok()) return std::make_unique<FailingOperatorClient>(pem.status());
+    ca_pem = *std::move(pem);
+  }
+  return std::make_unique<GrpcOperatorClient>(c, ca_pem);
 }
 
 }  // namespace trainwatch::cli

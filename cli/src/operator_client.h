@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "trainwatch/v1/operator.pb.h"
 
 namespace trainwatch::cli {
@@ -44,6 +45,9 @@ class OperatorClient {
 // Where and how to reach trainwatchd.
 struct Connection {
   std::string server, token, ca_file;
+  // Set by ResolveConnection when the config file is there but unreadable;
+  // DialOperator's client then fails every call with it.
+  absl::Status error = absl::OkStatus();
 };
 
 // Fills what `c` lacks the way kubectl and amtool users expect: the
@@ -52,7 +56,8 @@ struct Connection {
 Connection ResolveConnection(Connection c);
 
 // A gRPC client of `c.server` (TLS when c.ca_file is set); nothing is dialled
-// until the first call. Each unary call has a 30 s deadline.
+// until the first call. Each unary call has a 30 s deadline. When c.error is
+// set or c.ca_file cannot be read, every call fails with that status.
 std::unique_ptr<OperatorClient> DialOperator(const Connection& c);
 
 }  // namespace trainwatch::cli

@@ -1,8 +1,5 @@
 #include "auth.h"
 
-#include <fstream>
-#include <iterator>
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -103,11 +100,14 @@ absl::StatusOr<Authenticator> Authenticator::FromJson(absl::string_view json,
   return a;
 }
 
-absl::StatusOr<Authenticator> Authenticator::FromFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read tokens file ", path));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return FromJson(text, path);
+absl::StatusOr<Authenticator> Authenticator::FromFile(const std::string& path,
+                                                      const core::FileSystem& fs) {
+  absl::StatusOr<std::string> text = fs.ReadFile(path);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrCat("tokens file: ", text.status().message()));
+  }
+  return FromJson(*text, path);
 }
 
 absl::StatusOr<Principal> Authenticator::Check(absl::string_view authorization,

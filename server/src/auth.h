@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "trainwatch/core/file_system.h"
 
 namespace trainwatch::server {
 
@@ -46,7 +47,8 @@ class Authenticator {
   // Authentication off: every call is an anonymous operator.
   Authenticator() = default;
   static absl::StatusOr<Authenticator> FromJson(absl::string_view json, absl::string_view source);
-  static absl::StatusOr<Authenticator> FromFile(const std::string& path);
+  static absl::StatusOr<Authenticator> FromFile(
+      const std::string& path, const core::FileSystem& fs = core::LocalFileSystem());
 
   bool enabled() const { return enabled_; }
   // `authorization` is the metadata value ("Bearer <token>"), empty if absent.

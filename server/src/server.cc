@@ -10,8 +10,6 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <prometheus/exposer.h>
 
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <string>
 #include <utility>
@@ -26,18 +24,9 @@
 #include "service_state.h"
 #include "auth.h"
 #include "pager.h"
+#include "trainwatch/core/file_system.h"
 
 namespace trainwatch::server {
-
-namespace {
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-}  // namespace
 
 bool IsLoopback(const std::string& address) {
   return absl::StartsWith(address, "127.") || absl::StartsWith(address, "localhost:") ||
@@ -130,13 +119,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         options.tls_client_ca_file.empty()
             ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
             : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-    absl::StatusOr<std::string> cert = ReadFile(options.tls_cert_file);
-    absl::StatusOr<std::string> key = ReadFile(options.tls_key_file);
+    const core::LocalFileSystem fs;
+    absl::StatusOr<std::string> cert = fs.ReadFile(options.tls_cert_file);
+    absl::StatusOr<std::string> key = fs.ReadFile(options.tls_key_file);
     if (!cert.ok()) return cert.status();
     if (!key.ok()) return key.status();
     ssl.pem_key_cert_pairs.push_back({*key, *cert});
     if (!options.tls_client_ca_file.empty()) {
-      absl::StatusOr<std::string> ca = ReadFile(options.tls_client_ca_file);
+      absl::StatusOr<std::string> ca = fs.ReadFile(options.tls_client_ca_file);
       if (!ca.ok()) return ca.status();
       ssl.pem_root_certs = *ca;
     }

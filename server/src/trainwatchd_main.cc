@@ -12,6 +12,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "trainwatch/core/config.h"
+#include "trainwatch/core/file_system.h"
 #include "trainwatch/core/version.h"
 #include "server.h"
 
@@ -61,16 +62,12 @@ int main(int argc, char** argv) {
   o.pager_config_file = absl::GetFlag(FLAGS_pager_config);
   o.ingest.aggregation_timeout_ms = absl::GetFlag(FLAGS_aggregation_timeout_ms);
   if (const std::string rules = absl::GetFlag(FLAGS_rules); !rules.empty()) {
-    FILE* f = std::fopen(rules.c_str(), "rb");
-    if (f == nullptr) {
-      std::fprintf(stderr, "trainwatchd: cannot read %s\n", rules.c_str());
+    absl::StatusOr<std::string> text = trainwatch::core::LocalFileSystem().ReadFile(rules);
+    if (!text.ok()) {
+      std::fprintf(stderr, "trainwatchd: %s\n", std::string(text.status().message()).c_str());
       return 2;
     }
-    std::string text;
-    char buf[4096];
-    while (size_t n = std::fread(buf, 1, sizeof buf, f)) text.append(buf, n);
-    std::fclose(f);
-    auto cfg = trainwatch::core::ParseRuleConfigJson(text, rules);
+    auto cfg = trainwatch::core::ParseRuleConfigJson(*text, rules);
     if (!cfg.ok()) {
       std::fprintf(stderr, "trainwatchd: %s\n", std::string(cfg.status().message()).c_str());
       return 2;

@@ -5,6 +5,7 @@
 #define CATCH_CONFIG_MAIN
 #include "trainwatch/cli/operator_commands.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -534,6 +535,28 @@ TEST_CASE("connection: flags then environment then config file then the default"
   CHECK(c.token.empty());
   unsetenv("TWCTL_CONFIG");
   std::remove(config.c_str());
+}
+
+TEST_CASE("connection: a config or CA file that is a directory fails each call naming it",
+          "[cli][commands]") {
+  const std::string dir = "/tmp/twctl_operator_commands_dir_" +
+                          std::to_string(static_cast<long>(::getpid()));
+  REQUIRE(::mkdir(dir.c_str(), 0755) == 0);
+  const std::string expected = "cannot read " + dir + ": it is a directory";
+  setenv("TWCTL_CONFIG", dir.c_str(), 1);
+  Connection c = ResolveConnection({});
+  CHECK(c.error.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(c.error.message()) == expected);
+  v1::ListRunsResponse runs;
+  grpc::Status s = DialOperator(c)->ListRuns({}, &runs);
+  CHECK(s.error_code() == grpc::StatusCode::UNAVAILABLE);
+  CHECK(s.error_message() == expected);
+  unsetenv("TWCTL_CONFIG");
+
+  std::string out, err;
+  CHECK(OperatorCommand("runs", {"--ca-file", dir}, nullptr, &out, &err, nullptr) == kError);
+  CHECK(err == "twctl: " + expected + " (14)\n");
+  ::rmdir(dir.c_str());
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "auth.h"
+#include "core/fake_file_system.h"
 
 namespace trainwatch::server {
 namespace {
@@ -74,6 +75,18 @@ TEST_CASE("auth: bad token files are clear errors", "[server][auth]") {
       {"token": "0123456789abcdefgh", "role": "reader"}]})", "t").ok());
   CHECK(Authenticator::FromFile("/nonexistent/tokens.json").status().code() ==
         absl::StatusCode::kNotFound);
+}
+
+TEST_CASE("auth: reads the tokens file through the file system it is given", "[server][auth]") {
+  core::FakeFileSystem fs;
+  fs.files["/etc/trainwatch/tokens.json"] = kTokens;
+  auto a = Authenticator::FromFile("/etc/trainwatch/tokens.json", fs);
+  REQUIRE(a.ok());
+  CHECK(a->Check("Bearer reader-token-012345678", Access::kRead)->name == "grafana");
+  auto missing = Authenticator::FromFile("/etc/trainwatch/other.json", fs);
+  REQUIRE_FALSE(missing.ok());
+  CHECK(std::string(missing.status().message()) ==
+        "tokens file: cannot read /etc/trainwatch/other.json");
 }
 
 }  // namespace

@@ -1,7 +1,5 @@
 #include "pager.h"
 
-#include <curl/curl.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
@@ -68,8 +66,6 @@ absl::StatusOr<std::string> Secret(const core::JsonValue& r, const std::string& 
   }
   return std::string();
 }
-
-size_t Discard(char*, size_t size, size_t n, void*) { return size * n; }
 
 }  // namespace
 
@@ -197,10 +193,8 @@ std::string PagePayload(const Receiver& r, const PageContent& c, int64_t now_ms)
   return "{}";
 }
 
-Pager::Pager(Store* store, PagerConfig config, core::Clock* clock)
-    : store_(store), config_(std::move(config)), clock_(clock) {
-  curl_global_init(CURL_GLOBAL_DEFAULT);
-}
+Pager::Pager(Store* store, PagerConfig config, core::Clock* clock, HttpPoster* poster)
+    : store_(store), config_(std::move(config)), clock_(clock), poster_(poster) {}
 
 Pager::~Pager() { Stop(); }
 
@@ -262,35 +256,14 @@ void Pager::Wake() {
   wake_ = true;
 }
 
-bool Pager::Post(const Receiver& r, const std::string& body, std::string* error) {
-  CURL* curl = curl_easy_init();
-  if (curl == nullptr) {
-    *error = "curl_easy_init failed";
-    return false;
+absl::Status Pager::Post(const Receiver& r, const std::string& body) {
+  absl::StatusOr<HttpResponse> response = poster_->Post(
+      PageUrl(r), {{"Content-Type", "application/json"}}, body, absl::Seconds(10));
+  if (!response.ok()) return response.status();
+  if (response->status < 200 || response->status >= 300) {
+    return absl::UnavailableError(absl::StrCat("HTTP ", response->status));
   }
-  const std::string url = PageUrl(r);
-  curl_slist* headers = curl_slist_append(nullptr, "Content-Type: application/json");
-  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-  curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body.c_str());
-  curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
-  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, 10000L);
-  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, Discard);
-  const CURLcode rc = curl_easy_perform(curl);
-  long status = 0;
-  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
-  curl_slist_free_all(headers);
-  curl_easy_cleanup(curl);
-  if (rc != CURLE_OK) {
-    *error = curl_easy_strerror(rc);  // never the URL: it may hold a secret
-    return false;
-  }
-  if (status < 200 || status >= 300) {
-    *error = absl::StrCat("HTTP ", status);
-    return false;
-  }
-  return true;
+  return absl::OkStatus();
 }
 
 void Pager::Loop() {
@@ -315,8 +288,9 @@ void Pager::Loop() {
         if (x.name == row.channel) r = &x;
       }
       if (r == nullptr) continue;  // a receiver removed from the config
-      std::string error;
-      const bool ok = Post(*r, row.payload, &error);
+      const absl::Status posted = Post(*r, row.payload);
+      const bool ok = posted.ok();
+      const std::string error(posted.message());
       const int attempts = row.attempts + 1;
       const int64_t backoff =
           std::min<int64_t>(config_.max_backoff_ms, 1000LL << std::min(attempts - 1, 16));
@@ -351,9 +325,10 @@ void Pager::Loop() {
           for (const OutboxRow& o : *rows) {
             if (o.channel == r.name && o.state == "sent") last = &o;
           }
-          std::string error;
-          if (last != nullptr && !Post(r, last->payload, &error)) {
-            LOG(WARNING) << "pager: re-sending I-" << inc.id << " to " << r.name << ": " << error;
+          if (last == nullptr) continue;
+          if (absl::Status st = Post(r, last->payload); !st.ok()) {
+            LOG(WARNING) << "pager: re-sending I-" << inc.id << " to " << r.name << ": "
+                         << st.message();
           }
         }
       }

@@ -30,8 +30,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "trainwatch/core/clock.h"
+#include "http_poster.h"
 #include "store.h"
+#include "trainwatch/core/clock.h"
 
 namespace trainwatch::server {
 
@@ -69,7 +70,9 @@ std::string PageUrl(const Receiver& r);
 
 class Pager {
  public:
-  Pager(Store* store, PagerConfig config, core::Clock* clock);
+  // REQUIRES: `poster` outlives the Pager.
+  Pager(Store* store, PagerConfig config, core::Clock* clock,
+        HttpPoster* poster = DefaultHttpPoster());
   ~Pager();
 
   // Outbox rows for an incident's change, to be written in the caller's
@@ -87,11 +90,13 @@ class Pager {
 
  private:
   void Loop();
-  bool Post(const Receiver& r, const std::string& body, std::string* error);
+  // OK on a 2xx answer; otherwise why not, without the URL.
+  absl::Status Post(const Receiver& r, const std::string& body);
 
   Store* store_;
   PagerConfig config_;
   core::Clock* clock_;
+  HttpPoster* poster_;
   std::atomic<int64_t> sent_{0}, failed_{0};
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

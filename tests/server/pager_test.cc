@@ -1,22 +1,33 @@
 // Pages: into the outbox with the incident change, out to a local HTTP
 // receiver in each of the four formats (checked field by field), retried
 // after a failure, sent once per state change, and surviving a restart.
+// Then the Pager alone, on a temp-dir store, a fake clock and a fake
+// HttpPoster: the requests it makes, its backoff, its Alertmanager re-sends
+// and its logs.
 
 #include <grpcpp/grpcpp.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
+#include "http_poster.h"
+#include "pager.h"
+#include "server.h"
 #include "test_util.h"
 #include "testing/fake_clock.h"
 #include "testing/wait.h"
 #include "trainwatch/core/json.h"
-#include "pager.h"
-#include "server.h"
 
 namespace trainwatch::server {
 namespace {
@@ -207,6 +218,367 @@ TEST_CASE("pager: configuration errors are clear - secrets are required", "[serv
   REQUIRE_FALSE(missing.ok());
   CHECK(std::string(missing.status().message()).find("TW_NOT_SET_KEY is not set") !=
         std::string::npos);
+}
+
+// Records every request; answers from a queue, then 200.
+class FakePoster final : public HttpPoster {
+ public:
+  struct Call {
+    std::string url;
+    Headers headers;
+    std::string body;
+    absl::Duration timeout;
+  };
+  void AnswerNext(absl::StatusOr<HttpResponse> answer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    answers_.push_back(std::move(answer));
+  }
+  absl::StatusOr<HttpResponse> Post(const std::string& url, const Headers& headers,
+                                    const std::string& body, absl::Duration timeout) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    calls_.push_back({url, headers, body, timeout});
+    if (answers_.empty()) return HttpResponse{200, "ok"};
+    absl::StatusOr<HttpResponse> a = std::move(answers_.front());
+    answers_.pop_front();
+    return a;
+  }
+  std::vector<Call> calls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return calls_;
+  }
+  size_t count() { return calls().size(); }
+
+ private:
+  std::mutex mu_;
+  std::deque<absl::StatusOr<HttpResponse>> answers_;
+  std::vector<Call> calls_;
+};
+
+constexpr char kSlackUrl[] = "https://hooks.slack.test/services/T0/B0/slack-secret-token";
+constexpr char kRoutingKey[] = "pd-secret-routing-key";
+
+Receiver MakeReceiver(const std::string& name, Receiver::Type type, const std::string& url) {
+  Receiver r;
+  r.name = name;
+  r.type = type;
+  r.url = url;
+  if (type == Receiver::Type::kPagerDuty) r.routing_key = kRoutingKey;
+  return r;
+}
+
+PagerConfig FourReceivers() {
+  PagerConfig c;
+  c.grafana_url = "http://grafana.test/d/tw";
+  c.receivers = {MakeReceiver("am", Receiver::Type::kAlertmanager, "http://am.test:9093/"),
+                 MakeReceiver("pd", Receiver::Type::kPagerDuty, "https://pd.test/v2/enqueue"),
+                 MakeReceiver("slack", Receiver::Type::kSlack, kSlackUrl),
+                 MakeReceiver("hook", Receiver::Type::kWebhook, "http://hook.test/pages")};
+  return c;
+}
+
+// A pager on its own store, clock and poster, stopped before they go.
+struct PagerRig {
+  explicit PagerRig(PagerConfig config) {
+    auto s = Store::Open(dir.File("tw.db"));
+    REQUIRE(s.ok());
+    store = *std::move(s);
+    pager = std::make_unique<Pager>(store.get(), std::move(config), &clock, &poster);
+  }
+  ~PagerRig() { pager->Stop(); }
+
+  // Commits the incident with its pages, as the ingest writer does.
+  void Commit(const IncidentRow& incident) {
+    WriteBatch b;
+    b.incidents.push_back(incident);
+    b.outbox = pager->Rows(incident, "loss rose 12% over 600 steps", clock.NowMs());
+    REQUIRE(store->Write(b).ok());
+    pager->Wake();
+  }
+  std::vector<OutboxRow> Outbox(int64_t incident_id) {
+    auto rows = store->Outbox(incident_id);
+    REQUIRE(rows.ok());
+    return *rows;
+  }
+  // Until the sender has recorded `attempts` for the incident's only page.
+  OutboxRow WaitAttempts(int64_t incident_id, int attempts) {
+    OutboxRow row;
+    CHECK(testing::WaitUntil(
+        [&] {
+          std::vector<OutboxRow> rows = Outbox(incident_id);
+          if (rows.size() != 1 || rows[0].attempts < attempts) return false;
+          row = rows[0];
+          return true;
+        },
+        std::chrono::seconds(10)));
+    return row;
+  }
+  bool WaitCalls(size_t n) {
+    return testing::WaitUntil([&] { return poster.count() >= n; }, std::chrono::seconds(10));
+  }
+
+  TempDir dir;
+  std::unique_ptr<Store> store;
+  testing::FakeClock clock;
+  FakePoster poster;
+  std::unique_ptr<Pager> pager;
+};
+
+IncidentRow Incident(int64_t id, IncidentState state, int64_t opened_ms) {
+  IncidentRow i;
+  i.id = id;
+  i.run_id = "run-u";
+  i.tier = 2;
+  i.state = state;
+  i.title = "loss divergence";
+  i.onset_step = 2990;
+  i.detection_step = 3010;
+  i.recommended_checkpoint_step = 3000;
+  i.opened_ms = opened_ms;
+  i.updated_ms = opened_ms;
+  return i;
+}
+
+std::map<std::string, FakePoster::Call> ByUrl(const std::vector<FakePoster::Call>& calls) {
+  std::map<std::string, FakePoster::Call> m;
+  for (const auto& c : calls) m[c.url] = c;
+  return m;
+}
+
+TEST_CASE("pager alone: each receiver format - the URL - headers and body it posts",
+          "[server][pager]") {
+  PagerRig rig(FourReceivers());
+  const int64_t t0 = rig.clock.NowMs();
+  rig.Commit(Incident(7, IncidentState::kAwaitingDecision, t0));
+  rig.pager->Start();
+  REQUIRE(rig.WaitCalls(4));
+  auto calls = ByUrl(rig.poster.calls());
+  REQUIRE(calls.size() == 4);
+  for (const auto& [url, c] : calls) {
+    INFO(url);
+    CHECK(c.headers == HttpPoster::Headers{{"Content-Type", "application/json"}});
+    CHECK(c.timeout == absl::Seconds(10));
+  }
+  const std::string approve = "twctl rollback approve I-7 --to-step 3000 --comment \"...\"";
+  // Alertmanager API v2, the base URL's trailing '/' dropped.
+  REQUIRE(calls.count("http://am.test:9093/api/v2/alerts") == 1);
+  core::JsonValue am = J(calls["http://am.test:9093/api/v2/alerts"].body);
+  REQUIRE(am.type == core::JsonValue::Type::kArray);
+  const core::JsonValue& alert = am.array[0];
+  CHECK(alert.Find("labels")->Find("alertname")->string == "TrainwatchIncident");
+  CHECK(alert.Find("labels")->Find("run")->string == "run-u");
+  CHECK(alert.Find("labels")->Find("incident")->string == "I-7");
+  CHECK(alert.Find("labels")->Find("severity")->string == "page");
+  CHECK(alert.Find("annotations")->Find("approve_command")->string == approve);
+  CHECK(alert.Find("annotations")->Find("state")->string == "awaiting_decision");
+  CHECK(alert.Find("generatorURL")->string ==
+        "http://grafana.test/d/tw?var-run=run-u&from=" + std::to_string(t0 - 3'600'000) +
+            "&to=now");
+  CHECK(alert.Find("startsAt")->string.back() == 'Z');
+  CHECK(alert.Find("endsAt") == nullptr);
+  // PagerDuty Events API v2
+  REQUIRE(calls.count("https://pd.test/v2/enqueue") == 1);
+  core::JsonValue pd = J(calls["https://pd.test/v2/enqueue"].body);
+  CHECK(pd.Find("routing_key")->string == kRoutingKey);
+  CHECK(pd.Find("event_action")->string == "trigger");
+  CHECK(pd.Find("dedup_key")->string == "trainwatch-run-u-I-7");
+  CHECK(pd.Find("payload")->Find("source")->string == "trainwatchd");
+  CHECK(pd.Find("payload")->Find("custom_details")->Find("onset_step")->number == 2990);
+  CHECK(pd.Find("links")->array[0].Find("text")->string == "Grafana");
+  // Slack, posted to its secret webhook URL.
+  REQUIRE(calls.count(kSlackUrl) == 1);
+  core::JsonValue slack = J(calls[kSlackUrl].body);
+  CHECK(slack.Find("text")->string == "[trainwatch] I-7 tier 2 on run-u: awaiting_decision");
+  CHECK(slack.Find("blocks")->array[0].Find("text")->Find("text")->string.find(
+            "Approve: `" + approve + "`") != std::string::npos);
+  // Generic webhook
+  REQUIRE(calls.count("http://hook.test/pages") == 1);
+  core::JsonValue hook = J(calls["http://hook.test/pages"].body);
+  CHECK(hook.Find("event")->string == "trigger");
+  CHECK(hook.Find("incident_id")->string == "I-7");
+  CHECK(hook.Find("summary")->string == "loss rose 12% over 600 steps");
+  CHECK(hook.Find("detection_step")->number == 3010);
+  CHECK(rig.pager->sent_total() == 4);
+
+  // Dismissed: every receiver hears the resolve.
+  rig.clock.AdvanceMs(5'000);
+  IncidentRow closed = Incident(7, IncidentState::kDismissed, t0);
+  closed.closed_ms = rig.clock.NowMs();
+  rig.Commit(closed);
+  REQUIRE(rig.WaitCalls(8));
+  std::vector<FakePoster::Call> all = rig.poster.calls();
+  auto resolved = ByUrl({all.begin() + 4, all.end()});
+  REQUIRE(resolved.size() == 4);
+  CHECK(J(resolved["http://am.test:9093/api/v2/alerts"].body).array[0].Find("endsAt") != nullptr);
+  CHECK(J(resolved["https://pd.test/v2/enqueue"].body).Find("event_action")->string == "resolve");
+  CHECK(J(resolved["http://hook.test/pages"].body).Find("event")->string == "resolve");
+  CHECK(J(resolved[kSlackUrl].body).Find("text")->string.find("dismissed") != std::string::npos);
+}
+
+TEST_CASE("pager alone: a failure status or transport error is retried with backoff",
+          "[server][pager]") {
+  PagerConfig config;
+  config.receivers = {MakeReceiver("hook", Receiver::Type::kWebhook, "http://hook.test/pages")};
+  PagerRig rig(config);
+  rig.poster.AnswerNext(HttpResponse{503, "busy"});
+  const int64_t t0 = rig.clock.NowMs();
+  rig.Commit(Incident(3, IncidentState::kAwaitingDecision, t0));
+  rig.pager->Start();
+
+  OutboxRow row = rig.WaitAttempts(3, 1);
+  CHECK(row.state == "pending");
+  CHECK(row.last_error == "HTTP 503");
+  CHECK(row.next_attempt_ms == t0 + 1'000);  // the first backoff: 1 s on the pager's clock
+  // Not due yet: a pass that posts a later incident's page leaves it.
+  rig.clock.AdvanceMs(999);
+  rig.Commit(Incident(30, IncidentState::kAwaitingDecision, t0));
+  REQUIRE(rig.WaitCalls(2));
+  CHECK(rig.Outbox(3)[0].attempts == 1);
+  rig.poster.AnswerNext(absl::UnavailableError("Connection refused"));
+  rig.clock.AdvanceMs(1);
+  rig.pager->Wake();
+  row = rig.WaitAttempts(3, 2);
+  CHECK(row.state == "pending");
+  CHECK(row.last_error == "Connection refused");
+  CHECK(row.next_attempt_ms == t0 + 1'000 + 2'000);  // doubled
+  rig.clock.AdvanceMs(2'000);
+  rig.pager->Wake();
+  row = rig.WaitAttempts(3, 3);
+  CHECK(row.state == "sent");
+  CHECK(row.sent_ms == t0 + 3'000);
+  std::vector<FakePoster::Call> calls = rig.poster.calls();
+  REQUIRE(calls.size() == 4);
+  CHECK(J(calls[1].body).Find("incident_id")->string == "I-30");
+  CHECK(calls[2].body == calls[0].body);  // the same page each time
+  CHECK(calls[3].body == calls[0].body);
+  CHECK(rig.pager->failed_total() == 2);
+  CHECK(rig.pager->sent_total() == 2);
+}
+
+TEST_CASE("pager alone: one page per receiver and state change", "[server][pager]") {
+  PagerConfig config;
+  config.receivers = {MakeReceiver("hook", Receiver::Type::kWebhook, "http://hook.test/pages"),
+                      MakeReceiver("slack", Receiver::Type::kSlack, kSlackUrl)};
+  PagerRig rig(config);
+  const int64_t t0 = rig.clock.NowMs();
+  rig.Commit(Incident(5, IncidentState::kAwaitingDecision, t0));
+  rig.Commit(Incident(5, IncidentState::kAwaitingDecision, t0));  // no change: no page
+  rig.pager->Start();
+  REQUIRE(rig.WaitCalls(2));
+  rig.Commit(Incident(5, IncidentState::kAwaitingDecision, t0));
+  rig.Commit(Incident(5, IncidentState::kRollingBack, t0));
+  rig.Commit(Incident(5, IncidentState::kRollingBack, t0));
+  // A later incident's pages come after every due page of incident 5 in
+  // the same pass, so once they are out any repeat would be too.
+  REQUIRE(rig.WaitCalls(4));
+  rig.Commit(Incident(6, IncidentState::kAwaitingDecision, t0));
+  REQUIRE(rig.WaitCalls(6));
+  std::map<std::string, int> pages;  // url + event + state -> posts
+  for (const auto& c : rig.poster.calls()) {
+    const core::JsonValue body = J(c.body);
+    if (c.url == kSlackUrl) {
+      pages[c.url + " " + body.Find("text")->string]++;
+    } else {
+      pages[c.url + " " + body.Find("incident_id")->string + " " + body.Find("event")->string +
+            " " + body.Find("state")->string]++;
+    }
+  }
+  CHECK(pages == std::map<std::string, int>{
+                     {"http://hook.test/pages I-5 trigger awaiting_decision", 1},
+                     {"http://hook.test/pages I-5 update rolling_back", 1},
+                     {"http://hook.test/pages I-6 trigger awaiting_decision", 1},
+                     {std::string(kSlackUrl) + " [trainwatch] I-5 tier 2 on run-u: awaiting_decision", 1},
+                     {std::string(kSlackUrl) + " [trainwatch] I-5 tier 2 on run-u: rolling_back", 1},
+                     {std::string(kSlackUrl) + " [trainwatch] I-6 tier 2 on run-u: awaiting_decision", 1}});
+  CHECK(rig.Outbox(5).size() == 4);
+  // Below min_tier, no page at all.
+  IncidentRow low = Incident(9, IncidentState::kAwaitingDecision, t0);
+  low.tier = 1;
+  CHECK(rig.pager->Rows(low, "", t0).empty());
+}
+
+TEST_CASE("pager alone: a firing alert is re-sent to Alertmanager each resend period",
+          "[server][pager]") {
+  PagerConfig config;
+  config.receivers = {MakeReceiver("am", Receiver::Type::kAlertmanager, "http://am.test"),
+                      MakeReceiver("hook", Receiver::Type::kWebhook, "http://hook.test/pages")};
+  config.resend_ms = 60'000;
+  PagerRig rig(config);
+  rig.Commit(Incident(4, IncidentState::kAwaitingDecision, rig.clock.NowMs()));
+  rig.pager->Start();
+  REQUIRE(rig.WaitCalls(2));
+  REQUIRE(testing::WaitUntil(
+      [&] {
+        for (const OutboxRow& r : rig.Outbox(4)) {
+          if (r.state != "sent") return false;
+        }
+        return true;
+      },
+      std::chrono::seconds(10)));
+  rig.clock.AdvanceMs(60'000);
+  REQUIRE(rig.WaitCalls(3));
+  std::vector<FakePoster::Call> calls = rig.poster.calls();
+  CHECK(calls[2].url == "http://am.test/api/v2/alerts");
+  CHECK(calls[2].body == ByUrl(calls)["http://am.test/api/v2/alerts"].body);
+  CHECK(rig.pager->sent_total() == 2);  // a re-send is not a new page
+}
+
+// Everything written to stderr (the server's log) while alive.
+class StderrCapture {
+ public:
+  explicit StderrCapture(const std::string& path) : path_(path) {
+    std::fflush(stderr);
+    saved_ = dup(2);
+    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, 2);
+    close(fd);
+  }
+  ~StderrCapture() { Restore(); }
+  std::string Restore() {
+    if (saved_ >= 0) {
+      std::fflush(stderr);
+      dup2(saved_, 2);
+      close(saved_);
+      saved_ = -1;
+    }
+    return testing::ReadFile(path_);
+  }
+
+ private:
+  std::string path_;
+  int saved_ = -1;
+};
+
+TEST_CASE("pager alone: failures are logged without the Slack URL or routing key",
+          "[server][pager]") {
+  PagerConfig config = FourReceivers();
+  PagerRig rig(config);
+  for (int i = 0; i < 4; ++i) rig.poster.AnswerNext(absl::UnavailableError("Connection refused"));
+  StderrCapture capture(rig.dir.File("stderr.log"));
+  rig.Commit(Incident(8, IncidentState::kAwaitingDecision, rig.clock.NowMs()));
+  rig.pager->Start();
+  const bool all_tried = testing::WaitUntil(
+      [&] {
+        std::vector<OutboxRow> rows = rig.Outbox(8);
+        for (const OutboxRow& r : rows) {
+          if (r.attempts < 1) return false;
+        }
+        return rows.size() == 4;
+      },
+      std::chrono::seconds(10));
+  rig.pager->Stop();
+  const std::string log = capture.Restore();
+  REQUIRE(all_tried);
+  INFO(log);
+  CHECK(log.find("pager: slack trigger:awaiting_decision for I-8 failed (Connection refused)") !=
+        std::string::npos);
+  CHECK(log.find("pager: pd ") != std::string::npos);
+  CHECK(log.find("slack-secret-token") == std::string::npos);
+  CHECK(log.find("hooks.slack.test") == std::string::npos);
+  CHECK(log.find(kRoutingKey) == std::string::npos);
+  // The secrets did go where they belong.
+  auto calls = ByUrl(rig.poster.calls());
+  CHECK(calls.count(kSlackUrl) == 1);
+  CHECK(J(calls["https://pd.test/v2/enqueue"].body).Find("routing_key")->string == kRoutingKey);
 }
 
 }  // namespace

@@ -172,6 +172,7 @@ void HttpReceiver::Loop() {
     const size_t sp = data.find(' ');
     r.path = data.substr(sp + 1, data.find(' ', sp + 1) - sp - 1);
     const size_t head = data.find("\r\n\r\n");
+    r.head = data.substr(0, head);
     r.body = head == std::string::npos ? "" : data.substr(head + 4);
     int status = 200;
     {

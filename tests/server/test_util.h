@@ -72,6 +72,7 @@ class HttpReceiver {
  public:
   struct Request {
     std::string path;
+    std::string head;  // the request line and headers
     std::string body;
   };
   HttpReceiver();

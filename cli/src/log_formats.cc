@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "lines.h"
 #include "trace_builder.h"
 
 namespace trainwatch::cli {
@@ -49,16 +50,10 @@ std::vector<Token> KeyValues(absl::string_view line) {
 // Iterates lines with their 1-based numbers.
 template <typename Fn>
 absl::Status ForEachLine(absl::string_view content, Fn fn) {
-  int line_no = 0;
-  size_t pos = 0;
-  while (pos < content.size()) {
-    size_t end = content.find('\n', pos);
-    if (end == absl::string_view::npos) end = content.size();
-    absl::string_view line = content.substr(pos, end - pos);
-    pos = end + 1;
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (absl::Status s = fn(line, line_no); !s.ok()) return s;
+  LineReader lines(content);
+  absl::string_view line;
+  while (lines.Next(&line)) {
+    if (absl::Status s = fn(line, lines.line_no()); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -222,12 +217,10 @@ absl::StatusOr<Trace> ParseMegatronLog(absl::string_view content, absl::string_v
 
 MetricsFormat DetectFormat(absl::string_view content) {
   int seen = 0;
-  size_t pos = 0;
-  while (pos < content.size() && seen < 500) {
-    size_t end = content.find('\n', pos);
-    if (end == absl::string_view::npos) end = content.size();
-    const absl::string_view line = absl::StripAsciiWhitespace(content.substr(pos, end - pos));
-    pos = end + 1;
+  LineReader lines(content);
+  absl::string_view raw;
+  while (seen < 500 && lines.Next(&raw)) {
+    const absl::string_view line = absl::StripAsciiWhitespace(raw);
     if (line.empty()) continue;
     ++seen;
     if (seen == 1 && line.front() == '{') return MetricsFormat::kJsonLines;

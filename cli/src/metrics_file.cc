@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "trainwatch/cli/tensorboard.h"
 #include "trainwatch/core/json.h"
+#include "lines.h"
 #include "trace_builder.h"
 
 namespace trainwatch::cli {
@@ -104,16 +105,11 @@ absl::StatusOr<Trace> ParseCsv(absl::string_view content, absl::string_view sour
   };
   std::vector<Column> columns;
   std::vector<CsvField> fields;
-  int line_no = 0;
   bool have_header = false;
-  size_t pos = 0;
-  while (pos < content.size()) {
-    size_t end = content.find('\n', pos);
-    if (end == absl::string_view::npos) end = content.size();
-    absl::string_view line = content.substr(pos, end - pos);
-    pos = end + 1;
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  LineReader lines(content);
+  absl::string_view line;
+  while (lines.Next(&line)) {
+    const int line_no = lines.line_no();
     if (absl::StripAsciiWhitespace(line).empty()) continue;
     if (absl::Status s = SplitCsv(line, source, line_no, &fields); !s.ok()) return s;
     if (!have_header) {
@@ -252,14 +248,10 @@ absl::StatusOr<Trace> ParseCsv(absl::string_view content, absl::string_view sour
 absl::StatusOr<Trace> ParseJsonLines(absl::string_view content, absl::string_view source) {
   TraceBuilder b(source);
   uint32_t keys_seen = 0;
-  int line_no = 0;
-  size_t pos = 0;
-  while (pos < content.size()) {
-    size_t end = content.find('\n', pos);
-    if (end == absl::string_view::npos) end = content.size();
-    const absl::string_view line = content.substr(pos, end - pos);
-    pos = end + 1;
-    ++line_no;
+  LineReader lines(content);
+  absl::string_view line;
+  while (lines.Next(&line)) {
+    const int line_no = lines.line_no();
     if (absl::StripAsciiWhitespace(line).empty()) continue;
     absl::StatusOr<core::JsonValue> v = core::ParseJson(line, source, line_no);
     if (!v.ok()) return v.status();
@@ -331,7 +323,7 @@ absl::StatusOr<Trace> ParseJsonLines(absl::string_view content, absl::string_vie
   for (Signal s : kRequired) {
     if (!(keys_seen & core::Bit(s))) missing.emplace_back(core::SignalName(s));
   }
-  if (line_no > 0 && !missing.empty()) {
+  if (lines.line_no() > 0 && !missing.empty()) {
     return At(source, 1, 1,
               absl::StrCat("no line has the key", missing.size() > 1 ? "s " : " ",
                            absl::StrJoin(missing, ", "),

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <fstream>
 #include <iterator>
 
 #include "absl/strings/ascii.h"
@@ -10,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "log.h"
+#include "trainwatch/core/file_system.h"
 #include "trainwatch/core/json.h"
 
 namespace trainwatch::server {
@@ -59,10 +59,11 @@ absl::StatusOr<std::string> Secret(const core::JsonValue& r, const std::string& 
   }
   if (const core::JsonValue* v = r.Find(key + "_file");
       v && v->type == core::JsonValue::Type::kString) {
-    std::ifstream in(v->string);
-    if (!in) return absl::InvalidArgumentError(absl::StrCat(source, ": cannot read ", v->string));
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    return std::string(absl::StripAsciiWhitespace(text));
+    absl::StatusOr<std::string> text = core::LocalFileSystem().ReadFile(v->string);
+    if (!text.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": ", text.status().message()));
+    }
+    return std::string(absl::StripAsciiWhitespace(*text));
   }
   return std::string();
 }
@@ -123,10 +124,12 @@ absl::StatusOr<PagerConfig> ParsePagerConfig(absl::string_view json, absl::strin
 }
 
 absl::StatusOr<PagerConfig> LoadPagerConfig(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read pager config ", path));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return ParsePagerConfig(text, path);
+  absl::StatusOr<std::string> text = core::LocalFileSystem().ReadFile(path);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrCat("pager config: ", text.status().message()));
+  }
+  return ParsePagerConfig(*text, path);
 }
 
 std::string PageUrl(const Receiver& r) {

@@ -33,6 +33,9 @@ TEST_CASE("trainwatchd: a directory for a file flag is an error naming it", "[se
 
   CHECK(RunTrainwatchd(dir, "--rules " + folder, &out) == 2);
   CHECK(out == "trainwatchd: cannot read " + folder + ": it is a directory\n");
+
+  CHECK(RunTrainwatchd(dir, "--pager_config " + folder, &out) == 1);
+  CHECK(out == "trainwatchd: pager config: cannot read " + folder + ": it is a directory\n");
 }
 
 TEST_CASE("trainwatchd: a missing tokens file is an error naming it", "[server][files]") {

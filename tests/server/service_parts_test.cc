@@ -1,6 +1,7 @@
 // The gRPC edge's pieces, each constructed alone: the read queue, the
-// incident summary (from hand-made rows), and the exporter over a service
-// state with a real store and ingestor but no gRPC server.
+// incident summary (from hand-made rows), the exporter over a service state
+// with a real store and ingestor but no gRPC server, and the ingestor alone
+// on a fake clock.
 
 #include <prometheus/collectable.h>
 #include <prometheus/text_serializer.h>
@@ -16,6 +17,7 @@
 #include "service_state.h"
 #include "test_util.h"
 #include "testing/fake_clock.h"
+#include "testing/wait.h"
 #include "trainwatch/core/json.h"
 #include "work_queue.h"
 
@@ -126,6 +128,49 @@ TEST_CASE("exporter: a scrape reads the ingestor's live state - no gRPC server",
   CHECK(text.find("trainwatch_loss{run=\"run-x\"} 3.25") != std::string::npos);
   CHECK(text.find("trainwatch_step{run=\"run-x\"} 5") != std::string::npos);
   CHECK(text.find("trainwatch_ingest_records_total 1") != std::string::npos);
+  ingestor.Stop();
+}
+
+TEST_CASE("ingestor: a step missing a rank completes when the fake clock passes the timeout",
+          "[server][service]") {
+  testing::TempDir dir;
+  auto store = Store::Open(dir.File("tw.db"));
+  REQUIRE(store.ok());
+  testing::FakeClock clock;
+  IngestOptions options;
+  options.aggregation_timeout_ms = 30'000;
+  Ingestor ingestor(store->get(), options, &clock);
+  ingestor.Start();
+  for (int32_t rank : {0, 1}) {
+    IngestItem item;
+    item.stream_id = 1;
+    item.received_ms = clock.NowMs();
+    v1::StepReport* r = item.message.mutable_step_report();
+    r->set_run_id("run-r");
+    r->set_world_size(3);
+    r->set_rank(rank);
+    r->set_scope(v1::REPORT_SCOPE_RANK);
+    r->set_step(0);
+    r->mutable_metrics()->set_loss(2.0 + rank);
+    ingestor.Submit(std::move(item));
+  }
+  ingestor.Flush();
+  auto latest_step = [&]() -> int64_t {
+    for (const RunSnapshot& s : ingestor.Snapshot()) {
+      if (s.row.run_id == "run-r" && s.has_latest) return s.latest.step;
+    }
+    return -1;
+  };
+  // Rank 2 never reports: the step waits until the server's clock, not real
+  // time, says the timeout is over.
+  CHECK(latest_step() == -1);
+  clock.AdvanceMs(30'000);
+  REQUIRE(testing::WaitUntil([&] { return latest_step() == 0; }, std::chrono::seconds(10)));
+  const std::vector<RunSnapshot> snap = ingestor.Snapshot();
+  REQUIRE(snap.size() == 1);
+  CHECK(snap[0].missing_rank_steps_total == 1);
+  CHECK(snap[0].latest.missing_ranks == "2");
+  CHECK(snap[0].latest.Get(core::Signal::kLoss) == Approx(2.5));
   ingestor.Stop();
 }
 

@@ -6,7 +6,8 @@
 // value (one nonfinite value makes the mean NaN), grad_norm the maximum (a
 // rank whose gradients explode shows), nonfinite and element counts sums
 // (nan_frac is their ratio; without counts, the largest nan_frac), the
-// activation and attention-logit maxima maxima, shard ids the union.
+// activation maximum and the attention-logit p99 their maxima, shard ids the
+// union.
 //
 // Pure: no clock, no store, no threads, no wire messages.
 

@@ -20,7 +20,6 @@
 #ifndef TRAINWATCH_SERVER_INGEST_H_
 #define TRAINWATCH_SERVER_INGEST_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>

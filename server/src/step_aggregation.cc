@@ -71,7 +71,8 @@ void StepAggregate::Merge(const wire::ReportedStep& r) {
 }
 
 StepRow StepAggregate::Finish(int64_t step, int32_t world_size) const {
-  StepRow s = extras_;
+  StepRow s;
+  static_cast<core::StepValues&>(s) = extras_;
   s.step = step;
   if (loss_nonfinite_) {
     s.Set(Signal::kLoss, kNaN);

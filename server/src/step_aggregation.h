@@ -53,7 +53,7 @@ class StepAggregate {
   int64_t nonfinite_ = 0, elements_ = 0;
   bool counts_seen_ = false;
   double nan_frac_max_ = -1;
-  StepRow extras_;  // lr, z-loss, activation max, attention p99
+  core::StepValues extras_;  // lr, z-loss, activation max, attention p99
   std::set<uint64_t> shards_;
 };
 

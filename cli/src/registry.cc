@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "command_output.h"
 #include "commands.h"
 
 namespace trainwatch::cli {
@@ -141,6 +142,24 @@ int CommandRegistry::Help(const std::vector<std::string>& words, std::string* ou
 
 int CommandRegistry::Dispatch(const std::string& command, const std::vector<std::string>& args,
                               Context& ctx, const Dialer& dial) const {
+  // Everything a command prints passes TerminalSafe, here and nowhere else:
+  // its stdout and stderr text, each streamed line, each question.
+  Context filtered = ctx;
+  std::string out = *ctx.out, err = *ctx.err;
+  filtered.out = &out;
+  filtered.err = &err;
+  if (ctx.emit) filtered.emit = [&ctx](const std::string& l) { ctx.emit(TerminalSafe(l)); };
+  if (ctx.prompt) {
+    filtered.prompt = [&ctx](const std::string& q) { return ctx.prompt(TerminalSafe(q)); };
+  }
+  const int code = Route(command, args, filtered, dial);
+  *ctx.out = TerminalSafe(out);
+  *ctx.err = TerminalSafe(err);
+  return code;
+}
+
+int CommandRegistry::Route(const std::string& command, const std::vector<std::string>& args,
+                           Context& ctx, const Dialer& dial) const {
   std::string name = command;
   if (name == "--help" || name == "-h") name = "help";
   if (name == "--version") name = "version";

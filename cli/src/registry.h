@@ -35,10 +35,14 @@ class CommandRegistry {
   // Runs `command` (the first word after twctl; for a group, its subcommand
   // is the first operand in `args`). Commands that connect get a client from
   // `dial`, given the connection the flags, environment and config say.
+  // All the command prints is passed through TerminalSafe (command_output.h).
   int Dispatch(const std::string& command, const std::vector<std::string>& args, Context& ctx,
                const Dialer& dial = DialOperator) const;
 
  private:
+  // Dispatch without the output filter.
+  int Route(const std::string& command, const std::vector<std::string>& args, Context& ctx,
+            const Dialer& dial) const;
   int Execute(const Command& c, const std::vector<std::string>& args, size_t skip_operands,
               Context& ctx, const Dialer& dial) const;
 

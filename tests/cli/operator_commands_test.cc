@@ -17,9 +17,11 @@
 #include <vector>
 
 #include "command.h"
+#include "command_output.h"
 #include "commands.h"
 #include "operator_client.h"
 #include "registry.h"
+#include "trainwatch/core/json.h"
 
 namespace trainwatch::cli {
 namespace {
@@ -557,6 +559,81 @@ TEST_CASE("connection: a config or CA file that is a directory fails each call n
   CHECK(OperatorCommand("runs", {"--ca-file", dir}, nullptr, &out, &err, nullptr) == kError);
   CHECK(err == "twctl: " + expected + " (14)\n");
   ::rmdir(dir.c_str());
+}
+
+TEST_CASE("output: control characters are written out - UTF-8 text is kept", "[cli][escape]") {
+  CHECK(TerminalSafe("a\x1b[2Jb\rc\n") == "a\\u001b[2Jb\\u000dc\n");
+  CHECK(TerminalSafe("tab\tbell\x07" "del\x7f") == "tab\\u0009bell\\u0007del\\u007f");
+  // C1 as UTF-8 (U+009B, CSI) and as a stray byte, which an 8-bit terminal
+  // reads as CSI too; a lone lead byte; a sequence cut short at the end.
+  CHECK(TerminalSafe("x\xc2\x9by") == "x\\u009by");
+  CHECK(TerminalSafe("x\x9by") == "x\\u009by");
+  CHECK(TerminalSafe("\xc3(") == "\\u00c3(");
+  CHECK(TerminalSafe("\xe2\x96") == "\\u00e2\\u0096");
+  // Printable text is untouched, including the sparkline's blocks (whose
+  // UTF-8 holds the bytes 0x96, 0x81) and U+00A0 just past C1.
+  const std::string text = "run-\xc3\xa9 \xe2\x96\x81\xe2\x96\x88 \xc2\xa0 \xf0\x9f\x94\xa5 ok";
+  CHECK(TerminalSafe(text) == text);
+  CHECK(TerminalSafe(TerminalSafe("\x1b")) == TerminalSafe("\x1b"));  // idempotent
+}
+
+TEST_CASE("output: a hostile run id and title reach the terminal escaped - and JSON stays exact",
+          "[cli][escape]") {
+  const std::string hostile_run = "evil\x1b[2J\rrun\xc2\x9b";
+  const std::string hostile_title = "NaN\x1b]0;owned\x07 at step 9";
+  auto dial = [&](const Connection&) {
+    auto f = std::make_unique<FakeClient>();
+    f->runs.add_runs()->set_run_id(hostile_run);
+    v1::IncidentEvent e;
+    e.set_kind(v1::INCIDENT_EVENT_KIND_OPENED);
+    e.mutable_incident()->set_incident_id("I-1");
+    e.mutable_incident()->set_run_id(hostile_run);
+    e.mutable_incident()->set_title(hostile_title);
+    f->events.push_back(e);
+    f->status = grpc::Status(grpc::NOT_FOUND, "no run " + hostile_run);
+    return f;
+  };
+  const CommandRegistry registry;
+  auto run = [&](const std::string& cmd, const std::vector<std::string>& args,
+                 std::vector<std::string>* lines = nullptr) {
+    Result r;
+    Context ctx;
+    ctx.out = &r.out;
+    ctx.err = &r.err;
+    if (lines != nullptr) ctx.emit = [lines](const std::string& l) { lines->push_back(l); };
+    r.code = registry.Dispatch(cmd, args, ctx, dial);
+    return r;
+  };
+  auto raw_controls = [](const std::string& s) {
+    for (unsigned char c : s) {
+      if ((c < 0x20 && c != '\n') || c == 0x7f) return true;
+    }
+    return s.find("\xc2\x9b") != std::string::npos;
+  };
+  // The fake answers NOT_FOUND, with the run id in the message: stderr too.
+  const Result table = run("runs", {});
+  CHECK(table.code == kError);
+  CHECK_FALSE(raw_controls(table.err));
+  CHECK(table.err == "twctl: no run evil\\u001b[2J\\u000drun\\u009b (5)\n");
+
+  std::vector<std::string> lines;
+  const Result watched = run("watch", {"--count", "1"}, &lines);
+  REQUIRE(lines.size() == 2);
+  CHECK_FALSE(raw_controls(lines[1]));
+  CHECK(lines[1].find("evil\\u001b[2J\\u000drun\\u009b") != std::string::npos);
+  CHECK(lines[1].find("NaN\\u001b]0;owned\\u0007 at step 9") != std::string::npos);
+
+  // -o json: still valid JSON, and it reads back to the very bytes sent.
+  lines.clear();
+  CHECK(run("watch", {"--count", "1", "-o", "json"}, &lines).code == kOk);
+  REQUIRE(lines.size() == 1);
+  CHECK_FALSE(raw_controls(lines[0]));
+  auto doc = core::ParseJson(lines[0], "watch -o json");
+  REQUIRE(doc.ok());
+  const core::JsonValue* incident = doc->Find("incident");
+  REQUIRE(incident != nullptr);
+  CHECK(incident->Find("run_id")->string == hostile_run);
+  CHECK(incident->Find("title")->string == hostile_title);
 }
 
 }  // namespace

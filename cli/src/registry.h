@@ -14,8 +14,10 @@
 
 namespace trainwatch::cli {
 
-// How a command that connects gets its client (tests give a fake).
-using Dialer = std::function<std::unique_ptr<OperatorClient>(const Connection&)>;
+// How a command that connects gets its client (tests give a fake); an error
+// (a bad config or TLS file) ends the command before any call, exit 2.
+using Dialer =
+    std::function<absl::StatusOr<std::unique_ptr<OperatorClient>>(const Connection&)>;
 
 class CommandRegistry {
  public:

@@ -56,13 +56,18 @@ std::unique_ptr<agent::Agent> StreamingAgent(agent::AgentConfig cfg, const std::
   return *std::move(a);
 }
 
+// testing::MakeCerts, openssl's output shown when it fails.
+void RequireCerts(const TempDir& dir) {
+  std::string log;
+  const bool made = testing::MakeCerts(dir, &log);
+  INFO(log);
+  REQUIRE(made);
+}
+
 TEST_CASE("mTLS clients: twctl and the agent get in with a client cert - refused without",
           "[server][tls][mtls]") {
   TempDir dir;
-  std::string certs_log;
-  const bool made = testing::MakeCerts(dir, &certs_log);
-  INFO(certs_log);
-  REQUIRE(made);
+  RequireCerts(dir);
   ServerOptions o;
   o.tls_cert_file = dir.File("server.pem");
   o.tls_key_file = dir.File("server.key");
@@ -125,10 +130,7 @@ TEST_CASE("mTLS clients: twctl and the agent get in with a client cert - refused
 TEST_CASE("mTLS clients: the agent refuses a cert without its key and a missing CA at Create",
           "[server][tls][mtls]") {
   TempDir dir;
-  std::string certs_log;
-  const bool made = testing::MakeCerts(dir, &certs_log);
-  INFO(certs_log);
-  REQUIRE(made);
+  RequireCerts(dir);
   auto create = [](agent::AgentConfig cfg) {
     cfg.server_address = "127.0.0.1:1";
     return agent::Agent::Create(cfg, std::make_unique<agent::SingleProcessReducer>()).status();

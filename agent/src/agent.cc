@@ -14,6 +14,7 @@
 #include "spill.h"
 #include "step_message.h"
 #include "trainwatch/v1/agent.pb.h"
+#include "trainwatch/wire/client_tls.h"
 
 namespace trainwatch::agent {
 
@@ -209,7 +210,11 @@ absl::StatusOr<AgentConfig> AgentConfig::FromEnvironment(AgentConfig c) {
   if (const char* v = env("TRAINWATCH_SERVER")) c.server_address = v;
   if (const char* v = env("TRAINWATCH_RUN_ID")) c.run_id = v;
   if (const char* v = env("TRAINWATCH_TOKEN")) c.token = v;
-  if (const char* v = env("TRAINWATCH_CA_FILE")) c.ca_file = v;
+  // The TLS files, read where twctl reads them too.
+  const wire::ClientTlsFiles tls = wire::TlsFilesFromEnvironment();
+  if (!tls.ca_file.empty()) c.ca_file = tls.ca_file;
+  if (!tls.cert_file.empty()) c.cert_file = tls.cert_file;
+  if (!tls.key_file.empty()) c.key_file = tls.key_file;
   if (const char* v = env("TRAINWATCH_SPILL_DIR")) c.spill_dir = v;
   if (const char* v = env("TRAINWATCH_MEMORY_RECORDS")) {
     uint64_t n;
@@ -241,6 +246,12 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
     return absl::InvalidArgumentError("memory_records and ring_records must be positive");
   }
   if (config.clock == nullptr) return absl::InvalidArgumentError("clock is null");
+  if (!config.server_address.empty()) {
+    // The sender builds its channel from the same files; reading them here
+    // makes a mistake Create's error, not a handshake that fails forever.
+    absl::Status tls = wire::ClientCredentials({config.ca_file, config.cert_file, config.key_file}).status();
+    if (!tls.ok()) return tls;
+  }
   AgentConfig cfg = config;
   if (cfg.host_name.empty()) {
     char host[256] = {};

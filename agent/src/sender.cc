@@ -3,8 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
-#include <fstream>
-#include <iterator>
+#include <cstdio>
 #include <limits>
 #include <random>
 #include <string>
@@ -12,18 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "trainwatch/core/version.h"
+#include "trainwatch/wire/client_tls.h"
 
 namespace trainwatch::agent::internal {
 
 namespace {
-
-std::shared_ptr<grpc::ChannelCredentials> Credentials(const std::string& ca_file) {
-  if (ca_file.empty()) return grpc::InsecureChannelCredentials();
-  grpc::SslCredentialsOptions ssl;
-  std::ifstream in(ca_file);
-  ssl.pem_root_certs.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  return grpc::SslCredentials(ssl);
-}
 
 Command CommandOf(const v1::Command& c) {
   Command cmd;
@@ -280,7 +272,17 @@ bool Sender::Write(Stream* stream, const v1::AgentMessage& m) {
 void Sender::WriterLoop() {
   std::mt19937_64 rng(std::hash<std::string>()(origin_.run_id) + origin_.rank);
   int backoff_ms = config_.reconnect_initial_ms;
-  auto channel = grpc::CreateChannel(config_.server_address, Credentials(config_.ca_file));
+  // Agent::Create read these files already; one gone or changed since ends
+  // the writer (records wait as for a server that is down) rather than
+  // falling back to plaintext, which would send the token in clear.
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+      wire::ClientCredentials({config_.ca_file, config_.cert_file, config_.key_file});
+  if (!creds.ok()) {
+    std::fprintf(stderr, "trainwatch agent: not connecting to %s: %s\n",
+                 config_.server_address.c_str(), std::string(creds.status().message()).c_str());
+    return;
+  }
+  auto channel = grpc::CreateChannel(config_.server_address, *creds);
   auto stub = v1::AgentService::NewStub(channel);
   for (;;) {
     {

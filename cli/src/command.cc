@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -28,6 +29,18 @@ std::string FlagText(const Flag& f) {
 std::string Args::Get(const std::string& flag, const std::string& fallback) const {
   auto it = flags.find(flag);
   return it == flags.end() ? fallback : it->second;
+}
+
+absl::StatusOr<int64_t> Args::GetInt(const std::string& flag, int64_t fallback, int64_t min,
+                                     int64_t max) const {
+  auto it = flags.find(flag);
+  if (it == flags.end()) return fallback;
+  int64_t v;
+  if (!absl::SimpleAtoi(it->second, &v) || v < min || v > max) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be a whole number from ", min,
+                                                   " to ", max, ", not \"", it->second, "\""));
+  }
+  return v;
 }
 
 void Context::Stream(const std::string& line) const {
@@ -73,7 +86,7 @@ std::string Command::Help() const {
   }
   if (spec_.connects) {
     h += "Connection and output (also before the command): --server ADDR, --token TOKEN,\n"
-         "--ca-file PEM, -o table|json; see 'twctl help'.\n";
+         "--ca-file PEM, --cert PEM --key PEM, -o table|json; see 'twctl help'.\n";
   }
   return h;
 }
@@ -129,6 +142,8 @@ absl::StatusOr<Args> Command::Parse(const std::vector<std::string>& argv,
       if (name == "--server") a.server = v;
       if (name == "--token") a.token = v;
       if (name == "--ca-file") a.ca_file = v;
+      if (name == "--cert") a.cert_file = v;
+      if (name == "--key") a.key_file = v;
       continue;
     }
     if (arg.rfind("--", 0) != 0) {

@@ -6,6 +6,7 @@
 #ifndef TRAINWATCH_CLI_SRC_COMMAND_H_
 #define TRAINWATCH_CLI_SRC_COMMAND_H_
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -23,8 +24,8 @@ inline constexpr int kOk = 0, kError = 1, kUsage = 2, kRefused = 3;
 
 // The options any command accepts, before or after its name (SplitCommandLine
 // moves them after): the connection and the output form. Each takes a value.
-inline constexpr const char* kGlobalOptions[] = {"-o", "--output", "--server", "--token",
-                                                 "--ca-file"};
+inline constexpr const char* kGlobalOptions[] = {"-o",        "--output", "--server", "--token",
+                                                 "--ca-file", "--cert",   "--key"};
 
 // A flag a command declares.
 struct Flag {
@@ -78,12 +79,17 @@ struct CommandSpec {
 struct Args {
   std::vector<std::string> operands;
   std::map<std::string, std::string> flags;  // those given; "" for switches
-  std::string server, token, ca_file, output = "table";
+  std::string server, token, ca_file, cert_file, key_file, output = "table";
   bool help = false;  // --help or -h: nothing else was parsed
 
   bool Has(const std::string& flag) const { return flags.count(flag) > 0; }
   // The flag's value, `fallback` when not given.
   std::string Get(const std::string& flag, const std::string& fallback = "") const;
+  // The flag's value as a whole number in [min, max], `fallback` when not
+  // given; else InvalidArgument "--points must be a whole number from 1 to
+  // 100000, not -3", for the command to print as a usage error.
+  absl::StatusOr<int64_t> GetInt(const std::string& flag, int64_t fallback, int64_t min,
+                                 int64_t max) const;
 };
 
 // What a command runs against; tests fill it with a fake client.

@@ -39,4 +39,53 @@ std::string RowTitle(const std::string& title) {
   return title.size() > 90 ? title.substr(0, 87) + "..." : title;
 }
 
+namespace {
+
+// The length of the valid UTF-8 sequence starting at text[i] (2 to 4), 0
+// when none starts there.
+size_t Utf8SequenceLength(absl::string_view text, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char lead = byte(i);
+  const size_t n = lead >= 0xC2 && lead <= 0xDF   ? 2
+                   : lead >= 0xE0 && lead <= 0xEF ? 3
+                   : lead >= 0xF0 && lead <= 0xF4 ? 4
+                                                  : 0;
+  if (n == 0 || i + n > text.size()) return 0;
+  for (size_t k = i + 1; k < i + n; ++k) {
+    if ((byte(k) & 0xC0) != 0x80) return 0;
+  }
+  return n;
+}
+
+}  // namespace
+
+std::string TerminalSafe(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      if ((c < 0x20 && c != '\n') || c == 0x7F) {
+        absl::StrAppendFormat(&out, "\\u%04x", c);
+      } else {
+        out += static_cast<char>(c);
+      }
+      ++i;
+      continue;
+    }
+    const size_t n = Utf8SequenceLength(text, i);
+    if (n == 0) {
+      absl::StrAppendFormat(&out, "\\u%04x", c);  // a stray byte, as Latin-1
+      ++i;
+    } else if (n == 2 && c == 0xC2 && static_cast<unsigned char>(text[i + 1]) < 0xA0) {
+      absl::StrAppendFormat(&out, "\\u%04x", static_cast<unsigned char>(text[i + 1]));  // C1
+      i += 2;
+    } else {
+      out.append(text.data() + i, n);
+      i += n;
+    }
+  }
+  return out;
+}
+
 }  // namespace trainwatch::cli

@@ -1,5 +1,6 @@
 // How the operator commands write what they got: -o json, the table cells
-// several commands share, and a failed call as an exit code and a message.
+// several commands share, a failed call as an exit code and a message, and
+// the one filter everything twctl prints passes through (TerminalSafe).
 
 #ifndef TRAINWATCH_CLI_SRC_COMMAND_OUTPUT_H_
 #define TRAINWATCH_CLI_SRC_COMMAND_OUTPUT_H_
@@ -9,6 +10,7 @@
 
 #include <string>
 
+#include "absl/strings/string_view.h"
 #include "trainwatch/v1/common.pb.h"
 
 namespace trainwatch::cli {
@@ -27,6 +29,18 @@ std::string Fmt(double v);
 std::string TierName(v1::Tier t);
 // An incident title cut to 90 characters for one table row.
 std::string RowTitle(const std::string& title);
+
+// `text` with every character a terminal would act on written out as \u00XX:
+// C0 controls but the newline (ESC, CR, backspace, tab...), DEL, C1
+// controls (U+0080..U+009F, and the bytes 0x80..0x9F outside a valid UTF-8
+// sequence, which an 8-bit terminal reads as C1). Run ids, titles, tensor
+// and shard names, comments and log lines come from agents, which an
+// operator does not control: "\x1b[2J" must not clear their screen. The
+// \u00XX form is also JSON's escape, so -o json output stays valid JSON
+// (whose writers escape C0 inside strings already) with the same meaning.
+// CommandRegistry::Dispatch applies it to all a command writes: stdout,
+// stderr, streamed lines and prompts.
+std::string TerminalSafe(absl::string_view text);
 
 }  // namespace trainwatch::cli
 

@@ -131,6 +131,12 @@ class IncidentShowCommand : public Command {
   }
 };
 
+// watch's bounds: a zero or negative --count or --timeout is a usage error,
+// as is a timeout past a year (a deadline that far overflows the clock's
+// arithmetic).
+constexpr int64_t kMaxCount = 1'000'000'000;
+constexpr int64_t kMaxTimeoutS = 365 * 24 * 3600;
+
 // Incident changes as they happen, a line each (a JSON object a line with
 // -o json), until Ctrl-C, --count events or --timeout seconds.
 class WatchCommand : public Command {
@@ -139,17 +145,19 @@ class WatchCommand : public Command {
       : Command(CommandSpec("watch", "", "incident changes as they happen (Ctrl-C ends)",
                             {{"run", "RUN", "only this run's"},
                              {"open", "", "first a snapshot of each open incident"},
-                             {"count", "N", "end after N events"},
-                             {"timeout", "S", "end after S seconds"}})
+                             {"count", "N", "end after N events (1 to 10^9)"},
+                             {"timeout", "S", "end after S seconds (1 to 31536000, a year)"}})
                     .Connecting()) {}
 
   int Execute(const Args& args, Context& ctx) const override {
-    int64_t count = 0, timeout_s = 0;
-    if ((args.Has("count") && (!absl::SimpleAtoi(args.Get("count"), &count) || count < 0)) ||
-        (args.Has("timeout") &&
-         (!absl::SimpleAtoi(args.Get("timeout"), &timeout_s) || timeout_s < 0))) {
-      *ctx.err = "twctl watch: --count and --timeout need a number\n";
-      return kUsage;
+    // 0: no limit, when the flag is not given.
+    const absl::StatusOr<int64_t> count = args.GetInt("count", 0, 1, kMaxCount);
+    const absl::StatusOr<int64_t> timeout_s = args.GetInt("timeout", 0, 1, kMaxTimeoutS);
+    for (const absl::Status& s : {count.status(), timeout_s.status()}) {
+      if (!s.ok()) {
+        *ctx.err = absl::StrCat("twctl watch: ", s.message(), "\n");
+        return kUsage;
+      }
     }
     v1::WatchIncidentsRequest req;
     if (args.Has("run")) req.set_run_id(args.Get("run"));
@@ -159,7 +167,7 @@ class WatchCommand : public Command {
     int64_t seen = 0;
     bool enough = false;
     const grpc::Status st =
-        ctx.client->WatchIncidents(req, timeout_s, [&](const v1::IncidentEvent& ev) {
+        ctx.client->WatchIncidents(req, *timeout_s, [&](const v1::IncidentEvent& ev) {
           if (json) {
             ctx.Stream(Json(ev));
           } else {
@@ -169,7 +177,7 @@ class WatchCommand : public Command {
             ctx.Stream(Row(UtcTime(ev.time().seconds()), kind, i.incident_id(), i.run_id(),
                            TierName(i.tier()), StateName(i.state()), RowTitle(i.title())));
           }
-          enough = count > 0 && ++seen >= count;
+          enough = *count > 0 && ++seen >= *count;
           return !enough;
         });
     if (enough || st.error_code() == grpc::DEADLINE_EXCEEDED) return kOk;

@@ -2,31 +2,30 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "trainwatch/core/file_system.h"
 #include "trainwatch/core/json.h"
 #include "trainwatch/v1/operator.grpc.pb.h"
+#include "trainwatch/wire/client_tls.h"
 
 namespace trainwatch::cli {
 
 namespace {
 
+constexpr const char kConfigKeys[] = "server, token, ca_file, cert_file, key_file";
+
 class GrpcOperatorClient : public OperatorClient {
  public:
-  // TLS when `ca_pem` is set (the contents of c.ca_file).
-  GrpcOperatorClient(const Connection& c, const std::string& ca_pem) : token_(c.token) {
-    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
-    if (!c.ca_file.empty()) {
-      grpc::SslCredentialsOptions ssl;
-      ssl.pem_root_certs = ca_pem;
-      creds = grpc::SslCredentials(ssl);
-    }
-    stub_ = v1::OperatorService::NewStub(grpc::CreateChannel(c.server, creds));
-  }
+  GrpcOperatorClient(const Connection& c, std::shared_ptr<grpc::ChannelCredentials> creds)
+      : token_(c.token),
+        stub_(v1::OperatorService::NewStub(grpc::CreateChannel(c.server, std::move(creds)))) {}
 
   grpc::Status ListRuns(const v1::ListRunsRequest& req, v1::ListRunsResponse* resp) override {
     return Call(&v1::OperatorService::Stub::ListRuns, req, resp);
@@ -92,53 +91,12 @@ class GrpcOperatorClient : public OperatorClient {
   std::unique_ptr<v1::OperatorService::Stub> stub_;
 };
 
-// What twctl could not set up before dialling (an unreadable config or CA
-// file): every call fails with it as UNAVAILABLE, the code a channel whose
-// TLS cannot be set up gives, so the command reports it (exit 1) the way it
-// reports a server that cannot be reached; the file's own code (a directory
-// is FAILED_PRECONDITION) would read as the server refusing (exit 3).
-class FailingOperatorClient : public OperatorClient {
- public:
-  explicit FailingOperatorClient(const absl::Status& s)
-      : status_(grpc::StatusCode::UNAVAILABLE, std::string(s.message())) {}
-
-  grpc::Status ListRuns(const v1::ListRunsRequest&, v1::ListRunsResponse*) override {
-    return status_;
-  }
-  grpc::Status GetRunStatus(const v1::GetRunStatusRequest&, v1::GetRunStatusResponse*) override {
-    return status_;
-  }
-  grpc::Status ListIncidents(const v1::ListIncidentsRequest&,
-                             v1::ListIncidentsResponse*) override {
-    return status_;
-  }
-  grpc::Status GetIncident(const v1::GetIncidentRequest&, v1::GetIncidentResponse*) override {
-    return status_;
-  }
-  grpc::Status ApproveRollback(const v1::ApproveRollbackRequest&,
-                               v1::ApproveRollbackResponse*) override {
-    return status_;
-  }
-  grpc::Status RejectRollback(const v1::RejectRollbackRequest&,
-                              v1::RejectRollbackResponse*) override {
-    return status_;
-  }
-  grpc::Status ListQuarantinedShards(const v1::ListQuarantinedShardsRequest&,
-                                     v1::ListQuarantinedShardsResponse*) override {
-    return status_;
-  }
-  grpc::Status WatchIncidents(const v1::WatchIncidentsRequest&, int64_t,
-                              const std::function<bool(const v1::IncidentEvent&)>&) override {
-    return status_;
-  }
-
- private:
-  grpc::Status status_;
-};
-
 // Fills the fields still empty from the config file, if there is one. A
 // config file that is absent is normal; one that is there but cannot be
-// read (a directory, no permission) is an error, not a silent default.
+// read (a directory, no permission) or is malformed (not JSON, not an
+// object, a key twctl does not know, a value not a string) is an error
+// naming the file, and the key: a typo must not quietly fall back to the
+// defaults, e.g. plaintext to 127.0.0.1:7070.
 absl::Status LoadConfigFile(Connection* c) {
   std::string path;
   if (const char* p = std::getenv("TWCTL_CONFIG")) {
@@ -151,40 +109,55 @@ absl::Status LoadConfigFile(Connection* c) {
   if (absl::IsNotFound(text.status())) return absl::OkStatus();
   if (!text.ok()) return text.status();
   absl::StatusOr<core::JsonValue> doc = core::ParseJson(*text, path);
-  if (!doc.ok()) return absl::OkStatus();
-  auto take = [&](const char* key, std::string* dst) {
-    const core::JsonValue* v = doc->Find(key);
-    if (dst->empty() && v != nullptr && v->type == core::JsonValue::Type::kString) *dst = v->string;
-  };
-  take("server", &c->server);
-  take("token", &c->token);
-  take("ca_file", &c->ca_file);
+  if (!doc.ok()) return doc.status();
+  if (doc->type != core::JsonValue::Type::kObject) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": the config must be a JSON object (", kConfigKeys, ")"));
+  }
+  const std::pair<const char*, std::string*> fields[] = {{"server", &c->server},
+                                                         {"token", &c->token},
+                                                         {"ca_file", &c->ca_file},
+                                                         {"cert_file", &c->cert_file},
+                                                         {"key_file", &c->key_file}};
+  for (const auto& [key, v] : doc->object) {
+    const auto* field = std::find_if(std::begin(fields), std::end(fields),
+                                     [&, &key = key](const auto& f) { return key == f.first; });
+    const std::string where = absl::StrFormat("%s:%d:%d: ", path, v.line, v.column);
+    if (field == std::end(fields)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "unknown key \"", key, "\" (known: ", kConfigKeys, ")"));
+    }
+    if (v.type != core::JsonValue::Type::kString) {
+      return absl::InvalidArgumentError(absl::StrCat(where, key, " must be a string"));
+    }
+    if (field->second->empty()) *field->second = v.string;
+  }
   return absl::OkStatus();
 }
 
 }  // namespace
 
 Connection ResolveConnection(Connection c) {
-  if (c.server.empty()) {
-    if (const char* v = std::getenv("TRAINWATCH_SERVER")) c.server = v;
-  }
-  if (c.token.empty()) {
-    if (const char* v = std::getenv("TRAINWATCH_TOKEN")) c.token = v;
-  }
+  auto fill = [](std::string* field, const std::string& value) {
+    if (field->empty()) *field = value;
+  };
+  if (const char* v = std::getenv("TRAINWATCH_SERVER")) fill(&c.server, v);
+  if (const char* v = std::getenv("TRAINWATCH_TOKEN")) fill(&c.token, v);
+  const wire::ClientTlsFiles env = wire::TlsFilesFromEnvironment();
+  fill(&c.ca_file, env.ca_file);
+  fill(&c.cert_file, env.cert_file);
+  fill(&c.key_file, env.key_file);
   c.error = LoadConfigFile(&c);
   if (c.server.empty()) c.server = "127.0.0.1:7070";
   return c;
 }
 
-std::unique_ptr<OperatorClient> DialOperator(const Connection& c) {
-  if (!c.error.ok()) return std::make_unique<FailingOperatorClient>(c.error);
-  std::string ca_pem;
-  if (!c.ca_file.empty()) {
-    absl::StatusOr<std::string> pem = core::LocalFileSystem().ReadFile(c.ca_file);
-    if (!pem.ok()) return std::make_unique<FailingOperatorClient>(pem.status());
-    ca_pem = *std::move(pem);
-  }
-  return std::make_unique<GrpcOperatorClient>(c, ca_pem);
+absl::StatusOr<std::unique_ptr<OperatorClient>> DialOperator(const Connection& c) {
+  if (!c.error.ok()) return c.error;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+      wire::ClientCredentials({c.ca_file, c.cert_file, c.key_file});
+  if (!creds.ok()) return creds.status();
+  return std::make_unique<GrpcOperatorClient>(c, *std::move(creds));
 }
 
 }  // namespace trainwatch::cli

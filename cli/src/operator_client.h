@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "trainwatch/v1/operator.pb.h"
 
 namespace trainwatch::cli {
@@ -44,21 +45,29 @@ class OperatorClient {
 
 // Where and how to reach trainwatchd.
 struct Connection {
-  std::string server, token, ca_file;
-  // Set by ResolveConnection when the config file is there but unreadable;
-  // DialOperator's client then fails every call with it.
+  std::string server, token;
+  // TLS (wire/client_tls.h): the CA to trust the server by; for mutual TLS
+  // this client's certificate and key, given together.
+  std::string ca_file, cert_file, key_file;
+  // Set by ResolveConnection when the config file is there but unreadable
+  // or malformed; DialOperator then returns it.
   absl::Status error = absl::OkStatus();
 };
 
 // Fills what `c` lacks the way kubectl and amtool users expect: the
-// environment (TRAINWATCH_SERVER, TRAINWATCH_TOKEN), then the config file
-// ($TWCTL_CONFIG or ~/.config/trainwatch/twctl.json), then 127.0.0.1:7070.
+// environment (TRAINWATCH_SERVER, TRAINWATCH_TOKEN, TRAINWATCH_CA_FILE,
+// TRAINWATCH_CERT_FILE, TRAINWATCH_KEY_FILE), then the config file
+// ($TWCTL_CONFIG or ~/.config/trainwatch/twctl.json: an object of the keys
+// server, token, ca_file, cert_file, key_file, each a string), then
+// 127.0.0.1:7070.
 Connection ResolveConnection(Connection c);
 
-// A gRPC client of `c.server` (TLS when c.ca_file is set); nothing is dialled
-// until the first call. Each unary call has a 30 s deadline. When c.error is
-// set or c.ca_file cannot be read, every call fails with that status.
-std::unique_ptr<OperatorClient> DialOperator(const Connection& c);
+// A gRPC client of `c.server` (TLS when a TLS file is named); nothing is
+// dialled until the first call, but every TLS file is read first. Each
+// unary call has a 30 s deadline. c.error, or a TLS file that is missing,
+// unreadable or not PEM, or a cert without its key, is returned as the
+// error, naming the file.
+absl::StatusOr<std::unique_ptr<OperatorClient>> DialOperator(const Connection& c);
 
 }  // namespace trainwatch::cli
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "command_output.h"
 #include "commands.h"
 
 namespace trainwatch::cli {
@@ -102,16 +103,19 @@ CommandRegistry::CommandRegistry() {
 
 std::string CommandRegistry::Usage() const {
   std::string u =
-      "usage: twctl [--server ADDR] [--token TOKEN] [--ca-file PEM] [-o table|json] COMMAND "
-      "[ARGS]\ncommands:\n";
+      "usage: twctl [--server ADDR] [--token TOKEN] [--ca-file PEM] [--cert PEM --key PEM]\n"
+      "             [-o table|json] COMMAND [ARGS]\ncommands:\n";
   for (const auto& c : commands_) {
     const std::string& operands = c->spec().operands;
     absl::StrAppendFormat(&u, "  %-22s %s\n",
                           absl::StrCat(c->name(), operands.empty() ? "" : " ", operands),
                           c->spec().summary);
   }
-  u += "Server and token: flags, else TRAINWATCH_SERVER / TRAINWATCH_TOKEN, else $TWCTL_CONFIG or\n"
-       "~/.config/trainwatch/twctl.json ({\"server\": ..., \"token\": ..., \"ca_file\": ...}).\n"
+  u += "--ca-file: TLS, trusting the server by this CA; --cert and --key (together): mutual\n"
+       "TLS, for a trainwatchd started with --tls_client_ca. Each setting: the flag, else\n"
+       "TRAINWATCH_SERVER / _TOKEN / _CA_FILE / _CERT_FILE / _KEY_FILE, else $TWCTL_CONFIG or\n"
+       "~/.config/trainwatch/twctl.json ({\"server\", \"token\", \"ca_file\", \"cert_file\",\n"
+       "\"key_file\"}: strings; any other key is an error).\n"
        "Run 'twctl help COMMAND' or 'twctl COMMAND --help' for a command's flags.\n"
        "Exit codes: 0 ok, 1 error, 2 usage or malformed input, 3 refused by the server's "
        "state.\n";
@@ -141,6 +145,24 @@ int CommandRegistry::Help(const std::vector<std::string>& words, std::string* ou
 
 int CommandRegistry::Dispatch(const std::string& command, const std::vector<std::string>& args,
                               Context& ctx, const Dialer& dial) const {
+  // Everything a command prints passes TerminalSafe, here and nowhere else:
+  // its stdout and stderr text, each streamed line, each question.
+  Context filtered = ctx;
+  std::string out = *ctx.out, err = *ctx.err;
+  filtered.out = &out;
+  filtered.err = &err;
+  if (ctx.emit) filtered.emit = [&ctx](const std::string& l) { ctx.emit(TerminalSafe(l)); };
+  if (ctx.prompt) {
+    filtered.prompt = [&ctx](const std::string& q) { return ctx.prompt(TerminalSafe(q)); };
+  }
+  const int code = Route(command, args, filtered, dial);
+  *ctx.out = TerminalSafe(out);
+  *ctx.err = TerminalSafe(err);
+  return code;
+}
+
+int CommandRegistry::Route(const std::string& command, const std::vector<std::string>& args,
+                           Context& ctx, const Dialer& dial) const {
   std::string name = command;
   if (name == "--help" || name == "-h") name = "help";
   if (name == "--version") name = "version";
@@ -170,10 +192,14 @@ int CommandRegistry::Execute(const Command& c, const std::vector<std::string>& a
     return kOk;
   }
   if (!c.spec().connects) return c.Run(*a, ctx);
-  std::unique_ptr<OperatorClient> client =
-      dial(ResolveConnection({a->server, a->token, a->ca_file}));
+  absl::StatusOr<std::unique_ptr<OperatorClient>> client = dial(
+      ResolveConnection({a->server, a->token, a->ca_file, a->cert_file, a->key_file}));
+  if (!client.ok()) {
+    *ctx.err = absl::StrCat("twctl: ", client.status().message(), "\n");
+    return kUsage;
+  }
   Context connected = ctx;
-  connected.client = client.get();
+  connected.client = client->get();
   return c.Run(*a, connected);
 }
 

@@ -14,8 +14,10 @@
 
 namespace trainwatch::cli {
 
-// How a command that connects gets its client (tests give a fake).
-using Dialer = std::function<std::unique_ptr<OperatorClient>(const Connection&)>;
+// How a command that connects gets its client (tests give a fake); an error
+// (a bad config or TLS file) ends the command before any call, exit 2.
+using Dialer =
+    std::function<absl::StatusOr<std::unique_ptr<OperatorClient>>(const Connection&)>;
 
 class CommandRegistry {
  public:
@@ -35,10 +37,14 @@ class CommandRegistry {
   // Runs `command` (the first word after twctl; for a group, its subcommand
   // is the first operand in `args`). Commands that connect get a client from
   // `dial`, given the connection the flags, environment and config say.
+  // All the command prints is passed through TerminalSafe (command_output.h).
   int Dispatch(const std::string& command, const std::vector<std::string>& args, Context& ctx,
                const Dialer& dial = DialOperator) const;
 
  private:
+  // Dispatch without the output filter.
+  int Route(const std::string& command, const std::vector<std::string>& args, Context& ctx,
+            const Dialer& dial) const;
   int Execute(const Command& c, const std::vector<std::string>& args, size_t skip_operands,
               Context& ctx, const Dialer& dial) const;
 

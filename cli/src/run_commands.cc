@@ -18,6 +18,9 @@
 namespace trainwatch::cli {
 namespace {
 
+// The most steps the server answers a status with (its own cap).
+constexpr int64_t kMaxPoints = 100'000;
+
 class RunsCommand : public Command {
  public:
   RunsCommand() : Command(CommandSpec("runs", "", "the runs and their state", {}).Connecting()) {}
@@ -47,19 +50,19 @@ class StatusCommand : public Command {
       : Command(
             CommandSpec("status", "RUN",
                         "latest metrics, a sparkline each, the latest checkpoint, open incidents",
-                        {{"points", "N", "steps the sparklines cover (default 200)"}})
+                        {{"points", "N", "steps the sparklines cover, 1 to 100000 (default 200)"}})
                 .Connecting()
                 .WithMisuse("twctl status: RUN is required\n")) {}
 
   int Execute(const Args& args, Context& ctx) const override {
     v1::GetRunStatusRequest req;
     req.set_run_id(args.operands[0]);
-    int points = 200;
-    if (args.Has("points") && !absl::SimpleAtoi(args.Get("points"), &points)) {
-      *ctx.err = "twctl status: --points needs a number\n";
+    absl::StatusOr<int64_t> points = args.GetInt("points", 200, 1, kMaxPoints);
+    if (!points.ok()) {
+      *ctx.err = absl::StrCat("twctl status: ", points.status().message(), "\n");
       return kUsage;
     }
-    req.set_window_steps(points);
+    req.set_window_steps(static_cast<int32_t>(*points));
     v1::GetRunStatusResponse resp;
     if (int rc = FromStatus(ctx.client->GetRunStatus(req, &resp), ctx.err); rc != kOk) return rc;
     if (args.output == "json") {

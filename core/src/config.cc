@@ -1,6 +1,7 @@
 #include "trainwatch/core/config.h"
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -11,71 +12,84 @@ namespace trainwatch::core {
 
 namespace {
 
-// One row per configurable field: its file name and where it lives. Exactly
-// one of the member pointers is set.
+// The bounds' units. Step counts and spans: 10,000,000 steps, longer than
+// any run a window would need to look back over. Thresholds in nats, ratios
+// and z-scores: 1e6, past which a rule can never fire. Activation levels: the
+// largest float, the most an fp32 or bf16 tensor can hold.
+constexpr double kMaxSteps = 10'000'000;
+constexpr double kMaxLevel = 1e6;
+constexpr double kMaxActivation = std::numeric_limits<float>::max();
+
+// One row per configurable field: its file name, where it lives, and the
+// largest value Validate accepts (the windows' bounds keep a run's engine
+// under kRuleMemoryBudgetBytes; see config.h). Exactly one of the member
+// pointers is set; a bool has no bound.
 struct Field {
   const char* name;
   double RuleConfig::*d = nullptr;
   int64_t RuleConfig::*i = nullptr;
   bool RuleConfig::*b = nullptr;
+  double max = 0;
 };
 
-#define TW_D(f) Field{#f, &RuleConfig::f, nullptr, nullptr}
-#define TW_I(f) Field{#f, nullptr, &RuleConfig::f, nullptr}
+#define TW_D(f, max) Field{#f, &RuleConfig::f, nullptr, nullptr, max}
+#define TW_I(f, max) Field{#f, nullptr, &RuleConfig::f, nullptr, max}
 #define TW_B(f) Field{#f, nullptr, nullptr, &RuleConfig::f}
 
 const Field kFields[] = {
-    TW_D(ema_span_steps),
-    TW_I(median_window_steps),
-    TW_D(smoothing_span_steps),
-    TW_I(warmup_steps),
-    TW_I(warmup_min_records),
-    TW_I(warmup_min_grad_samples),
-    TW_D(spike_delta_nats),
-    TW_I(spike_min_steps),
-    TW_I(spike_gap_records),
-    TW_I(transient_window_records),
-    TW_I(transient_baseline_records),
-    TW_D(transient_z),
-    TW_D(tier1_grad_ratio),
-    TW_D(tier1_loss_ratio),
-    TW_D(tier1_loss_z),
-    TW_D(skip_loss_ratio),
+    TW_D(ema_span_steps, kMaxSteps),
+    TW_I(median_window_steps, 500'000),
+    TW_D(smoothing_span_steps, kMaxSteps),
+    TW_I(warmup_steps, kMaxSteps),
+    TW_I(warmup_min_records, kMaxSteps),
+    TW_I(warmup_min_grad_samples, kMaxSteps),
+    TW_D(spike_delta_nats, kMaxLevel),
+    TW_I(spike_min_steps, kMaxSteps),
+    TW_I(spike_gap_records, kMaxSteps),
+    TW_I(transient_window_records, 100'000),
+    TW_I(transient_baseline_records, 100'000),
+    TW_D(transient_z, kMaxLevel),
+    TW_D(tier1_grad_ratio, kMaxLevel),
+    TW_D(tier1_loss_ratio, kMaxLevel),
+    TW_D(tier1_loss_z, kMaxLevel),
+    TW_D(skip_loss_ratio, kMaxLevel),
     TW_B(tier1_skip_on_trigger),
-    TW_I(tier1_confirm_steps),
-    TW_D(tier1_confirm_fraction),
-    TW_I(escalate_steps),
-    TW_D(tier2_loss_ratio),
-    TW_I(tier2_loss_ratio_records),
-    TW_D(logz_rise),
-    TW_I(logz_rise_window_steps),
-    TW_I(logz_drift_window_steps),
-    TW_D(logz_led_min_rise),
-    TW_D(logz_onset_tolerance),
-    TW_I(logz_bucket_steps),
-    TW_D(z_loss_alpha_recommended),
-    TW_D(tier3_loss_nats),
-    TW_I(tier3_clear_steps),
-    TW_D(warn_logz_level),
-    TW_I(warn_logz_rising_steps),
-    TW_D(warn_logz_min_rise),
-    TW_I(warn_grad_median_window_steps),
-    TW_D(warn_grad_median_factor),
-    TW_D(warn_grad_median_steady_fraction),
-    TW_D(warn_attention_min_rise_fraction),
-    TW_D(warn_activation_floor),
-    TW_D(warn_activation_target),
-    TW_I(warn_activation_horizon_steps),
-    TW_I(checkpoints_retained),
-    TW_I(shard_history_steps),
-    TW_I(max_shards_per_step),
-    TW_I(max_event_shards),
-    TW_I(shard_steps_before_onset),
+    TW_I(tier1_confirm_steps, kMaxSteps),
+    TW_D(tier1_confirm_fraction, 1.0),
+    TW_I(escalate_steps, kMaxSteps),
+    TW_D(tier2_loss_ratio, kMaxLevel),
+    TW_I(tier2_loss_ratio_records, kMaxSteps),
+    TW_D(logz_rise, kMaxLevel),
+    TW_I(logz_rise_window_steps, 100'000),
+    TW_I(logz_drift_window_steps, 500'000),
+    TW_D(logz_led_min_rise, kMaxLevel),
+    TW_D(logz_onset_tolerance, kMaxLevel),
+    TW_I(logz_bucket_steps, kMaxSteps),
+    TW_D(z_loss_alpha_recommended, 1.0),
+    TW_D(tier3_loss_nats, kMaxLevel),
+    TW_I(tier3_clear_steps, kMaxSteps),
+    TW_D(warn_logz_level, kMaxLevel),
+    TW_I(warn_logz_rising_steps, kMaxSteps),
+    TW_D(warn_logz_min_rise, kMaxLevel),
+    TW_I(warn_grad_median_window_steps, kMaxSteps),
+    TW_D(warn_grad_median_factor, kMaxLevel),
+    TW_D(warn_grad_median_steady_fraction, 1.0),
+    TW_D(warn_attention_min_rise_fraction, kMaxLevel),
+    TW_D(warn_activation_floor, kMaxActivation),
+    TW_D(warn_activation_target, kMaxActivation),
+    TW_I(warn_activation_horizon_steps, kMaxSteps),
+    TW_I(checkpoints_retained, 1'000),
+    TW_I(shard_history_steps, 100'000),
+    TW_I(max_shards_per_step, 65'536),
+    TW_I(max_event_shards, 65'536),
+    TW_I(shard_steps_before_onset, 100'000),
 };
 
 #undef TW_D
 #undef TW_I
 #undef TW_B
+
+constexpr const char kBoundsKey[] = "bounds";
 
 }  // namespace
 
@@ -87,6 +101,13 @@ absl::Status Validate(const RuleConfig& c) {
     }
     if (f.i != nullptr && c.*f.i < 0) {
       return absl::InvalidArgumentError(absl::StrCat(f.name, " must be >= 0, not ", c.*f.i));
+    }
+    const double v = f.d != nullptr ? c.*f.d : f.i != nullptr ? double(c.*f.i) : 0.0;
+    if (f.b == nullptr && v > f.max) {
+      // %.15g: whole numbers in full (1e8 as 100000000), as a file would say them.
+      return absl::InvalidArgumentError(absl::StrCat(
+          f.name, " = ", f.d != nullptr ? absl::StrFormat("%.15g", c.*f.d) : absl::StrCat(c.*f.i),
+          " is above its bound ", absl::StrFormat("%.15g", f.max)));
     }
   }
   auto positive = [](absl::string_view name, double v) -> absl::Status {
@@ -109,10 +130,18 @@ absl::Status Validate(const RuleConfig& c) {
                           double(c.transient_baseline_records)}}) {
     if (absl::Status s = positive(name, v); !s.ok()) return s;
   }
-  if (c.median_window_steps > 10'000'000 || c.logz_drift_window_steps > 10'000'000 ||
-      c.logz_rise_window_steps > 10'000'000 || c.shard_history_steps > 1'000'000 ||
-      c.transient_window_records > 100'000 || c.transient_baseline_records > 100'000) {
-    return absl::InvalidArgumentError("a window above 10,000,000 steps is not supported");
+  // Both factors are bounded above, so neither product overflows.
+  if (const int64_t slots = c.shard_history_steps * c.max_shards_per_step;
+      slots > kMaxShardSlots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard_history_steps * max_shards_per_step = ", slots,
+                     " is above its bound ", kMaxShardSlots));
+  }
+  if (const int64_t buckets = c.warn_logz_rising_steps / c.logz_bucket_steps;
+      buckets > kMaxLogzBuckets) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("warn_logz_rising_steps / logz_bucket_steps = ", buckets,
+                     " is above its bound ", kMaxLogzBuckets));
   }
   if (c.warn_logz_rising_steps < 5 * c.logz_bucket_steps) {
     return absl::InvalidArgumentError(
@@ -143,6 +172,8 @@ absl::StatusOr<RuleConfig> ParseRuleConfigJson(absl::string_view json,
   }
   RuleConfig c;
   for (const auto& [key, v] : doc->object) {
+    // What RuleConfigToJson prints for the reader of the file, not a setting.
+    if (key == kBoundsKey && v.type == JsonValue::Type::kObject) continue;
     const Field* field = nullptr;
     for (const Field& f : kFields) {
       if (key == f.name) field = &f;
@@ -179,10 +210,8 @@ absl::StatusOr<RuleConfig> ParseRuleConfigJson(absl::string_view json,
 
 std::string RuleConfigToJson(const RuleConfig& c) {
   std::string out = "{";
-  bool first = true;
   for (const Field& f : kFields) {
-    absl::StrAppend(&out, first ? "\n  " : ",\n  ");
-    first = false;
+    absl::StrAppend(&out, "\n  ");
     AppendJsonString(&out, f.name);
     out += ": ";
     if (f.d != nullptr) {
@@ -192,8 +221,22 @@ std::string RuleConfigToJson(const RuleConfig& c) {
     } else {
       out += c.*f.b ? "true" : "false";
     }
+    out += ",";
   }
-  out += "\n}\n";
+  // The bounds, last, as one object: what Validate accepts, one line each.
+  absl::StrAppend(&out, "\n  \"", kBoundsKey, "\": {");
+  for (const Field& f : kFields) {
+    if (f.b != nullptr) continue;
+    absl::StrAppend(&out, "\n    ");
+    AppendJsonString(&out, f.name);
+    out += ": ";
+    AppendJsonNumber(&out, f.max);
+    out += ",";
+  }
+  absl::StrAppend(&out, "\n    \"shard_history_steps * max_shards_per_step\": ", kMaxShardSlots,
+                  ",\n    \"warn_logz_rising_steps / logz_bucket_steps\": ", kMaxLogzBuckets,
+                  ",\n    \"memory_budget_bytes_per_run\": ", kRuleMemoryBudgetBytes,
+                  "\n  }\n}\n");
   return out;
 }
 

@@ -17,9 +17,11 @@
 #include <vector>
 
 #include "command.h"
+#include "command_output.h"
 #include "commands.h"
 #include "operator_client.h"
 #include "registry.h"
+#include "trainwatch/core/json.h"
 
 namespace trainwatch::cli {
 namespace {
@@ -353,7 +355,8 @@ TEST_CASE("runs and status against a fake: table and json and exit codes", "[cli
   CHECK(no_run.err == "twctl status: RUN is required\n");
   Result bad_points = RunAlone(*status, {"run-a", "--points", "many"}, &fake);
   CHECK(bad_points.code == kUsage);
-  CHECK(bad_points.err == "twctl status: --points needs a number\n");
+  CHECK(bad_points.err ==
+        "twctl status: --points must be a whole number from 1 to 100000, not \"many\"\n");
   CHECK(fake.calls == before);  // usage errors call nothing
 
   fake.status = grpc::Status(grpc::NOT_FOUND, "no run run-b");
@@ -510,7 +513,48 @@ TEST_CASE("watch against a fake: a line per event until --count", "[cli][command
   CHECK(gone.err == "twctl: gone (14)\n");
   Result bad = RunAlone(*watch, {"--count", "x"}, &fake);
   CHECK(bad.code == kUsage);
-  CHECK(bad.err == "twctl watch: --count and --timeout need a number\n");
+  CHECK(bad.err == "twctl watch: --count must be a whole number from 1 to 1000000000, not \"x\"\n");
+}
+
+TEST_CASE("numeric flags: zero - negative - past the bound - or not a number are usage errors",
+          "[cli][commands][flags]") {
+  auto watch = MakeWatchCommand();
+  auto status = MakeStatusCommand();
+  FakeClient fake;
+  struct Case {
+    const Command* command;
+    std::vector<std::string> argv;
+    std::string err;
+  };
+  const std::string points = "twctl status: --points must be a whole number from 1 to 100000, not ";
+  const std::string count = "twctl watch: --count must be a whole number from 1 to 1000000000, not ";
+  const std::string timeout =
+      "twctl watch: --timeout must be a whole number from 1 to 31536000, not ";
+  for (const Case& c : std::vector<Case>{
+           {status.get(), {"run-a", "--points", "0"}, points + "\"0\"\n"},
+           {status.get(), {"run-a", "--points", "-5"}, points + "\"-5\"\n"},
+           {status.get(), {"run-a", "--points", "100001"}, points + "\"100001\"\n"},
+           {status.get(), {"run-a", "--points", "99999999999"}, points + "\"99999999999\"\n"},
+           {watch.get(), {"--count", "0"}, count + "\"0\"\n"},
+           {watch.get(), {"--count", "-1"}, count + "\"-1\"\n"},
+           {watch.get(), {"--timeout", "0"}, timeout + "\"0\"\n"},
+           {watch.get(), {"--timeout", "-3"}, timeout + "\"-3\"\n"},
+           {watch.get(), {"--timeout", "9223372036854775807"},
+            timeout + "\"9223372036854775807\"\n"},
+           {watch.get(), {"--timeout", "1.5"}, timeout + "\"1.5\"\n"},
+       }) {
+    CAPTURE(c.argv);
+    const int before = fake.calls;
+    const Result r = RunAlone(*c.command, c.argv, &fake);
+    CHECK(r.code == kUsage);
+    CHECK(r.err == c.err);
+    CHECK(fake.calls == before);  // refused before any call
+  }
+  // The bounds themselves are taken.
+  CHECK(RunAlone(*status, {"run-a", "--points", "100000"}, &fake).code == kOk);
+  CHECK(fake.status_requests.back().window_steps() == 100000);
+  CHECK(RunAlone(*watch, {"--timeout", "31536000", "--count", "1"}, &fake).code == kOk);
+  CHECK(fake.watch_timeout == 31536000);
 }
 
 TEST_CASE("connection: flags then environment then config file then the default",
@@ -525,7 +569,7 @@ TEST_CASE("connection: flags then environment then config file then the default"
   CHECK(c.server == "file:1");
   CHECK(c.token == "env-token");
   CHECK(c.ca_file == "ca.pem");
-  c = ResolveConnection({"flag:1", "flag-token", ""});
+  c = ResolveConnection({"flag:1", "flag-token", "", "", ""});
   CHECK(c.server == "flag:1");
   CHECK(c.token == "flag-token");
   setenv("TWCTL_CONFIG", "/nonexistent/twctl.json", 1);
@@ -537,7 +581,7 @@ TEST_CASE("connection: flags then environment then config file then the default"
   std::remove(config.c_str());
 }
 
-TEST_CASE("connection: a config or CA file that is a directory fails each call naming it",
+TEST_CASE("connection: a config or CA file that is a directory is an error naming it",
           "[cli][commands]") {
   const std::string dir = "/tmp/twctl_operator_commands_dir_" +
                           std::to_string(static_cast<long>(::getpid()));
@@ -547,16 +591,166 @@ TEST_CASE("connection: a config or CA file that is a directory fails each call n
   Connection c = ResolveConnection({});
   CHECK(c.error.code() == absl::StatusCode::kFailedPrecondition);
   CHECK(std::string(c.error.message()) == expected);
-  v1::ListRunsResponse runs;
-  grpc::Status s = DialOperator(c)->ListRuns({}, &runs);
-  CHECK(s.error_code() == grpc::StatusCode::UNAVAILABLE);
-  CHECK(s.error_message() == expected);
+  CHECK(DialOperator(c).status().message() == expected);
   unsetenv("TWCTL_CONFIG");
 
   std::string out, err;
-  CHECK(OperatorCommand("runs", {"--ca-file", dir}, nullptr, &out, &err, nullptr) == kError);
-  CHECK(err == "twctl: " + expected + " (14)\n");
+  CHECK(OperatorCommand("runs", {"--ca-file", dir}, nullptr, &out, &err, nullptr) == kUsage);
+  CHECK(err == "twctl: CA file: " + expected + "\n");
   ::rmdir(dir.c_str());
+}
+
+TEST_CASE("connection: a missing or non-PEM CA file and a cert without its key fail before dialling",
+          "[cli][commands][tls]") {
+  const std::string dir = "/tmp/twctl_operator_commands_tls_" +
+                          std::to_string(static_cast<long>(::getpid()));
+  REQUIRE(::mkdir(dir.c_str(), 0755) == 0);
+  const std::string not_pem = dir + "/ca.txt";
+  std::ofstream(not_pem) << "not a certificate\n";
+  unsetenv("TWCTL_CONFIG");
+  struct Case {
+    std::vector<std::string> args;
+    std::string err;
+  };
+  // 127.0.0.1:1 refuses: an error that reached it would be UNAVAILABLE, exit 1.
+  for (const Case& c : std::vector<Case>{
+           {{"--ca-file", dir + "/missing.pem"},
+            "twctl: CA file: cannot read " + dir + "/missing.pem: No such file or directory\n"},
+           {{"--ca-file", not_pem},
+            "twctl: CA file: " + not_pem + " holds no PEM block (-----BEGIN ...)\n"},
+           {{"--cert", dir + "/client.pem"},
+            "twctl: a client certificate (" + dir + "/client.pem) needs its key too\n"},
+           {{"--key=" + dir + "/client.key"},
+            "twctl: a client key (" + dir + "/client.key) needs its certificate too\n"},
+       }) {
+    CAPTURE(c.args);
+    std::vector<std::string> args = {"--server", "127.0.0.1:1"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    std::string out, err;
+    CHECK(OperatorCommand("runs", args, nullptr, &out, &err, nullptr) == kUsage);
+    CHECK(err == c.err);
+    CHECK(out.empty());
+  }
+  // The same from the environment, read in the one place the agent reads it.
+  setenv("TRAINWATCH_CERT_FILE", (dir + "/client.pem").c_str(), 1);
+  std::string out, err;
+  CHECK(OperatorCommand("runs", {"--server", "127.0.0.1:1"}, nullptr, &out, &err, nullptr) ==
+        kUsage);
+  CHECK(err == "twctl: a client certificate (" + dir + "/client.pem) needs its key too\n");
+  const Connection from_env = ResolveConnection({});
+  CHECK(from_env.cert_file == dir + "/client.pem");
+  unsetenv("TRAINWATCH_CERT_FILE");
+  std::remove(not_pem.c_str());
+  ::rmdir(dir.c_str());
+}
+
+TEST_CASE("connection: a malformed twctl.json is an error naming the file and the key",
+          "[cli][commands][config]") {
+  const std::string config = "/tmp/twctl_operator_commands_bad_" +
+                             std::to_string(static_cast<long>(::getpid())) + ".json";
+  setenv("TWCTL_CONFIG", config.c_str(), 1);
+  struct Case {
+    std::string text;
+    std::string err;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"{\"server\": \"h:1\",\n", config + ":2:1: expected a quoted key"},
+           {"[\"h:1\"]", config + ": the config must be a JSON object (server, token, ca_file, "
+                                  "cert_file, key_file)"},
+           {"{\"server\": 7070}", config + ":1:12: server must be a string"},
+           {"{\"sever\": \"h:1\"}", config + ":1:11: unknown key \"sever\" (known: server, token, "
+                                           "ca_file, cert_file, key_file)"},
+       }) {
+    CAPTURE(c.text);
+    std::ofstream(config) << c.text;
+    std::string out, err;
+    // Even with --server given: a broken config is not to be half-used.
+    CHECK(OperatorCommand("runs", {"--server", "127.0.0.1:1"}, nullptr, &out, &err, nullptr) ==
+          kUsage);
+    CHECK(err.rfind("twctl: " + c.err, 0) == 0);
+  }
+  std::ofstream(config) << R"({"server": "file:1", "cert_file": "c.pem", "key_file": "k.pem"})";
+  const Connection ok = ResolveConnection({});
+  CHECK(ok.error.ok());
+  CHECK(ok.cert_file == "c.pem");
+  CHECK(ok.key_file == "k.pem");
+  unsetenv("TWCTL_CONFIG");
+  std::remove(config.c_str());
+}
+
+TEST_CASE("output: control characters are written out - UTF-8 text is kept", "[cli][escape]") {
+  CHECK(TerminalSafe("a\x1b[2Jb\rc\n") == "a\\u001b[2Jb\\u000dc\n");
+  CHECK(TerminalSafe("tab\tbell\x07" "del\x7f") == "tab\\u0009bell\\u0007del\\u007f");
+  // C1 as UTF-8 (U+009B, CSI) and as a stray byte, which an 8-bit terminal
+  // reads as CSI too; a lone lead byte; a sequence cut short at the end.
+  CHECK(TerminalSafe("x\xc2\x9by") == "x\\u009by");
+  CHECK(TerminalSafe("x\x9by") == "x\\u009by");
+  CHECK(TerminalSafe("\xc3(") == "\\u00c3(");
+  CHECK(TerminalSafe("\xe2\x96") == "\\u00e2\\u0096");
+  // Printable text is untouched, including the sparkline's blocks (whose
+  // UTF-8 holds the bytes 0x96, 0x81) and U+00A0 just past C1.
+  const std::string text = "run-\xc3\xa9 \xe2\x96\x81\xe2\x96\x88 \xc2\xa0 \xf0\x9f\x94\xa5 ok";
+  CHECK(TerminalSafe(text) == text);
+  CHECK(TerminalSafe(TerminalSafe("\x1b")) == TerminalSafe("\x1b"));  // idempotent
+}
+
+TEST_CASE("output: a hostile run id and title reach the terminal escaped - and JSON stays exact",
+          "[cli][escape]") {
+  const std::string hostile_run = "evil\x1b[2J\rrun\xc2\x9b";
+  const std::string hostile_title = "NaN\x1b]0;owned\x07 at step 9";
+  auto dial = [&](const Connection&) {
+    auto f = std::make_unique<FakeClient>();
+    f->runs.add_runs()->set_run_id(hostile_run);
+    v1::IncidentEvent e;
+    e.set_kind(v1::INCIDENT_EVENT_KIND_OPENED);
+    e.mutable_incident()->set_incident_id("I-1");
+    e.mutable_incident()->set_run_id(hostile_run);
+    e.mutable_incident()->set_title(hostile_title);
+    f->events.push_back(e);
+    f->status = grpc::Status(grpc::NOT_FOUND, "no run " + hostile_run);
+    return f;
+  };
+  const CommandRegistry registry;
+  auto run = [&](const std::string& cmd, const std::vector<std::string>& args,
+                 std::vector<std::string>* lines = nullptr) {
+    Result r;
+    Context ctx;
+    ctx.out = &r.out;
+    ctx.err = &r.err;
+    if (lines != nullptr) ctx.emit = [lines](const std::string& l) { lines->push_back(l); };
+    r.code = registry.Dispatch(cmd, args, ctx, dial);
+    return r;
+  };
+  auto raw_controls = [](const std::string& s) {
+    for (unsigned char c : s) {
+      if ((c < 0x20 && c != '\n') || c == 0x7f) return true;
+    }
+    return s.find("\xc2\x9b") != std::string::npos;
+  };
+  // The fake answers NOT_FOUND, with the run id in the message: stderr too.
+  const Result table = run("runs", {});
+  CHECK(table.code == kError);
+  CHECK_FALSE(raw_controls(table.err));
+  CHECK(table.err == "twctl: no run evil\\u001b[2J\\u000drun\\u009b (5)\n");
+
+  std::vector<std::string> lines;
+  const Result watched = run("watch", {"--count", "1"}, &lines);
+  REQUIRE(lines.size() == 2);
+  CHECK_FALSE(raw_controls(lines[1]));
+  CHECK(lines[1].find("evil\\u001b[2J\\u000drun\\u009b") != std::string::npos);
+  CHECK(lines[1].find("NaN\\u001b]0;owned\\u0007 at step 9") != std::string::npos);
+
+  // -o json: still valid JSON, and it reads back to the very bytes sent.
+  lines.clear();
+  CHECK(run("watch", {"--count", "1", "-o", "json"}, &lines).code == kOk);
+  REQUIRE(lines.size() == 1);
+  CHECK_FALSE(raw_controls(lines[0]));
+  auto doc = core::ParseJson(lines[0], "watch -o json");
+  REQUIRE(doc.ok());
+  const core::JsonValue* incident = doc->Find("incident");
+  REQUIRE(incident != nullptr);
+  CHECK(incident->Find("run_id")->string == hostile_run);
+  CHECK(incident->Find("title")->string == hostile_title);
 }
 
 }  // namespace

@@ -130,6 +130,25 @@ TEST_CASE("replay: usage errors and configuration", "[cli][replay]") {
         std::string::npos);
 }
 
+TEST_CASE("replay: --print-config shows the bounds and reads back - a value past one is refused",
+          "[cli][replay][bounds]") {
+  const Run printed = Replay({"--print-config"});
+  REQUIRE(printed.code == 0);
+  CHECK(printed.out.find("\"bounds\": {") != std::string::npos);
+  CHECK(printed.out.find("\"max_shards_per_step\": 65536") != std::string::npos);
+  CHECK(printed.out.find("\"memory_budget_bytes_per_run\": 67108864") != std::string::npos);
+  const std::string trace =
+      TempFile("bounds_demo.csv", synth::ToCsv(synth::Generate(synth::DemoOptions())));
+  const std::string back = TempFile("printed.json", printed.out);
+  CHECK(Replay({trace, "--config", back, "--summary"}).code == 0);
+  // Valid before bounds, this aborted the replay with bad_alloc.
+  const std::string huge = TempFile("huge.json", "{\"max_shards_per_step\":1000000000000}");
+  const Run refused = Replay({trace, "--config", huge});
+  CHECK(refused.code == 2);
+  CHECK(refused.err.find(huge + ": max_shards_per_step = 1000000000000 is above its bound 65536") !=
+        std::string::npos);
+}
+
 TEST_CASE("replay: --format csv is strict and --map reaches the reader", "[cli][replay]") {
   const std::string partial = TempFile("partial.csv", "step,loss,log_z\n1,2.5,8\n2,2.5,8\n");
   const Run lenient = Replay({partial, "-o", "json"});

@@ -1,10 +1,15 @@
+#include <malloc.h>
+
 #include <cmath>
+#include <map>
+#include <memory>
 #include <string>
 
 #include <catch2/catch.hpp>
 
 #include "trainwatch/core/config.h"
 #include "trainwatch/core/json.h"
+#include "trainwatch/core/rule_engine.h"
 
 namespace trainwatch::core {
 namespace {
@@ -92,6 +97,88 @@ TEST_CASE("configuration files override - round-trip and reject bad keys", "[cor
   CHECK_FALSE(ParseRuleConfigJson(R"({"skip_loss_ratio": 3.0})", "c").ok());
   CHECK_FALSE(ParseRuleConfigJson(R"({"spike_delta_nats": -1})", "c").ok());
   CHECK_FALSE(ParseRuleConfigJson("[]", "c").ok());
+}
+
+// Bytes the process's heap holds (small blocks and mmapped ones).
+size_t HeapInUse() {
+  const struct mallinfo2 m = mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
+
+TEST_CASE("rules: the largest valid file fits one run in the memory budget",
+          "[core][config][bounds]") {
+  // Every field at the bound --print-config shows for it ...
+  auto printed = ParseJson(RuleConfigToJson(RuleConfig()), "printed");
+  REQUIRE(printed.ok());
+  const JsonValue* bounds = printed->Find("bounds");
+  REQUIRE(bounds != nullptr);
+  std::map<std::string, double> largest;
+  for (const auto& [key, v] : printed->object) {
+    if (key == "bounds" || v.type != JsonValue::Type::kNumber) continue;
+    const JsonValue* b = bounds->Find(key);
+    INFO(key);
+    REQUIRE(b != nullptr);
+    largest[key] = b->number;
+  }
+  REQUIRE(largest.size() == printed->object.size() - 2);  // all but the bool and "bounds"
+  // ... and the two fields bounded together at their costliest pair: the
+  // longest history with the slots it leaves per step, and the most buckets.
+  largest["max_shards_per_step"] = double(kMaxShardSlots / int64_t(largest["shard_history_steps"]));
+  largest["logz_bucket_steps"] = largest["warn_logz_rising_steps"] / double(kMaxLogzBuckets);
+  std::string json = "{";
+  for (const auto& [key, v] : largest) {
+    if (json.size() > 1) json += ",";
+    AppendJsonString(&json, key);
+    json += ":";
+    AppendJsonNumber(&json, v);
+  }
+  json += "}";
+  auto config = ParseRuleConfigJson(json, "largest.json");
+  INFO(json);
+  REQUIRE(config.ok());
+  CHECK(config->median_window_steps == 500'000);
+
+  // Both what the engine counts and what the heap gained.
+  const size_t before = HeapInUse();
+  auto engine = std::make_unique<RuleEngine>(*config);
+  const size_t grown = HeapInUse() - before;
+  CHECK(engine->MemoryBytes() <= size_t(kRuleMemoryBudgetBytes));
+  CHECK(grown <= size_t(kRuleMemoryBudgetBytes));
+  // The count is the real footprint, within 10%: the budget is not met by
+  // leaving something out.
+  CHECK(double(engine->MemoryBytes()) >= 0.9 * double(grown));
+  // The default configuration is far inside it.
+  CHECK(RuleEngine(RuleConfig()).MemoryBytes() < size_t(1) << 20);
+}
+
+TEST_CASE("rules: a value above its bound is an error naming the field - the value and the bound",
+          "[core][config][bounds]") {
+  struct Case {
+    const char* json;
+    const char* message;
+  };
+  for (const Case& c : std::initializer_list<Case>{
+           // Both passed validation before and aborted with bad_alloc.
+           {R"({"max_shards_per_step":1000000000000})",
+            "c.json: max_shards_per_step = 1000000000000 is above its bound 65536"},
+           {R"({"checkpoints_retained":100000000000})",
+            "c.json: checkpoints_retained = 100000000000 is above its bound 1000"},
+           {R"({"median_window_steps":500001})",
+            "c.json: median_window_steps = 500001 is above its bound 500000"},
+           {R"({"ema_span_steps":1e8})", "c.json: ema_span_steps = 100000000 is above its bound 10000000"},
+           {R"({"z_loss_alpha_recommended":2})",
+            "c.json: z_loss_alpha_recommended = 2 is above its bound 1"},
+           {R"({"shard_history_steps":100000,"max_shards_per_step":11})",
+            "c.json: shard_history_steps * max_shards_per_step = 1100000 is above its bound "
+            "1048576"},
+           {R"({"warn_logz_rising_steps":10000000,"logz_bucket_steps":999})",
+            "c.json: warn_logz_rising_steps / logz_bucket_steps = 10010 is above its bound 10000"},
+       }) {
+    CAPTURE(c.json);
+    auto parsed = ParseRuleConfigJson(c.json, "c.json");
+    REQUIRE_FALSE(parsed.ok());
+    CHECK(std::string(parsed.status().message()) == c.message);
+  }
 }
 
 TEST_CASE("recommended actions: JSON round trip exact beyond 2^53 - refused when not whole",

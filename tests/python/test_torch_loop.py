@@ -139,6 +139,14 @@ class TorchLoopTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             trainwatch.Agent(run_id="x", rank=0, world_size=2)  # no reduce given
 
+    def test_tls_files_are_checked_before_connecting(self):
+        # A cert without its key, and a CA file that is not there: errors
+        # naming the file at construction, not a handshake failing forever.
+        with self.assertRaisesRegex(ValueError, r"certificate \(/tmp/tw-c\.pem\) needs its key"):
+            trainwatch.Agent(server="127.0.0.1:1", run_id="tls", cert_file="/tmp/tw-c.pem")
+        with self.assertRaisesRegex(ValueError, r"CA file: cannot read /nonexistent/ca\.pem"):
+            trainwatch.Agent(server="127.0.0.1:1", run_id="tls", ca_file="/nonexistent/ca.pem")
+
 
 class DeviceStatsTest(unittest.TestCase):
     """The torch-operations path (what runs for GPU tensors), checked on the

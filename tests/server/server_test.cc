@@ -342,32 +342,12 @@ TEST_CASE("server: the auth matrix - every method by every role - in clear", "[s
   CheckMatrix(r.channel);
 }
 
-// A CA, a server certificate for 127.0.0.1 and a client certificate, made
-// with the openssl command line.
-bool MakeCerts(const TempDir& d) {
-  const std::string p = d.path();
-  const std::string cmd =
-      "cd " + p +
-      " && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 "
-      "-subj /CN=tw-test-ca"
-      " && openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr "
-      "-subj /CN=localhost"
-      " && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > san.ext"
-      " && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
-      "-out server.pem -days 2 -extfile san.ext"
-      " && openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr "
-      "-subj /CN=tw-client"
-      " && openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
-      "-out client.pem -days 2";
-  std::string out;
-  const int rc = testing::RunCommand(cmd, "", &out);
-  INFO(out);
-  return rc == 0;
-}
-
 TEST_CASE("server: the auth matrix over TLS - and mutual TLS", "[server][auth][tls]") {
   TempDir dir;
-  REQUIRE(MakeCerts(dir));
+  std::string certs_log;
+  const bool made = testing::MakeCerts(dir, &certs_log);
+  INFO(certs_log);
+  REQUIRE(made);
   ServerOptions o;
   o.tokens_file = WriteTokens(dir);
   o.tls_cert_file = dir.File("server.pem");

@@ -249,4 +249,21 @@ int RunCommand(const std::string& command, const std::string& input, std::string
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+bool MakeCerts(const TempDir& d, std::string* output) {
+  const std::string cmd =
+      "cd " + d.path() +
+      " && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 "
+      "-subj /CN=tw-test-ca"
+      " && openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr "
+      "-subj /CN=localhost"
+      " && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > san.ext"
+      " && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+      "-out server.pem -days 2 -extfile san.ext"
+      " && openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr "
+      "-subj /CN=tw-client"
+      " && openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+      "-out client.pem -days 2";
+  return RunCommand(cmd, "", output) == 0;
+}
+
 }  // namespace trainwatch::testing

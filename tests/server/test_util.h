@@ -112,6 +112,12 @@ std::string HttpGet(int port, const std::string& path);
 // code, with everything it printed in *output.
 int RunCommand(const std::string& command, const std::string& input, std::string* output);
 
+// In `d`, with the openssl command line: a CA (ca.pem, ca.key), a server
+// certificate for 127.0.0.1 and localhost (server.pem, server.key) and a
+// client certificate (client.pem, client.key), all signed by the CA. False
+// on failure, openssl's output in *output.
+bool MakeCerts(const TempDir& d, std::string* output);
+
 }  // namespace trainwatch::testing
 
 #endif  // TRAINWATCH_TESTS_SERVER_TEST_UTIL_H_

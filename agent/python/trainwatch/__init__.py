@@ -46,14 +46,19 @@ class Agent(_NativeAgent):
     reduce: for world_size > 1, a callable (sums, maxes) -> (sums, maxes)
         running the job's all-reduce (see trainwatch.torch.distributed_reduce).
     rules: thresholds overriding the defaults, e.g. {"warmup_steps": 100}.
+    ca_file: TLS to the server, trusting this CA (PEM); cert_file and key_file,
+        together: mutual TLS, for a trainwatchd started with --tls_client_ca.
+        Each unset falls back to TRAINWATCH_CA_FILE / _CERT_FILE / _KEY_FILE;
+        a missing file or a cert without its key raises ValueError naming it.
     """
 
     def __init__(self, server="", run_id="", rank=0, world_size=1, token=None, spill_dir=None,
-                 rules=None, reduce=None):
+                 rules=None, reduce=None, ca_file=None, cert_file=None, key_file=None):
         super().__init__(server=server, run_id=run_id, rank=rank, world_size=world_size,
                          token=token, spill_dir=spill_dir,
                          rules_json=None if rules is None else _json.dumps(rules),
-                         reduce=reduce)
+                         reduce=reduce, ca_file=ca_file, cert_file=cert_file,
+                         key_file=key_file)
 
     def __enter__(self):
         return self

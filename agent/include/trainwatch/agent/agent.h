@@ -45,6 +45,13 @@ struct AgentConfig {
   std::string run_id = "default";  // Env: TRAINWATCH_RUN_ID
   std::string token;               // Env: TRAINWATCH_TOKEN
   std::string ca_file;             // TLS to the server; Env: TRAINWATCH_CA_FILE
+  // Mutual TLS, for a trainwatchd started with --tls_client_ca: this
+  // client's certificate chain and private key (PEM), given together. Env:
+  // TRAINWATCH_CERT_FILE, TRAINWATCH_KEY_FILE. Create() reads every TLS file
+  // first: a missing or non-PEM one, or a cert without its key, is an error
+  // naming it.
+  std::string cert_file;
+  std::string key_file;
   core::RuleConfig rules;
   // Records waiting for a durable ack, in memory; past this they spill.
   size_t memory_records = 16384;

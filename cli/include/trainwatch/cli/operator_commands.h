@@ -2,13 +2,18 @@
 // and the terminal charts the commands draw. Each command is a class of its
 // own in cli/src (command.h, commands.h); `twctl help` lists them.
 //
-// Connection, as kubectl and amtool users expect: --server and --token
-// flags, else TRAINWATCH_SERVER and TRAINWATCH_TOKEN, else the config file
-// ($TWCTL_CONFIG or ~/.config/trainwatch/twctl.json: {"server", "token",
-// "ca_file"}), else 127.0.0.1:7070. Output: -o table (default) or -o json
-// (one JSON object: the API response in the proto3 JSON mapping of its
-// trainwatch.v1 message). Errors go to stderr. Exit codes: 0 ok, 1 error,
-// 2 usage, 3 refused by the server's state (FAILED_PRECONDITION).
+// Connection, as kubectl and amtool users expect: the --server, --token,
+// --ca-file, --cert and --key flags, else TRAINWATCH_SERVER, _TOKEN,
+// _CA_FILE, _CERT_FILE and _KEY_FILE, else the config file ($TWCTL_CONFIG
+// or ~/.config/trainwatch/twctl.json: {"server", "token", "ca_file",
+// "cert_file", "key_file"}, strings; a malformed file is an error naming it),
+// else 127.0.0.1:7070. --cert and --key (mutual TLS) go together. Output:
+// -o table (default) or -o json (one JSON object: the API response in the
+// proto3 JSON mapping of its trainwatch.v1 message). Everything printed has
+// its control characters escaped (TerminalSafe). Errors go to stderr. Exit
+// codes: 0 ok, 1 error, 2 usage (also a malformed config file or a TLS file
+// that cannot be read, before connecting), 3 refused by the server's state
+// (FAILED_PRECONDITION).
 
 #ifndef TRAINWATCH_CLI_OPERATOR_COMMANDS_H_
 #define TRAINWATCH_CLI_OPERATOR_COMMANDS_H_

@@ -2,6 +2,27 @@
 // ("Stability Tricks in Large-Scale Training", 5.2.2) except where the
 // chapter's literal rule contradicts its own worked examples; each such
 // place says what was changed and why.
+//
+// Bounds. Every field has a largest value Validate accepts (`twctl replay
+// --print-config` prints them all under "bounds"): step counts and spans
+// 10,000,000, thresholds in nats, ratios and z-scores 1e6, fractions and
+// z_loss_alpha_recommended 1, activation levels the largest float. The fields
+// that size a run's windows are bounded tighter, so that no valid
+// configuration costs one run's engine more than kRuleMemoryBudgetBytes
+// (each line: the bound x the bytes each unit holds):
+//   median_window_steps        500,000 x 32 B (a slot, its heap index) = 16.0 MB
+//   logz_rise_window_steps     100,000 x 16 B (a sliding-min slot)     =  1.6 MB
+//   logz_drift_window_steps    500,000 x 16 B                          =  8.0 MB
+//   transient_baseline_records 100,000 x 64 B (two medians)            =  6.4 MB
+//   transient_window_records   100,000 x 16 B                          =  1.6 MB
+//   shard_history_steps *
+//     max_shards_per_step      kMaxShardSlots (1,048,576) x 8 B       =  8.4 MB
+//   shard_history_steps        100,000 x 16 B (its step entry)         =  1.6 MB
+//   warn_logz_rising_steps /
+//     logz_bucket_steps        kMaxLogzBuckets (10,000) x 40 B         =  0.4 MB
+//   checkpoints_retained       1,000 x 40 B (and each uri's bytes)     =  0.04 MB
+// about 44 MB in all; the other fields size nothing. (max_event_shards,
+// 65,536, bounds one event's shard list, 512 KB.)
 
 #ifndef TRAINWATCH_CORE_CONFIG_H_
 #define TRAINWATCH_CORE_CONFIG_H_
@@ -136,16 +157,29 @@ struct RuleConfig {
   int64_t shard_steps_before_onset = 2;
 };
 
-// Checks ranges and relations (positive windows, ordered thresholds).
+// What one run's rule engine may hold at most for any valid configuration
+// (RuleEngine::MemoryBytes(), checkpoint uris aside): see "Bounds" above.
+inline constexpr int64_t kRuleMemoryBudgetBytes = int64_t{64} << 20;
+// The shard-id slots a run keeps: shard_history_steps * max_shards_per_step.
+inline constexpr int64_t kMaxShardSlots = int64_t{1} << 20;
+// The log_z buckets a run keeps: warn_logz_rising_steps / logz_bucket_steps.
+inline constexpr int64_t kMaxLogzBuckets = 10'000;
+
+// Checks ranges, bounds and relations (positive windows, ordered
+// thresholds). An out-of-bound value is an error naming the field, the value
+// and the bound.
 absl::Status Validate(const RuleConfig& config);
 
 // Reads a JSON object whose keys are RuleConfig's field names; keys not
-// given keep their defaults, unknown keys are an error. `source` names the
+// given keep their defaults, unknown keys are an error. A "bounds" object
+// (what RuleConfigToJson prints) is read past, so printed output reads back. `source` names the
 // input in error messages ("thresholds.json").
 absl::StatusOr<RuleConfig> ParseRuleConfigJson(absl::string_view json,
                                                absl::string_view source);
 
-// Every field as JSON, for `twctl replay --print-config` and the server.
+// Every field as JSON, for `twctl replay --print-config`, followed by a
+// "bounds" object: each field's largest value, the two products bounded
+// together, and kRuleMemoryBudgetBytes.
 std::string RuleConfigToJson(const RuleConfig& config);
 
 }  // namespace trainwatch::core

@@ -113,12 +113,14 @@ void Child::Kill() {
   pid_ = pgid_ = -1;
 }
 
-Trainwatchd::Trainwatchd(const TempDir& dir, const std::string& rules, const std::string& pager)
+Trainwatchd::Trainwatchd(const TempDir& dir, const std::string& rules, const std::string& pager,
+                         const std::vector<std::string>& flags)
     : db_(dir.File("trainwatch.db")) {
   std::vector<std::string> argv = {
       TRAINWATCHD_PATH, "--listen", "127.0.0.1:0", "--metrics_listen", "127.0.0.1:0", "--db", db_};
   if (!rules.empty()) argv.insert(argv.end(), {"--rules", rules});
   if (!pager.empty()) argv.insert(argv.end(), {"--pager_config", pager});
+  argv.insert(argv.end(), flags.begin(), flags.end());
   const std::string log = dir.File("trainwatchd.log");
   child_ = std::make_unique<Child>(argv, log);
   // The ports it chose, from its log.

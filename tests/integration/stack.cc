@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sqlite3.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -111,6 +112,20 @@ void Child::Kill() {
   if (pgid_ > 0) kill(-pgid_, SIGKILL);
   if (pid_ > 0) waitpid(pid_, nullptr, 0);
   pid_ = pgid_ = -1;
+}
+
+int64_t QueryInt(const std::string& db, const std::string& sql) {
+  sqlite3* h = nullptr;
+  REQUIRE(sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK);
+  sqlite3_busy_timeout(h, 5000);
+  sqlite3_stmt* st = nullptr;
+  INFO(sql);
+  REQUIRE(sqlite3_prepare_v2(h, sql.c_str(), -1, &st, nullptr) == SQLITE_OK);
+  int64_t n = -1;
+  if (sqlite3_step(st) == SQLITE_ROW) n = sqlite3_column_int64(st, 0);
+  sqlite3_finalize(st);
+  sqlite3_close(h);
+  return n;
 }
 
 Trainwatchd::Trainwatchd(const TempDir& dir, const std::string& rules, const std::string& pager,

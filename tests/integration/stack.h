@@ -9,6 +9,7 @@
 #include <grpcpp/grpcpp.h>
 #include <sys/types.h>
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -42,6 +43,10 @@ class Child {
   pid_t pgid_ = -1;
   int status_ = -1;
 };
+
+// The first column of the first row of `sql` on the database at `db`, read
+// on a connection of its own (-1 when no row).
+int64_t QueryInt(const std::string& db, const std::string& sql);
 
 // trainwatchd with its database in `dir` (a restart in the same folder finds
 // it again), optional rules and pager config, and any further `flags` (a

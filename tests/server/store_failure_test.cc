@@ -162,6 +162,13 @@ class RawDb {
   sqlite3* db_ = nullptr;
 };
 
+// A busy timeout short enough for a test to outlast.
+StoreOptions ShortBusyTimeout() {
+  StoreOptions options;
+  options.busy_timeout_ms = 20;
+  return options;
+}
+
 // Streams 1,000 steps: 0..399 with the store working, 400..699 (the NaN at
 // 500) after `fail()`, the rest after `restore()`; then checks the store
 // against what the agent saw acknowledged, after a restart.
@@ -243,7 +250,7 @@ TEST_CASE("store failure: disk full (the database quota) - acked equals stored -
   const std::string db = dir.File("tw.db");
   StoreOptions options;
   options.max_bytes = 1 << 20;
-  RawDb other(db + "");
+  RawDb other(db);
   StreamThroughFailure(
       db, options,
       [&] {
@@ -260,11 +267,9 @@ TEST_CASE("store failure: a write lock held past the busy timeout - acked equals
           "[server][durability]") {
   testing::TempDir dir;
   const std::string db = dir.File("tw.db");
-  StoreOptions options;
-  options.busy_timeout_ms = 20;
   RawDb other(db);
   StreamThroughFailure(
-      db, options, [&] { other.Exec("BEGIN IMMEDIATE"); }, [&] { other.Exec("ROLLBACK"); });
+      db, ShortBusyTimeout(), [&] { other.Exec("BEGIN IMMEDIATE"); }, [&] { other.Exec("ROLLBACK"); });
 }
 
 // ---- an I/O error: the default VFS, its writes failing on demand
@@ -369,11 +374,9 @@ TEST_CASE("store failure: a decision that cannot be recorded is refused - not ap
           "[server][durability]") {
   testing::TempDir dir;
   const std::string db = dir.File("tw.db");
-  StoreOptions options;
-  options.busy_timeout_ms = 20;
   testing::FakeClock clock;
   RecordingListener listener;
-  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(db, options);
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(db, ShortBusyTimeout());
   REQUIRE(store.ok());
   Ingestor ingestor(store->get(), IngestOptions{}, &clock);
   ingestor.SetListener(&listener);

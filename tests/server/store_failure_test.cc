@@ -22,6 +22,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "absl/strings/match.h"
 #include "ingest.h"
 #include "store.h"
 #include "test_util.h"
@@ -366,6 +367,41 @@ TEST_CASE("store failure: an I/O error on every write - acked equals stored - th
   StreamThroughFailure(
       dir.File("tw.db"), StoreOptions{}, [] { g_fail_writes = true; },
       [] { g_fail_writes = false; });
+}
+
+TEST_CASE("store failure: the quota - full is a clear error - a negative one is refused",
+          "[server][durability]") {
+  testing::TempDir dir;
+  const std::string db = dir.File("tw.db");
+  StoreOptions options;
+  options.max_bytes = 1;  // no page beyond the file's size
+  // A new database has no room for its schema.
+  const absl::Status fresh = Store::Open(db, options).status();
+  INFO(fresh);
+  CHECK(absl::StrContains(fresh.message(), "database or disk is full"));
+  REQUIRE(Store::Open(db).ok());  // migrated, without the quota
+  {
+    absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(db, options);
+    REQUIRE(store.ok());
+    WriteBatch b;
+    for (int64_t s = 0; s < 2000; ++s) {
+      WriteBatch::Step row;
+      row.run_id = kRun;
+      row.step.step = s;
+      b.steps.push_back(row);
+    }
+    const absl::Status st = (*store)->Write(b);
+    CHECK(absl::StrContains(st.message(), "database or disk is full"));
+  }
+  StoreOptions negative;
+  negative.max_bytes = -1;
+  CHECK(Store::Open(db, negative).status().code() == absl::StatusCode::kInvalidArgument);
+  std::string out;
+  const int rc = testing::RunCommand(std::string(TRAINWATCHD_PATH) + " --db " + db +
+                                         " --db_max_bytes=-5 --listen 127.0.0.1:0",
+                                     "", &out);
+  CHECK(rc == 2);
+  CHECK(out.find("--db_max_bytes must be >= 0") != std::string::npos);
 }
 
 // A decision queued while the store fails is answered with an error, and

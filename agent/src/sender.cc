@@ -128,6 +128,7 @@ void Sender::FillStats(AgentStats* s) const {
 void Sender::Close(int timeout_ms) {
   if (!pump_.joinable() && !writer_.joinable()) return;
   Drain();
+  std::string warning;
   {
     absl::MutexLock lock(&mu_);
     auto flushed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -141,11 +142,23 @@ void Sender::Close(int timeout_ms) {
         if (e.step > durable_) spill_->Append(e.step, e.message->SerializeAsString()).IgnoreError();
       }
       memory_.clear();
+    } else if (!memory_.empty()) {
+      // Without a spill folder they are gone with the process: say so, once,
+      // with the count, rather than lose them without a word.
+      dropped_ += static_cast<int64_t>(memory_.size());
+      warning = absl::StrCat(
+          "trainwatch agent (run ", origin_.run_id, ", rank ", origin_.rank, "): closing with ",
+          memory_.size(), " records not acknowledged by trainwatchd at ",
+          config_.server_address, " (steps ", memory_.front().step, "..", memory_.back().step,
+          ", last durable step ", durable_,
+          "); they are lost. Set TRAINWATCH_SPILL_DIR (AgentConfig::spill_dir) to keep "
+          "them for the next start, or give Close() more time.\n");
     }
     if (ctx_ != nullptr) ctx_->TryCancel();
   }
   if (pump_.joinable()) pump_.join();
   if (writer_.joinable()) writer_.join();
+  if (!warning.empty()) std::fputs(warning.c_str(), stderr);
 }
 
 // ------------------------------------------------------------------ pump

@@ -169,18 +169,21 @@ void AgentStream::OnWriteDone(bool ok) {
   Deliver(session_);
 }
 
-void AgentStream::FinishWhenIdle(grpc::Status status) {
+void AgentStream::FinishWhenIdle(const std::shared_ptr<Session>& s, grpc::Status status) {
+  AgentStream* reactor = nullptr;
   {
-    absl::MutexLock lock(&session_->mu);
-    if (session_->done || session_->finish_pending) return;
-    if (session_->writing) {
-      session_->finish_pending = true;
-      session_->finish_status = std::move(status);
+    absl::MutexLock lock(&s->mu);
+    if (s->done || s->finish_pending) return;
+    if (s->writing) {
+      s->finish_pending = true;
+      s->finish_status = std::move(status);
       return;
     }
-    session_->done = true;
+    // Not done, so not finished: the reactor lives until this Finish.
+    s->done = true;
+    reactor = s->reactor;
   }
-  Finish(status);
+  if (reactor != nullptr) reactor->Finish(status);
 }
 
 void AgentStream::OnDone() {

@@ -9,6 +9,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
+#include <utility>
 
 #include "service_state.h"
 #include "trainwatch/v1/agent.grpc.pb.h"
@@ -25,8 +26,9 @@ class AgentStream : public grpc::ServerBidiReactor<trainwatch::v1::AgentMessage,
 
   // Queues acks and starts a write if none is in flight. Any thread.
   static void Deliver(const std::shared_ptr<Session>& s);
-  // Ends the stream once no write is in flight.
-  void FinishWhenIdle(grpc::Status status);
+  // Ends the stream once no write is in flight. Any thread.
+  static void FinishWhenIdle(const std::shared_ptr<Session>& s, grpc::Status status);
+  void FinishWhenIdle(grpc::Status status) { FinishWhenIdle(session_, std::move(status)); }
 
  private:
   absl::Status Validate(const trainwatch::v1::AgentMessage& m);

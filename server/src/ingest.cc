@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <utility>
 
 #include "log.h"
@@ -212,8 +213,24 @@ void Ingestor::Loop() {
 
 void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
   const int64_t now = clock_->NowMs();
+  for (auto it = ended_streams_.begin(); it != ended_streams_.end();) {
+    it = now - it->second > 60'000 ? ended_streams_.erase(it) : std::next(it);
+  }
+  if (!carried_.empty()) {
+    items.insert(items.begin(), std::make_move_iterator(carried_.begin()),
+                 std::make_move_iterator(carried_.end()));
+    carried_.clear();
+  }
+  // No run's state may be used while it could still hold a failed batch.
+  if (absl::Status st = RebuildStaleRuns(); !st.ok()) {
+    FailBatch(items, st, now);
+    return;
+  }
   int64_t oldest_ms = now;
   for (IngestItem& item : items) {
+    // The agent re-sends these, after its last acknowledged step: taken
+    // now, they would be evaluated ahead of the lost ones.
+    if (item.message.has_step_report() && ended_streams_.count(item.stream_id) > 0) continue;
     oldest_ms = std::min(oldest_ms, item.received_ms);
     Handle(item, now);
   }
@@ -248,22 +265,11 @@ void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
     stats_.last_lag_ms = clock_->NowMs() - oldest_ms;
     if (!st.ok()) stats_.store_errors_total++;
   }
-  batch_.clear();
   if (!st.ok()) {
-    // Nothing of this batch is acknowledged: agents keep the records and send
-    // them again after a reconnect.
-    LOG(ERROR) << "store write failed, batch not acknowledged: " << st;
-    acks_.clear();
-    changed_incidents_.clear();
-    outgoing_.clear();
-    for (auto& [done, out] : answers_) {
-      out.status = absl::UnavailableError(
-          absl::StrCat("the decision could not be recorded: ", st.message()));
-      done(out);
-    }
-    answers_.clear();
+    FailBatch(items, st, now);
     return;
   }
+  batch_.clear();
   // What a client learns from an ack or an answer must already be visible
   // in the snapshot (metrics, run status).
   PublishSnapshot();

@@ -4,6 +4,26 @@
 // its episodes), writes the batch to the store in one transaction, and only
 // then tells the streams which steps are durable.
 //
+// The invariant: a record is acknowledged only once it is durable, and a
+// run's in-memory state only ever reflects durable records. When a batch's
+// transaction fails (disk full, the --db_max_bytes quota, an I/O error, a
+// lock held past the busy timeout):
+//   - nothing of it is acknowledged, and every run it touched is rebuilt
+//     from the store (RecoverRun, as at a restart), so the engine, the
+//     aggregation and the incidents forget the batch;
+//   - every stream with a message in it is ended with UNAVAILABLE (the
+//     listener's OnStreamFailed), and step reports still queued from such a
+//     stream are dropped: its agent reconnects and re-sends everything after
+//     its last acknowledged step, in order, so a NaN in the lost batch is
+//     evaluated again and opens its incident;
+//   - checkpoints and command acks (which agents send once and never again)
+//     are kept and retried with the next batch;
+//   - a decision in it is answered UNAVAILABLE, its command not sent;
+//   - its pages never reach the outbox (same transaction); they are made
+//     again when the re-sent records reopen the incident.
+// While a rebuild itself fails (the store cannot even be read), every batch
+// and decision is refused the same way until it succeeds.
+//
 // Per-run modes, fixed by the run's first step report:
 //   global: rank 0 streams the reduced record (REPORT_SCOPE_GLOBAL); other
 //           ranks' reports are rank-specific extras, stored but not merged.
@@ -25,6 +45,7 @@
 #include <map>
 #include <optional>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -62,6 +83,11 @@ class IngestListener {
   // `run_id`, or only for `stream_id` when it is not 0.
   virtual void OnServerMessage(const std::string& run_id, uint64_t stream_id,
                                const std::string& serialized) = 0;
+  // The store failed a batch holding messages from `stream_id`: end that
+  // stream with `status` (UNAVAILABLE, retryable) so that its agent
+  // reconnects and re-sends what was not acknowledged. No ack may reach the
+  // stream after this call.
+  virtual void OnStreamFailed(uint64_t stream_id, const absl::Status& status) = 0;
 };
 
 struct DecisionOutcome {
@@ -165,6 +191,12 @@ class Ingestor {
 
   void Loop();
   void ProcessBatch(std::vector<IngestItem>& items);
+  // The failure path of ProcessBatch (see the invariant above): the runs
+  // the batch touched are rebuilt, the streams of `items` ended, control
+  // messages kept for the next batch.
+  void FailBatch(std::vector<IngestItem>& items, const absl::Status& st, int64_t now);
+  // Rebuilds the runs in stale_runs_ from the store; OK when none is left.
+  absl::Status RebuildStaleRuns();
   absl::Status RecoverRun(const RunRow& row);
   RunState* RunFor(const std::string& run_id, int32_t world_size, int64_t now);
   void Handle(IngestItem& item, int64_t now);
@@ -212,6 +244,17 @@ class Ingestor {
   // (stream, run, rank) -> highest step in this batch, for acks.
   std::map<std::tuple<uint64_t, std::string, int32_t>, int64_t> acks_;
   std::vector<std::pair<IncidentRow, IncidentChange>> changed_incidents_;
+  // Runs whose in-memory state may hold a failed batch's effects, until
+  // rebuilt from the store.
+  std::set<std::string> stale_runs_;
+  // Streams ended after a failed batch -> when; their step reports still in
+  // the queue are dropped (the agent re-sends them in order). Kept a minute:
+  // an ended stream delivers at most the one read already under way.
+  std::map<uint64_t, int64_t> ended_streams_;
+  // Checkpoints and command acks of failed batches (stream 0), retried
+  // first in the next one: agents send them once. Few: one per checkpoint
+  // or rollback per rank while the store fails.
+  std::vector<IngestItem> carried_;
 
   mutable absl::Mutex snap_mu_;
   std::vector<RunSnapshot> snapshot_ ABSL_GUARDED_BY(snap_mu_);

@@ -87,7 +87,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                       "stream records and read incidents. Use --tokens. ***";
     }
   }
-  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options.db_path);
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options.db_path, options.store);
   if (!store.ok()) return store.status();
   impl->store = *std::move(store);
   PagerConfig pager_config;

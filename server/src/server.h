@@ -35,6 +35,7 @@ struct ServerOptions {
   std::string grafana_url;
   // Pager receivers (JSON, see pager.h); empty: no pages.
   std::string pager_config_file;
+  StoreOptions store;  // the database quota, the busy timeout
   IngestOptions ingest;
 };
 

@@ -37,6 +37,17 @@ void ServiceState::OnDurable(uint64_t stream_id, const std::string& run_id, int3
   AgentStream::Deliver(s);
 }
 
+void ServiceState::OnStreamFailed(uint64_t stream_id, const absl::Status& status) {
+  std::shared_ptr<Session> s;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(stream_id);
+    if (it == sessions_.end()) return;  // gone already: the agent reconnects anyway
+    s = it->second;
+  }
+  AgentStream::FinishWhenIdle(s, ToGrpc(status));
+}
+
 void ServiceState::OnServerMessage(const std::string& run_id, uint64_t stream_id,
                                  const std::string& serialized) {
   std::vector<std::shared_ptr<Session>> targets;

@@ -120,6 +120,7 @@ class ServiceState : public IngestListener {
   void OnIncident(const IncidentRow& incident, IncidentChange change) override;
   void OnServerMessage(const std::string& run_id, uint64_t stream_id,
                        const std::string& serialized) override;
+  void OnStreamFailed(uint64_t stream_id, const absl::Status& status) override;
 
   // Watchers of incident changes.
   void AddWatcher(IncidentWatcher* w) {

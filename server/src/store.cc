@@ -2,6 +2,7 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -16,7 +17,7 @@ namespace trainwatch::server {
 
 namespace {
 
-absl::StatusOr<sqlite3*> OpenConnection(const std::string& path) {
+absl::StatusOr<sqlite3*> OpenConnection(const std::string& path, const StoreOptions& options) {
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db,
                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
@@ -26,12 +27,31 @@ absl::StatusOr<sqlite3*> OpenConnection(const std::string& path) {
     sqlite3_close(db);
     return s;
   }
-  sqlite3_busy_timeout(db, 5000);
+  sqlite3_busy_timeout(db, options.busy_timeout_ms);
   // WAL: readers never block the writer. synchronous=FULL: a commit is on
   // disk when it returns, which is what an acknowledgement promises.
   for (const char* pragma : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL",
                              "PRAGMA foreign_keys=ON", "PRAGMA temp_store=MEMORY"}) {
     if (absl::Status s = Exec(db, pragma); !s.ok()) {
+      sqlite3_close(db);
+      return s;
+    }
+  }
+  if (options.max_bytes > 0) {
+    // Per connection, not stored in the file: the quota is the flag's,
+    // checked again at every start.
+    absl::StatusOr<int64_t> page_size;
+    {
+      SqlStatement q(db, "PRAGMA page_size");
+      page_size = QueryInt(q);
+    }
+    absl::Status s = page_size.status();
+    if (s.ok()) {
+      const int64_t pages =
+          std::max<int64_t>(1, options.max_bytes / std::max<int64_t>(1, *page_size));
+      s = Exec(db, absl::StrCat("PRAGMA max_page_count=", pages).c_str());
+    }
+    if (!s.ok()) {
       sqlite3_close(db);
       return s;
     }
@@ -56,13 +76,22 @@ void WriteBatch::clear() {
   outbox.clear();
 }
 
-absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
+absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
+                                                   const StoreOptions& options) {
+  if (options.max_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("database quota must be >= 0 bytes (0: none), got ", options.max_bytes));
+  }
+  if (options.busy_timeout_ms < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("busy timeout must be >= 0 ms, got ", options.busy_timeout_ms));
+  }
   std::unique_ptr<Store> store(new Store());
-  absl::StatusOr<sqlite3*> db = OpenConnection(path);
+  absl::StatusOr<sqlite3*> db = OpenConnection(path, options);
   if (!db.ok()) return db.status();
   store->db_ = *db;
   if (absl::Status s = store->Migrate(); !s.ok()) return s;
-  absl::StatusOr<sqlite3*> rdb = OpenConnection(path);
+  absl::StatusOr<sqlite3*> rdb = OpenConnection(path, options);
   if (!rdb.ok()) return rdb.status();
   absl::MutexLock lock(&store->read_mu_);
   store->read_db_ = *rdb;

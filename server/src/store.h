@@ -219,10 +219,23 @@ struct IncidentFilter {
   int limit = 100;
 };
 
+struct StoreOptions {
+  // A quota on the database file (PRAGMA max_page_count on every
+  // connection): past it a write fails as on a full disk (SQLITE_FULL), the
+  // batch is not acknowledged and the agents re-send it later (ingest.h).
+  // 0: no quota. A quota below the file's current size holds it at that
+  // size.
+  int64_t max_bytes = 0;
+  // How long a write waits for another connection's lock before it fails
+  // (SQLITE_BUSY, handled like any store error).
+  int busy_timeout_ms = 5000;
+};
+
 class Store {
  public:
   // Opens (creating if needed) and migrates the database at `path`.
-  static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path,
+                                                     const StoreOptions& options = {});
   ~Store();
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;

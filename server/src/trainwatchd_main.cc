@@ -28,6 +28,10 @@ ABSL_FLAG(std::string, rules, "", "rule thresholds (JSON, as `twctl replay --pri
 ABSL_FLAG(int, max_message_bytes, 4 << 20, "largest message accepted");
 ABSL_FLAG(int, aggregation_timeout_ms, 30000,
           "per-rank records: complete a step without the missing ranks after this long");
+ABSL_FLAG(int64_t, db_max_bytes, 0,
+          "quota on the database file in bytes (SQLite max_page_count); past it writes fail "
+          "as on a full disk: nothing is acknowledged, agents keep their records and re-send "
+          "them once space is freed or the quota raised. 0: no quota");
 ABSL_FLAG(std::string, grafana_url, "", "Grafana dashboard URL, for links in pages");
 ABSL_FLAG(std::string, pager_config, "",
           "pager receivers (JSON: alertmanager, pagerduty, slack, webhook); empty: no pages");
@@ -60,6 +64,12 @@ int main(int argc, char** argv) {
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.grafana_url = absl::GetFlag(FLAGS_grafana_url);
   o.pager_config_file = absl::GetFlag(FLAGS_pager_config);
+  o.store.max_bytes = absl::GetFlag(FLAGS_db_max_bytes);
+  if (o.store.max_bytes < 0) {
+    std::fprintf(stderr, "trainwatchd: --db_max_bytes must be >= 0 (0: no quota), got %lld\n",
+                 static_cast<long long>(o.store.max_bytes));
+    return 2;
+  }
   o.ingest.aggregation_timeout_ms = absl::GetFlag(FLAGS_aggregation_timeout_ms);
   if (const std::string rules = absl::GetFlag(FLAGS_rules); !rules.empty()) {
     absl::StatusOr<std::string> text = trainwatch::core::LocalFileSystem().ReadFile(rules);

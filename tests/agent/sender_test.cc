@@ -4,13 +4,18 @@
 
 #include "sender.h"
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
+#include <string>
 #include <limits>
 #include <memory>
 
 #include <catch2/catch.hpp>
 
 #include "fake_trainwatchd.h"
+#include "spill.h"
 #include "test_util.h"
 #include "testing/fake_clock.h"
 #include "testing/wait.h"
@@ -68,6 +73,52 @@ TEST_CASE("sender: records reach the server and are acknowledged", "[agent][send
   CHECK(st.unacked == 0);
   CHECK(st.connected);
   sender.Close(1000);
+}
+
+// What `fn` writes to stderr (the file descriptor, as the sender writes it).
+template <typename Fn>
+std::string StderrOf(Fn fn) {
+  trainwatch::testing::TempDir dir;
+  const std::string path = dir.File("stderr");
+  std::fflush(stderr);
+  const int saved = dup(2);
+  FILE* f = std::fopen(path.c_str(), "w");
+  REQUIRE(f != nullptr);
+  dup2(fileno(f), 2);
+  fn();
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  std::fclose(f);
+  return trainwatch::testing::ReadFile(path);
+}
+
+TEST_CASE("sender: closing with unacknowledged records and no spill folder warns with the count",
+          "[agent][sender]") {
+  // Nothing listens on the port: no record is ever acknowledged.
+  Sender sender(Config(FreePort()), kOrigin, nullptr);
+  sender.Start();
+  for (int64_t s = 0; s < 7; ++s) Push(sender, s);
+  const std::string err = StderrOf([&] { sender.Close(50); });
+  INFO(err);
+  CHECK(err.find("closing with 7 records not acknowledged") != std::string::npos);
+  CHECK(err.find("steps 0..6") != std::string::npos);
+  CHECK(err.find("TRAINWATCH_SPILL_DIR") != std::string::npos);
+  CHECK(StatsOf(sender).records_dropped == 7);
+}
+
+TEST_CASE("sender: closing with a spill folder keeps the records without a warning",
+          "[agent][sender]") {
+  trainwatch::testing::TempDir dir;
+  auto spill = SpillStore::Open(dir.path(), "run-s.0", 1 << 20);
+  REQUIRE(spill.ok());
+  Sender sender(Config(FreePort()), kOrigin, *std::move(spill));
+  sender.Start();
+  for (int64_t s = 0; s < 7; ++s) Push(sender, s);
+  const std::string err = StderrOf([&] { sender.Close(50); });
+  CHECK(err.find("not acknowledged") == std::string::npos);
+  CHECK(StatsOf(sender).records_dropped == 0);
+  CHECK(StatsOf(sender).unacked == 7);
 }
 
 TEST_CASE("sender: a control message goes out - a command comes back", "[agent][sender]") {

@@ -24,25 +24,14 @@ namespace {
 namespace v1 = trainwatch::v1;
 using testing::Hello;
 using testing::HttpReceiver;
+using testing::QueryInt;
 using testing::Step;
 using testing::TempDir;
 using testing::TestAgent;
 using testing::Trainwatchd;
 
-int64_t Count(const std::string& db, const std::string& sql) {
-  sqlite3* h = nullptr;
-  REQUIRE(sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK);
-  sqlite3_stmt* st = nullptr;
-  REQUIRE(sqlite3_prepare_v2(h, sql.c_str(), -1, &st, nullptr) == SQLITE_OK);
-  int64_t n = -1;
-  if (sqlite3_step(st) == SQLITE_ROW) n = sqlite3_column_int64(st, 0);
-  sqlite3_finalize(st);
-  sqlite3_close(h);
-  return n;
-}
-
 bool WaitCount(const std::string& db, const std::string& sql, int64_t n) {
-  return testing::WaitUntil([&] { return Count(db, sql) >= n; }, std::chrono::seconds(10),
+  return testing::WaitUntil([&] { return QueryInt(db, sql) >= n; }, std::chrono::seconds(10),
                             std::chrono::milliseconds(20));
 }
 
@@ -82,7 +71,7 @@ TEST_CASE("crash: SIGKILL between every stage loses and doubles nothing", "[serv
   }
   CHECK(rx.requests().size() == 2);
   const int64_t incident =
-      Count(db, "SELECT id FROM incidents WHERE tier = 2 ORDER BY id LIMIT 1");
+      QueryInt(db, "SELECT id FROM incidents WHERE tier = 2 ORDER BY id LIMIT 1");
   REQUIRE(incident > 0);
   const std::string id = "I-" + std::to_string(incident);
   // Stage 3: the approval, then a kill.
@@ -101,8 +90,8 @@ TEST_CASE("crash: SIGKILL between every stage loses and doubles nothing", "[serv
     REQUIRE(WaitCount(db, "SELECT COUNT(*) FROM outbox WHERE state = 'sent'", 4));
     d.Kill();
   }
-  CHECK(Count(db, "SELECT COUNT(*) FROM decisions") == 1);
-  CHECK(Count(db, "SELECT COUNT(*) FROM commands") == 1);
+  CHECK(QueryInt(db, "SELECT COUNT(*) FROM decisions") == 1);
+  CHECK(QueryInt(db, "SELECT COUNT(*) FROM commands") == 1);
   // Stage 4: every rank gets the command after the restart and acknowledges.
   std::string command_id;
   {
@@ -139,10 +128,10 @@ TEST_CASE("crash: SIGKILL between every stage loses and doubles nothing", "[serv
     REQUIRE(WaitCount(db, "SELECT COUNT(*) FROM outbox WHERE state = 'sent'", 6));
     d.Kill();
   }
-  CHECK(Count(db, "SELECT state FROM incidents WHERE id = " + std::to_string(incident)) == 5);
-  CHECK(Count(db, "SELECT COUNT(*) FROM decisions") == 1);
-  CHECK(Count(db, "SELECT COUNT(*) FROM commands") == 1);
-  CHECK(Count(db, "SELECT COUNT(*) FROM command_acks") == 2);
+  CHECK(QueryInt(db, "SELECT state FROM incidents WHERE id = " + std::to_string(incident)) == 5);
+  CHECK(QueryInt(db, "SELECT COUNT(*) FROM decisions") == 1);
+  CHECK(QueryInt(db, "SELECT COUNT(*) FROM commands") == 1);
+  CHECK(QueryInt(db, "SELECT COUNT(*) FROM command_acks") == 2);
   // Each receiver: the trigger, the rollback under way, the resolution, once each.
   std::map<std::string, int> pages;
   for (const auto& r : rx.requests()) {

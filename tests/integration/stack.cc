@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sqlite3.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -113,12 +114,28 @@ void Child::Kill() {
   pid_ = pgid_ = -1;
 }
 
-Trainwatchd::Trainwatchd(const TempDir& dir, const std::string& rules, const std::string& pager)
+int64_t QueryInt(const std::string& db, const std::string& sql) {
+  sqlite3* h = nullptr;
+  REQUIRE(sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK);
+  sqlite3_busy_timeout(h, 5000);
+  sqlite3_stmt* st = nullptr;
+  INFO(sql);
+  REQUIRE(sqlite3_prepare_v2(h, sql.c_str(), -1, &st, nullptr) == SQLITE_OK);
+  int64_t n = -1;
+  if (sqlite3_step(st) == SQLITE_ROW) n = sqlite3_column_int64(st, 0);
+  sqlite3_finalize(st);
+  sqlite3_close(h);
+  return n;
+}
+
+Trainwatchd::Trainwatchd(const TempDir& dir, const std::string& rules, const std::string& pager,
+                         const std::vector<std::string>& flags)
     : db_(dir.File("trainwatch.db")) {
   std::vector<std::string> argv = {
       TRAINWATCHD_PATH, "--listen", "127.0.0.1:0", "--metrics_listen", "127.0.0.1:0", "--db", db_};
   if (!rules.empty()) argv.insert(argv.end(), {"--rules", rules});
   if (!pager.empty()) argv.insert(argv.end(), {"--pager_config", pager});
+  argv.insert(argv.end(), flags.begin(), flags.end());
   const std::string log = dir.File("trainwatchd.log");
   child_ = std::make_unique<Child>(argv, log);
   // The ports it chose, from its log.

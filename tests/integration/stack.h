@@ -9,6 +9,7 @@
 #include <grpcpp/grpcpp.h>
 #include <sys/types.h>
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -43,12 +44,18 @@ class Child {
   int status_ = -1;
 };
 
+// The first column of the first row of `sql` on the database at `db`, read
+// on a connection of its own (-1 when no row).
+int64_t QueryInt(const std::string& db, const std::string& sql);
+
 // trainwatchd with its database in `dir` (a restart in the same folder finds
-// it again) and optional rules and pager config; the ports it chose are read
+// it again), optional rules and pager config, and any further `flags` (a
+// later flag wins: "--listen" fixes the port); the ports it chose are read
 // from its first lines of output.
 class Trainwatchd {
  public:
-  Trainwatchd(const TempDir& dir, const std::string& rules, const std::string& pager);
+  Trainwatchd(const TempDir& dir, const std::string& rules, const std::string& pager,
+              const std::vector<std::string>& flags = {});
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }

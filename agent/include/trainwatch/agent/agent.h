@@ -56,7 +56,14 @@ struct AgentConfig {
   // Records waiting for a durable ack, in memory; past this they spill.
   size_t memory_records = 16384;
   // Spill folder (Env: TRAINWATCH_SPILL_DIR); empty: no spilling, the
-  // oldest unacknowledged records are dropped past memory_records.
+  // oldest unacknowledged records are dropped past memory_records, and those
+  // still unacknowledged at Close() are dropped with a warning on stderr
+  // giving their count. There is deliberately no default folder: a job of
+  // thousands of ranks would write up to spill_max_bytes each into whatever
+  // the default named (often a shared filesystem: 2,000 x 64 MB = 128 GB and
+  // heavy metadata load), nothing would clean it up after the job, and a
+  // later job started there would re-send another run's records. Point it at
+  // node-local scratch that the job's epilogue removes.
   std::string spill_dir;
   size_t spill_max_bytes = 64u << 20;
   // The lock-free hand-off between the step and the sender thread.
@@ -132,7 +139,9 @@ struct AgentStats {
   int64_t records_queued = 0;      // handed to the sender
   int64_t records_acked = 0;       // durable at the server
   int64_t records_spilled = 0;
-  int64_t records_dropped = 0;     // lost: memory and spill full, or ring full
+  // Lost: memory and spill full, ring full, or unacknowledged at Close()
+  // without a spill folder.
+  int64_t records_dropped = 0;
   int64_t reconnects = 0;
   int64_t durable_step = -1;
   bool connected = false;
@@ -178,7 +187,8 @@ class Agent {
   const core::StepOutcome& last_outcome() const;
   AgentStats Stats() const;
   // Waits up to `timeout_ms` for every record to be durable, then stops the
-  // background threads. Records not acknowledged stay in the spill folder.
+  // background threads. Records not acknowledged stay in the spill folder;
+  // without one they are lost, and a warning on stderr gives their count.
   void Close(int timeout_ms = 5000);
 
  private:

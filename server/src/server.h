@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "trainwatch/core/clock.h"
+#include "exporter.h"
 #include "ingest.h"
 
 namespace trainwatch::server {
@@ -36,6 +37,8 @@ struct ServerOptions {
   // Pager receivers (JSON, see pager.h); empty: no pages.
   std::string pager_config_file;
   IngestOptions ingest;
+  // What /metrics exports (stale runs, how many runs at most).
+  ExporterOptions metrics;
 };
 
 // True for addresses that stay on this machine (127.0.0.0/8, [::1],

@@ -36,6 +36,17 @@ const std::string& RunIdOf(const trainwatch::v1::AgentMessage& m) {
   }
 }
 
+// Every incident of the run, the ones not closed open again.
+absl::Status RestoreIncidents(Store* store, IncidentTracker* tracker, const std::string& run_id) {
+  IncidentFilter f;
+  f.run_id = run_id;
+  f.limit = 1 << 30;
+  absl::StatusOr<std::vector<IncidentRow>> inc = store->ListIncidents(f);
+  if (!inc.ok()) return inc.status();
+  tracker->Restore(*std::move(inc));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void Ingestor::ProcessInBatches(std::vector<IngestItem>& items) {
@@ -186,12 +197,7 @@ absl::StatusOr<Ingestor::RunState*> Ingestor::RecoverRun(const RunRow& row) {
   for (const CheckpointRow& c : *cks) rebuild.NoteCheckpoint(c.step, c.uri);
   const int64_t steps = rebuild.fed();
   r.engine = std::move(rebuild).Finish();
-  IncidentFilter f;
-  f.run_id = row.run_id;
-  f.limit = 1 << 30;
-  absl::StatusOr<std::vector<IncidentRow>> inc = store_->ListIncidents(f);
-  if (!inc.ok()) return inc.status();
-  r.incidents.Restore(std::move(*inc));
+  if (absl::Status st = RestoreIncidents(store_, &r.incidents, row.run_id); !st.ok()) return st;
   // A rollback under way or completed and being watched.
   std::vector<IncidentRow> rolling;
   for (const auto& [key, open] : r.incidents.open()) {
@@ -265,12 +271,7 @@ absl::StatusOr<RunSnapshot> Ingestor::StoredSnapshot(const RunRow& row) {
       row.run_id, row.attempt, static_cast<int>(core::Decision::kSkipUpdate));
   if (!skipped.ok()) return skipped.status();
   r.skipped_total = *skipped;
-  IncidentFilter f;
-  f.run_id = row.run_id;
-  f.limit = 1 << 30;
-  absl::StatusOr<std::vector<IncidentRow>> inc = store_->ListIncidents(f);
-  if (!inc.ok()) return inc.status();
-  r.incidents.Restore(std::move(*inc));
+  if (absl::Status st = RestoreIncidents(store_, &r.incidents, row.run_id); !st.ok()) return st;
   return SnapshotOf(r);
 }
 

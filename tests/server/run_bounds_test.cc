@@ -181,7 +181,7 @@ TEST_CASE("run bounds: a rollback completes on the smaller world the restarted j
   CHECK(s.row.world_size == 2);  // the new attempt's world
 }
 
-TEST_CASE("run bounds: 2,000 run ids with 16 in memory - evicted runs rebuilt on demand",
+TEST_CASE("run bounds: 2000 run ids with 16 in memory - evicted runs rebuilt on demand",
           "[server][bounds]") {
   IngestOptions options;
   options.max_runs_in_memory = 16;

@@ -1,14 +1,19 @@
 #include "exporter.h"
 
 #include <prometheus/client_metric.h>
+#include <prometheus/collectable.h>
 #include <prometheus/metric_family.h>
 #include <prometheus/metric_type.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <deque>
 #include <iterator>
 #include <string>
 #include <vector>
+
+#include "service_state.h"
 
 namespace trainwatch::server {
 
@@ -17,7 +22,7 @@ namespace {
 // Reads live state at scrape time: no shadow counters to keep in step.
 class Exporter : public prometheus::Collectable {
  public:
-  explicit Exporter(ServiceState* state) : state_(state) {}
+  Exporter(ServiceState* state, ExporterOptions options) : state_(state), options_(options) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     using prometheus::MetricFamily;
@@ -40,7 +45,8 @@ class Exporter : public prometheus::Collectable {
       }
       f.metric.push_back(std::move(m));
     };
-    const std::vector<RunSnapshot> runs = state_->ingestor()->Snapshot();
+    std::vector<RunSnapshot> runs = state_->ingestor()->Snapshot();
+    const size_t omitted = KeepExported(&runs);
     struct Gauge {
       const char* name;
       const char* help;
@@ -121,7 +127,30 @@ class Exporter : public prometheus::Collectable {
         add(f, {{"run", r.row.run_id}}, it == connected.end() ? 0.0 : double(it->second.size()));
       }
     }
+    add(family("trainwatch_metrics_runs_omitted",
+               "Runs left out of /metrics: seen too long ago, or beyond the most recent "
+               "--metrics_max_runs.",
+               MetricType::Gauge),
+        {}, double(omitted));
     const IngestStats st = state_->ingestor()->Stats();
+    add(family("trainwatch_runs_in_memory", "Runs holding their rule engine's state in memory.",
+               MetricType::Gauge),
+        {}, double(st.runs_in_memory));
+    add(family("trainwatch_runs_evicted_total",
+               "Idle runs evicted from memory (rebuilt from the store when they stream again).",
+               MetricType::Counter),
+        {}, double(st.runs_evicted_total));
+    add(family("trainwatch_runs_rebuilt_total", "Evicted runs rebuilt from the store.",
+               MetricType::Counter),
+        {}, double(st.runs_rebuilt_total));
+    add(family("trainwatch_command_acks_refused_total",
+               "Command acknowledgements refused: another run's command, or none under way.",
+               MetricType::Counter),
+        {}, double(st.refused_acks_total));
+    add(family("trainwatch_ingest_far_steps_total",
+               "Step reports too far ahead of their run: stored, not evaluated.",
+               MetricType::Counter),
+        {}, double(st.far_steps_total));
     add(family("trainwatch_ingest_records_total", "Step reports received.", MetricType::Counter),
         {}, double(st.records_total));
     add(family("trainwatch_ingest_duplicates_total",
@@ -159,13 +188,50 @@ class Exporter : public prometheus::Collectable {
   }
 
  private:
+  // Drops the runs not to export (stale, or beyond the most recent
+  // max_runs), keeping the rest in run id order; returns how many went.
+  size_t KeepExported(std::vector<RunSnapshot>* runs) const {
+    const size_t before = runs->size();
+    if (options_.stale_run_ms > 0) {
+      const int64_t oldest = state_->clock()->NowMs() - options_.stale_run_ms;
+      runs->erase(std::remove_if(runs->begin(), runs->end(),
+                                 [&](const RunSnapshot& r) { return r.row.last_seen_ms < oldest; }),
+                  runs->end());
+    }
+    if (runs->size() > options_.max_runs) {
+      std::vector<int64_t> seen;
+      seen.reserve(runs->size());
+      for (const RunSnapshot& r : *runs) seen.push_back(r.row.last_seen_ms);
+      // The max_runs-th most recent time; ties at it broken by run id order.
+      std::nth_element(seen.begin(), seen.begin() + (options_.max_runs - 1), seen.end(),
+                       std::greater<>());
+      const int64_t cut = seen[options_.max_runs - 1];
+      size_t newer = 0;
+      for (const RunSnapshot& r : *runs) newer += r.row.last_seen_ms > cut;
+      size_t ties = options_.max_runs - newer;
+      runs->erase(std::remove_if(runs->begin(), runs->end(),
+                                 [&](const RunSnapshot& r) {
+                                   if (r.row.last_seen_ms > cut) return false;
+                                   if (r.row.last_seen_ms == cut && ties > 0) {
+                                     --ties;
+                                     return false;
+                                   }
+                                   return true;
+                                 }),
+                  runs->end());
+    }
+    return before - runs->size();
+  }
+
   ServiceState* state_;
+  ExporterOptions options_;
 };
 
 }  // namespace
 
-std::shared_ptr<prometheus::Collectable> NewExporter(ServiceState* state) {
-  return std::make_shared<Exporter>(state);
+std::shared_ptr<prometheus::Collectable> NewExporter(ServiceState* state,
+                                                     ExporterOptions options) {
+  return std::make_shared<Exporter>(state, options);
 }
 
 }  // namespace trainwatch::server

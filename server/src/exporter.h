@@ -5,15 +5,35 @@
 #ifndef TRAINWATCH_SERVER_EXPORTER_H_
 #define TRAINWATCH_SERVER_EXPORTER_H_
 
-#include <prometheus/collectable.h>
-
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 
-#include "service_state.h"
+// Declared only: server.h carries ExporterOptions without prometheus-cpp's
+// headers.
+namespace prometheus {
+class Collectable;
+}  // namespace prometheus
 
 namespace trainwatch::server {
 
-std::shared_ptr<prometheus::Collectable> NewExporter(ServiceState* state);
+class ServiceState;
+
+// What keeps /metrics bounded however many run ids agents send: each run
+// exported has at most 18 series (the gauges, the incident counts by tier),
+// so a scrape has at most 18 * max_runs of them plus the server's own.
+struct ExporterOptions {
+  // A run not seen for this long leaves /metrics (it stays in the store and
+  // the operator API); trainwatchd --metrics_stale_run_s. 0: never.
+  int64_t stale_run_ms = 3'600'000;
+  // The most recently seen runs exported beyond that; the others are
+  // counted in trainwatch_metrics_runs_omitted. trainwatchd
+  // --metrics_max_runs.
+  size_t max_runs = 1000;
+};
+
+std::shared_ptr<prometheus::Collectable> NewExporter(ServiceState* state,
+                                                     ExporterOptions options = {});
 
 }  // namespace trainwatch::server
 

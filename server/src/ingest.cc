@@ -19,125 +19,6 @@ Ingestor::Ingestor(Store* store, const IngestOptions& options, core::Clock* cloc
 
 Ingestor::~Ingestor() { Stop(); }
 
-Ingestor::RunState* Ingestor::RunFor(const std::string& run_id, int32_t world_size,
-                                     int64_t now) {
-  auto it = runs_.find(run_id);
-  if (it == runs_.end()) {
-    RunRow row;
-    row.run_id = run_id;
-    row.world_size = std::max(1, world_size);
-    row.created_ms = now;
-    row.last_seen_ms = now;
-    auto rs = std::make_unique<RunState>(row);
-    rs->engine = std::make_unique<core::RuleEngine>(options_.rules);
-    rs->row_dirty = true;
-    it = runs_.emplace(run_id, std::move(rs)).first;
-  }
-  RunState& r = *it->second;
-  if (world_size > r.row.world_size) {
-    r.row.world_size = world_size;
-    r.row_dirty = true;
-  }
-  r.row.last_seen_ms = now;
-  return &r;
-}
-
-absl::Status Ingestor::Recover() {
-  absl::StatusOr<std::vector<RunRow>> runs = store_->LoadRuns();
-  if (!runs.ok()) return runs.status();
-  absl::StatusOr<int64_t> max_id = store_->MaxIncidentId();
-  if (!max_id.ok()) return max_id.status();
-  ids_.next_incident = *max_id + 1;
-  absl::StatusOr<int64_t> max_decision = store_->MaxDecisionId();
-  if (!max_decision.ok()) return max_decision.status();
-  ids_.next_decision = *max_decision + 1;
-  for (const RunRow& row : *runs) {
-    if (absl::Status st = RecoverRun(row); !st.ok()) return st;
-  }
-  PublishSnapshot();
-  return absl::OkStatus();
-}
-
-absl::Status Ingestor::RecoverRun(const RunRow& row) {
-  auto rs = std::make_unique<RunState>(row);
-  RunState& r = *rs;
-  core::EngineRebuilder rebuild(options_.rules);
-  absl::Status st = store_->ForEachStep(
-      row.run_id, row.attempt, [&](const StepRow& s, const std::string& ckpt) {
-        core::StepRecord rec = s.View();
-        rec.checkpoint_uri = ckpt;
-        if (rebuild.Feed(rec)) {
-          r.latest = s;
-          r.has_latest = true;
-          r.skipped_total += s.decision == static_cast<int>(core::Decision::kSkipUpdate);
-        }
-      });
-  if (!st.ok()) return st;
-  // Checkpoints reported apart from steps (and after the last one).
-  absl::StatusOr<std::vector<CheckpointRow>> cks = store_->Checkpoints(row.run_id);
-  if (!cks.ok()) return cks.status();
-  for (const CheckpointRow& c : *cks) rebuild.NoteCheckpoint(c.step, c.uri);
-  const int64_t steps = rebuild.fed();
-  r.engine = std::move(rebuild).Finish();
-  IncidentFilter f;
-  f.run_id = row.run_id;
-  f.limit = 1 << 30;
-  absl::StatusOr<std::vector<IncidentRow>> inc = store_->ListIncidents(f);
-  if (!inc.ok()) return inc.status();
-  r.incidents.Restore(std::move(*inc));
-  // A rollback under way or completed and being watched.
-  std::vector<IncidentRow> rolling;
-  for (const auto& [key, open] : r.incidents.open()) {
-    if (open.state == IncidentState::kRollingBack) rolling.push_back(open);
-  }
-  for (const IncidentRow& open : rolling) {
-    absl::StatusOr<std::optional<CommandRow>> cmd = store_->LatestCommand(open.id);
-    if (!cmd.ok()) return cmd.status();
-    if (!cmd->has_value()) continue;
-    trainwatch::v1::ServerMessage msg;
-    msg.mutable_command()->ParseFromString((*cmd)->payload);
-    RollbackCommand ac;
-    ac.id = (*cmd)->id;
-    ac.message = msg.SerializeAsString();
-    ac.incident_id = open.id;
-    ac.target_step = msg.command().rollback().target_step();
-    absl::StatusOr<std::vector<CommandAckRow>> acks = store_->CommandAcks(ac.id);
-    if (!acks.ok()) return acks.status();
-    bool complete = false;
-    for (const CommandAckRow& a : *acks) {
-      complete = ac.OnAck(a.rank, static_cast<trainwatch::v1::AckStatus>(a.status),
-                          row.world_size);
-    }
-    if (complete) {
-      r.incidents.Watch(open.id, open.detection_step);
-    } else {
-      r.command = std::move(ac);
-    }
-  }
-  absl::StatusOr<std::vector<QuarantineRow>> q = store_->Quarantines(row.run_id);
-  if (!q.ok()) return q.status();
-  for (const QuarantineRow& qr : *q) r.quarantined.emplace_back(qr.first, qr.last);
-  // Per-rank records of steps not yet completed.
-  absl::StatusOr<std::vector<RankStepRow>> ranks =
-      store_->LoadRankStepsAfter(row.run_id, row.attempt, row.last_step);
-  if (!ranks.ok()) return ranks.status();
-  for (const RankStepRow& rk : *ranks) {
-    StepReport rep;
-    if (!rep.ParseFromString(rk.report)) continue;
-    r.mode_known = true;
-    r.rank_mode = true;
-    if (rk.rank < 0 || rk.rank >= row.world_size) continue;
-    r.pending.try_emplace(rk.step, clock_->NowMs())
-        .first->second.Add(rk.rank, wire::StepFromProto(rep));
-  }
-  if (!r.mode_known && steps > 0) r.mode_known = true;
-  LOG(INFO) << "recovered run " << row.run_id << ": " << steps << " steps, "
-            << r.incidents.open().size() << " open incidents, " << r.pending.size()
-            << " pending steps";
-  runs_.emplace(row.run_id, std::move(rs));
-  return absl::OkStatus();
-}
-
 void Ingestor::Start() {
   writer_ = std::thread([this] { Loop(); });
 }
@@ -189,11 +70,12 @@ void Ingestor::Loop() {
       }
     }
     const size_t n = items.size();
-    ProcessBatch(items);
+    ProcessInBatches(items);
     items.clear();
     if (!tasks.empty()) {
       // Decisions commit in a batch of their own, after the records that
       // arrived before them.
+      ++batch_seq_;
       const int64_t now = clock_->NowMs();
       for (Task& t : tasks) {
         DecisionOutcome out = RunDecision(t.request, now);
@@ -300,6 +182,12 @@ void Ingestor::Handle(IngestItem& item, int64_t now) {
     case trainwatch::v1::AgentMessage::kHello: {
       if (m.hello().run_id().empty()) break;
       RunState* run = RunFor(m.hello().run_id(), m.hello().world_size(), now);
+      if (run == nullptr) break;
+      // A job restarted for the rollback under way may have fewer ranks: the
+      // command waits for the world it says it has (see ingest.h).
+      if (run->command && m.hello().world_size() > 0) {
+        run->command->world_size = m.hello().world_size();
+      }
       // A (re)connected rank gets what it has not applied yet.
       if (!run->quarantined.empty()) {
         outgoing_.emplace_back(run->row.run_id, item.stream_id,
@@ -310,23 +198,24 @@ void Ingestor::Handle(IngestItem& item, int64_t now) {
     }
     case trainwatch::v1::AgentMessage::kStepReport: {
       const StepReport& r = m.step_report();
+      // Null when an evicted run could not be rebuilt (logged): the record is
+      // not acknowledged, so the agent sends it again.
       RunState* run = RunFor(r.run_id(), r.world_size(), now);
-      HandleStep(*run, r, item.stream_id, now);
+      if (run != nullptr) HandleStep(*run, r, item.stream_id, now);
       break;
     }
     case trainwatch::v1::AgentMessage::kCheckpoint: {
       const auto& c = m.checkpoint();
       RunState* run = RunFor(c.run_id(), 0, now);
+      if (run == nullptr) break;
       run->engine->NoteCheckpoint(c.step(), c.uri());
       batch_.checkpoints.push_back({c.run_id(), c.step(), c.uri(), now});
       break;
     }
     case trainwatch::v1::AgentMessage::kCommandAck: {
-      const auto& a = m.command_ack();
-      batch_.command_acks.push_back({a.command_id(), a.run_id(), a.rank(),
-                                     static_cast<int>(a.status()), a.message(),
-                                     a.has_resumed_step() ? a.resumed_step() : -1, now});
-      HandleCommandAck(*RunFor(a.run_id(), 0, now), a, now);
+      // An acknowledgement creates no run.
+      HandleCommandAck(RunFor(m.command_ack().run_id(), 0, now, /*create=*/false),
+                       m.command_ack(), now);
       break;
     }
     case trainwatch::v1::AgentMessage::kHeartbeat:
@@ -364,6 +253,7 @@ void Ingestor::HandleStep(RunState& run, const StepReport& r, uint64_t stream, i
       stats_.rejected_total++;
       return;
     }
+    if (FarAhead(run, r.step(), /*rank_scope=*/true)) return;  // stored only
     if (!run.pending.try_emplace(r.step(), now).first->second.Add(r.rank(),
                                                                    wire::StepFromProto(r))) {
       absl::MutexLock lock(&snap_mu_);
@@ -384,7 +274,37 @@ void Ingestor::HandleStep(RunState& run, const StepReport& r, uint64_t stream, i
     stats_.duplicates_total++;
     return;
   }
+  if (FarAhead(run, r.step(), /*rank_scope=*/false)) {
+    s.late = true;  // stored, not evaluated
+    s.decision = rep.update_skipped ? static_cast<int>(core::Decision::kSkipUpdate) : 0;
+    batch_.steps.push_back({run.row.run_id, run.row.attempt, std::move(s)});
+    return;
+  }
   Evaluate(run, std::move(s), now, rep.tensors);
+}
+
+bool Ingestor::FarAhead(RunState& run, int64_t step, bool rank_scope) {
+  const int64_t base = std::max<int64_t>(run.row.last_step, 0);
+  const int64_t bound = std::max<int64_t>(1, options_.max_step_jump);
+  // Both differences are of non-negative numbers: no overflow.
+  if (step - base <= bound) {
+    // The run caught up with a refused step (or, with one record a step, a
+    // normal record came after it): that step confirms nothing any more.
+    if (run.far_step && (!rank_scope || *run.far_step <= base)) run.far_step.reset();
+    return false;
+  }
+  if (run.far_step && step >= *run.far_step && step - *run.far_step <= bound &&
+      (rank_scope || step > *run.far_step)) {
+    return false;  // the run really jumped: a second record follows the first
+  }
+  LOG(WARNING) << "run " << run.row.run_id << ": step " << step << " is more than " << bound
+               << " steps past step " << run.row.last_step
+               << "; stored, not evaluated (a next record within " << bound
+               << " steps of it confirms the jump)";
+  run.far_step = step;
+  absl::MutexLock lock(&snap_mu_);
+  stats_.far_steps_total++;
+  return true;
 }
 
 void Ingestor::CompletePending(RunState& run, int64_t now, bool force) {
@@ -426,32 +346,6 @@ void Ingestor::Evaluate(RunState& run, StepRow s, int64_t now,
     run.incidents.OnEvents(run.row.attempt, run.out.events, now, &ids_, sink());
   }
   run.incidents.OnEvaluated(run.row.last_step, now, sink());
-}
-
-void Ingestor::PublishSnapshot() {
-  std::vector<RunSnapshot> snap;
-  snap.reserve(runs_.size());
-  for (const auto& [id, r] : runs_) {
-    RunSnapshot s;
-    s.row = r->row;
-    s.rank_mode = r->rank_mode;
-    s.latest = r->latest;
-    s.has_latest = r->has_latest;
-    s.skipped_total = r->skipped_total;
-    s.missing_rank_steps_total = r->missing_rank_steps_total;
-    for (int t = 0; t < 4; ++t) s.incidents_total[t] = r->incidents.totals()[t];
-    for (const auto& [ep, inc] : r->incidents.open()) {
-      s.open_incidents[std::clamp(inc.tier, 0, 3)]++;
-    }
-    snap.push_back(std::move(s));
-  }
-  absl::MutexLock lock(&snap_mu_);
-  snapshot_ = std::move(snap);
-}
-
-std::vector<RunSnapshot> Ingestor::Snapshot() const {
-  absl::MutexLock lock(&snap_mu_);
-  return snapshot_;
 }
 
 IngestStats Ingestor::Stats() const {

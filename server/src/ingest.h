@@ -32,7 +32,32 @@
 //           aggregation timeout, and the missing ranks are named.
 // The pieces it drives, each in its own file: step_aggregation.h (ranks
 // mode), incident_tracker.h (events to incidents), rollback.h (decisions and
-// commands).
+// commands); ingest_runs.cc holds the runs in memory, ingest_decisions.cc the
+// decisions.
+//
+// Bounds, so that no agent can grow the server without limit:
+//   runs in memory: at most max_runs_in_memory runs keep their engine state
+//     (about 0.3 MB each with the default rules); the least recently used
+//     is evicted and rebuilt from the store (RecoverRun) when a message or
+//     a decision needs it again. Recover() at startup rebuilds the most
+//     recently seen runs that fit and leaves the rest to be rebuilt on
+//     demand. Every run keeps a RunSnapshot (a few hundred bytes), so the
+//     operator API and the exporter see evicted runs too. One batch never
+//     touches more runs than the bound (Loop splits it).
+//   world_size: taken per attempt. Within an attempt it only grows (ranks
+//     join); a rollback's command waits for the world of the latest Hello
+//     while it is under way, and the new attempt starts with that world, so
+//     a job restarted on fewer ranks completes its rollback.
+//   far-future steps: a step more than max_step_jump past the run's last
+//     evaluated step (or past 0 before the first) is stored, not evaluated,
+//     with a log line and a count (far_steps_total), unless the record
+//     before it was such a step and this one follows it within the bound: a
+//     real jump (a resume from a checkpoint far ahead) costs one unevaluated
+//     step, one bad record (step INT64_MAX) cannot blind detection.
+//   command acknowledgements: an ack counts only for its own run's command
+//     under way; one for another run's command, or for a command not
+//     issued, is refused with a log line and a count (refused_acks_total)
+//     and not stored.
 //
 // Thread-safety: Submit(), Snapshot(), Stats() and Flush() from any thread;
 // everything else is the writer thread's.
@@ -69,6 +94,9 @@ struct IngestItem {
   int64_t received_ms = 0;
   trainwatch::v1::AgentMessage message;
 };
+
+// The run whose state a message touches ("" for a heartbeat: none).
+const std::string& RunIdOf(const trainwatch::v1::AgentMessage& m);
 
 // Told about durable steps and incident changes, on the writer thread. An
 // implementation must not block.
@@ -122,6 +150,11 @@ struct IngestStats {
   double last_commit_seconds = 0;
   double commit_seconds_sum = 0;
   int64_t last_lag_ms = 0;        // receipt to durable, last batch
+  int64_t refused_acks_total = 0;  // command acks for another run's or no command
+  int64_t far_steps_total = 0;     // stored, not evaluated: past max_step_jump
+  int64_t runs_in_memory = 0;      // runs holding engine state
+  int64_t runs_evicted_total = 0;
+  int64_t runs_rebuilt_total = 0;  // evicted (or left at startup), rebuilt on demand
 };
 
 struct IngestOptions {
@@ -129,6 +162,17 @@ struct IngestOptions {
   int64_t aggregation_timeout_ms = 30'000;
   // Upper bound on one batch, to keep commits short under a flood.
   size_t max_batch_items = 50'000;
+  // Runs holding their engine state in memory (trainwatchd
+  // --max_runs_in_memory); the least recently used beyond it is evicted and
+  // rebuilt from the store on demand. At least 1.
+  size_t max_runs_in_memory = 256;
+  // A step further than this past the run's last step is stored, not
+  // evaluated, unless the next record confirms the jump (trainwatchd
+  // --max_step_jump). At least 1. Small on purpose: a bad record within the
+  // bound is evaluated and makes the run's next real steps late (stored, not
+  // evaluated) for up to this many steps, while a real jump costs one step's
+  // evaluation whatever the bound.
+  int64_t max_step_jump = 1'000;
 };
 
 class Ingestor {
@@ -140,9 +184,11 @@ class Ingestor {
   Ingestor(const Ingestor&) = delete;
   Ingestor& operator=(const Ingestor&) = delete;
 
-  // Rebuilds every run's state from the store: the rule engine by feeding it
-  // the stored records again (deterministic, so windows and episodes come
-  // back exactly), open incidents by episode, pending per-rank steps.
+  // Rebuilds runs' state from the store: the rule engine by feeding it the
+  // stored records again (deterministic, so windows and episodes come back
+  // exactly), open incidents by episode, pending per-rank steps. Only the
+  // max_runs_in_memory most recently seen runs are rebuilt; the others get
+  // a snapshot from the store and are rebuilt when first needed.
   // REQUIRES: before Start().
   absl::Status Recover();
 
@@ -187,9 +233,15 @@ class Ingestor {
     // The approved rollback being carried out, until every rank applied it.
     std::optional<RollbackCommand> command;
     ShardRanges quarantined;
+    // A step refused as too far ahead, which the next record may confirm.
+    std::optional<int64_t> far_step;
+    uint64_t last_batch = 0;  // the batch that last touched it, for eviction
   };
 
   void Loop();
+  // Processes `items` in batches that each touch at most max_runs_in_memory
+  // runs.
+  void ProcessInBatches(std::vector<IngestItem>& items);
   void ProcessBatch(std::vector<IngestItem>& items);
   // The failure path of ProcessBatch (see the invariant above): the runs
   // the batch touched are rebuilt, the streams of `items` ended, control
@@ -197,8 +249,24 @@ class Ingestor {
   void FailBatch(std::vector<IngestItem>& items, const absl::Status& st, int64_t now);
   // Rebuilds the runs in stale_runs_ from the store; OK when none is left.
   absl::Status RebuildStaleRuns();
-  absl::Status RecoverRun(const RunRow& row);
-  RunState* RunFor(const std::string& run_id, int32_t world_size, int64_t now);
+  // ingest_runs.cc: the runs held in memory.
+  absl::StatusOr<RunState*> RecoverRun(const RunRow& row);
+  // The run's state, creating the run when `create`, rebuilding it from the
+  // store when it was evicted; null for an unknown run (when !create) or when
+  // the rebuild failed (logged).
+  RunState* RunFor(const std::string& run_id, int32_t world_size, int64_t now,
+                   bool create = true);
+  // Evicts the least recently used run not touched by the current batch
+  // while more than max_runs_in_memory - 1 runs are held.
+  void MakeRoom();
+  // The snapshot of a run built from the store alone (startup, beyond the
+  // bound).
+  absl::StatusOr<RunSnapshot> StoredSnapshot(const RunRow& row);
+  static RunSnapshot SnapshotOf(const RunState& run);
+  // True when `step` is too far ahead of the run to be evaluated (counted
+  // and logged); `rank_scope`: another rank's record of a confirmed step is
+  // taken too.
+  bool FarAhead(RunState& run, int64_t step, bool rank_scope);
   void Handle(IngestItem& item, int64_t now);
   void HandleStep(RunState& run, const trainwatch::v1::StepReport& r, uint64_t stream,
                   int64_t now);
@@ -213,7 +281,9 @@ class Ingestor {
   // ingest_decisions.cc: the operator's decisions and the commands they
   // become.
   DecisionOutcome RunDecision(const DecisionRequest& r, int64_t now);
-  void HandleCommandAck(RunState& run, const trainwatch::v1::CommandAck& a, int64_t now);
+  // `run`: the ack's run, null when unknown. Stores and counts an ack of the
+  // run's command under way; refuses (logs, counts, drops) any other.
+  void HandleCommandAck(RunState* run, const trainwatch::v1::CommandAck& a, int64_t now);
   void CompleteRollback(RunState& run, int64_t now);
   void SendPendingCommand(RunState& run, uint64_t stream, int32_t rank);
 
@@ -237,6 +307,9 @@ class Ingestor {
 
   // Writer thread only.
   std::map<std::string, std::unique_ptr<RunState>> runs_;
+  // Runs known to the store but not held in memory, by id.
+  std::map<std::string, RunRow> evicted_;
+  uint64_t batch_seq_ = 0;
   IdCounters ids_;
   std::vector<std::pair<std::function<void(DecisionOutcome)>, DecisionOutcome>> answers_;
   std::vector<std::tuple<std::string, uint64_t, std::string>> outgoing_;  // after commit
@@ -257,7 +330,8 @@ class Ingestor {
   std::vector<IngestItem> carried_;
 
   mutable absl::Mutex snap_mu_;
-  std::vector<RunSnapshot> snapshot_ ABSL_GUARDED_BY(snap_mu_);
+  // Every run, held in memory or evicted, by id (operator reads page by id).
+  std::map<std::string, RunSnapshot> snapshot_ ABSL_GUARDED_BY(snap_mu_);
   IngestStats stats_ ABSL_GUARDED_BY(snap_mu_);
 };
 

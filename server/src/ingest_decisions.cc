@@ -60,6 +60,12 @@ DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
       return out;
     }
     stored = **inc;
+    // Open in the store, its run evicted from memory: rebuild the run.
+    if (!IsClosed(stored.state) && evicted_.count(stored.run_id) > 0) {
+      run = RunFor(stored.run_id, 0, now, /*create=*/false);
+      if (run != nullptr) live = run->incidents.FindOpen(r.incident_id);
+      if (live == nullptr) run = nullptr;
+    }
   }
   const IncidentRow& inc = live != nullptr ? *live : stored;
   out.state = inc.state;
@@ -132,6 +138,7 @@ DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
     ac.message = msg.SerializeAsString();
     ac.incident_id = inc.id;
     ac.target_step = d.plan().target_step();
+    ac.world_size = run->row.world_size;
     run->command = ac;
     outgoing_.emplace_back(inc.run_id, 0, ac.message);
     if (d.plan().quarantine().ranges_size() > 0) {
@@ -148,14 +155,34 @@ DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
   return out;
 }
 
-void Ingestor::HandleCommandAck(RunState& run, const trainwatch::v1::CommandAck& a,
+void Ingestor::HandleCommandAck(RunState* run, const trainwatch::v1::CommandAck& a,
                                 int64_t now) {
-  if (!run.command || a.command_id() != run.command->id) return;
+  // Command ids stay short ("C-<decision>", typed by operators and kept in
+  // the audit log) and so are guessable; what makes them safe is that an
+  // acknowledgement only counts for the command under way in its own run,
+  // and an agent's token names the runs it may speak for. An ack for
+  // another run's command, one not issued (yet), or one already completed
+  // is not stored either, so it cannot count after a restart.
+  if (run == nullptr || !run->command || a.command_id() != run->command->id) {
+    LOG(WARNING) << "run " << a.run_id() << ": refused rank " << a.rank()
+                 << "'s acknowledgement of command " << a.command_id() << ": "
+                 << (run == nullptr         ? std::string("no such run")
+                     : !run->command        ? std::string("no command under way")
+                                            : "the command under way is " + run->command->id);
+    absl::MutexLock lock(&snap_mu_);
+    stats_.refused_acks_total++;
+    return;
+  }
+  batch_.command_acks.push_back({a.command_id(), a.run_id(), a.rank(),
+                                 static_cast<int>(a.status()), a.message(),
+                                 a.has_resumed_step() ? a.resumed_step() : -1, now});
   if (a.status() == trainwatch::v1::ACK_STATUS_FAILED) {
-    LOG(WARNING) << "run " << run.row.run_id << ": rank " << a.rank() << " failed command "
+    LOG(WARNING) << "run " << run->row.run_id << ": rank " << a.rank() << " failed command "
                  << a.command_id() << ": " << a.message();
   }
-  if (run.command->OnAck(a.rank(), a.status(), run.row.world_size)) CompleteRollback(run, now);
+  if (run->command->OnAck(a.rank(), a.status(), run->command->world_size)) {
+    CompleteRollback(*run, now);
+  }
 }
 
 void Ingestor::CompleteRollback(RunState& run, int64_t now) {
@@ -185,6 +212,7 @@ void Ingestor::CompleteRollback(RunState& run, int64_t now) {
   const int64_t fed = rebuild.fed();
   run.engine = std::move(rebuild).Finish();
   run.row.attempt = old_attempt + 1;
+  run.row.world_size = cmd.world_size;  // the new attempt's world
   run.row.last_step = target;
   run.row_dirty = true;
   run.pending.clear();

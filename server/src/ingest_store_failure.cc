@@ -14,22 +14,6 @@ namespace trainwatch::server {
 
 namespace {
 
-// The run a message is about; empty for none (a heartbeat changes nothing).
-const std::string* RunOf(const trainwatch::v1::AgentMessage& m) {
-  switch (m.kind_case()) {
-    case trainwatch::v1::AgentMessage::kHello:
-      return &m.hello().run_id();
-    case trainwatch::v1::AgentMessage::kStepReport:
-      return &m.step_report().run_id();
-    case trainwatch::v1::AgentMessage::kCheckpoint:
-      return &m.checkpoint().run_id();
-    case trainwatch::v1::AgentMessage::kCommandAck:
-      return &m.command_ack().run_id();
-    default:
-      return nullptr;
-  }
-}
-
 // Every run with a row in the batch.
 void AddRunsOf(const WriteBatch& b, std::set<std::string>* runs) {
   for (const RunRow& r : b.runs) runs->insert(r.run_id);
@@ -53,9 +37,7 @@ void Ingestor::FailBatch(std::vector<IngestItem>& items, const absl::Status& st,
              << " messages not acknowledged, its streams ended: " << st;
   // Every run the batch may have changed in memory.
   for (const IngestItem& item : items) {
-    if (const std::string* run = RunOf(item.message); run != nullptr && !run->empty()) {
-      stale_runs_.insert(*run);
-    }
+    if (const std::string& run = RunIdOf(item.message); !run.empty()) stale_runs_.insert(run);
   }
   AddRunsOf(batch_, &stale_runs_);
   batch_.clear();
@@ -93,12 +75,22 @@ absl::Status Ingestor::RebuildStaleRuns() {
   if (!rows.ok()) return rows.status();
   for (const RunRow& row : *rows) {
     if (stale_runs_.count(row.run_id) == 0) continue;
-    runs_.erase(row.run_id);
-    if (absl::Status st = RecoverRun(row); !st.ok()) return st;
+    absl::StatusOr<RunState*> rebuilt = RecoverRun(row);
+    if (!rebuilt.ok()) return rebuilt.status();
+    {
+      // Not rebuilt from the store: the last published (durable) count.
+      absl::MutexLock lock(&snap_mu_);
+      (*rebuilt)->missing_rank_steps_total = snapshot_[row.run_id].missing_rank_steps_total;
+    }
     stale_runs_.erase(row.run_id);
   }
   // The rest were new in the failed batch: the store never had them.
-  for (const std::string& id : stale_runs_) runs_.erase(id);
+  for (const std::string& id : stale_runs_) {
+    runs_.erase(id);
+    evicted_.erase(id);
+    absl::MutexLock lock(&snap_mu_);
+    snapshot_.erase(id);
+  }
   stale_runs_.clear();
   return absl::OkStatus();
 }

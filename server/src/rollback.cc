@@ -1,6 +1,7 @@
 #include "rollback.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -154,7 +155,8 @@ bool RollbackCommand::OnAck(int32_t rank, trainwatch::v1::AckStatus status, int3
   } else if (status == trainwatch::v1::ACK_STATUS_FAILED) {
     failed.insert(rank);
   }
-  return static_cast<int32_t>(applied.size()) >= world_size;
+  // Ranks of a larger world before a restart do not stand in for this one's.
+  return std::distance(applied.lower_bound(0), applied.lower_bound(world_size)) >= world_size;
 }
 
 }  // namespace trainwatch::server

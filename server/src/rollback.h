@@ -73,9 +73,14 @@ struct RollbackCommand {
   std::string message;  // the serialized ServerMessage
   int64_t incident_id = 0;
   int64_t target_step = 0;
+  // The world that must apply it, and the world of the attempt it starts:
+  // the run's world when approved, then the world_size of the latest Hello
+  // while it is under way (a job restarted on fewer ranks says so there).
+  int32_t world_size = 1;
   std::set<int32_t> applied, failed;
 
-  // Counts a rank's acknowledgement; true once `world_size` ranks applied it.
+  // Counts a rank's acknowledgement; true once ranks 0 to world_size - 1
+  // all applied it.
   bool OnAck(int32_t rank, trainwatch::v1::AckStatus status, int32_t world_size);
 };
 

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "trainwatch/core/clock.h"
+#include "exporter.h"
 #include "ingest.h"
 
 namespace trainwatch::server {
@@ -37,6 +38,8 @@ struct ServerOptions {
   std::string pager_config_file;
   StoreOptions store;  // the database quota, the busy timeout
   IngestOptions ingest;
+  // What /metrics exports (stale runs, how many runs at most).
+  ExporterOptions metrics;
 };
 
 // True for addresses that stay on this machine (127.0.0.0/8, [::1],

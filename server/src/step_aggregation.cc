@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "absl/strings/str_join.h"
+#include "absl/strings/str_cat.h"
 
 namespace trainwatch::server {
 
@@ -70,7 +70,7 @@ void StepAggregate::Merge(const wire::ReportedStep& r) {
   shards_.insert(r.shards.begin(), r.shards.end());
 }
 
-StepRow StepAggregate::Finish(int64_t step, int32_t world_size) const {
+StepRow StepAggregate::Finish(int64_t step, int32_t world_size, size_t max_text) const {
   StepRow s;
   static_cast<core::StepValues&>(s) = extras_;
   s.step = step;
@@ -95,12 +95,44 @@ StepRow StepAggregate::Finish(int64_t step, int32_t world_size) const {
     s.Set(Signal::kNanFrac, nan_frac_max_);
   }
   s.shards.assign(shards_.begin(), shards_.end());
-  std::vector<int32_t> missing;
-  for (int32_t r = 0; r < world_size; ++r) {
-    if (static_cast<size_t>(r) >= seen_.size() || !seen_[r]) missing.push_back(r);
-  }
-  s.missing_ranks = absl::StrJoin(missing, ",");
+  s.missing_ranks = MissingRanksText(seen_, world_size, max_text);
   return s;
+}
+
+std::string MissingRanksText(const std::vector<bool>& seen, int32_t world_size,
+                             size_t max_text) {
+  std::string text;
+  int64_t missing = 0;
+  bool cut = false;
+  // Ranks from seen.size() up are one range: the walk is over the ranks
+  // that reported, not over the world.
+  const int32_t known = static_cast<int32_t>(std::min<size_t>(seen.size(), world_size));
+  int32_t r = 0;
+  while (r < world_size) {
+    if (r < known && seen[r]) {
+      ++r;
+      continue;
+    }
+    int32_t last = r;
+    if (r >= known) {
+      last = world_size - 1;
+    } else {
+      while (last + 1 < known && !seen[last + 1]) ++last;
+      if (last + 1 == known && known < world_size) last = world_size - 1;
+    }
+    missing += int64_t{last} - r + 1;
+    if (!cut) {
+      std::string range = last == r ? absl::StrCat(r) : absl::StrCat(r, "-", last);
+      if (text.size() + range.size() + 1 > max_text) {
+        cut = true;
+      } else {
+        absl::StrAppend(&text, text.empty() ? "" : ",", range);
+      }
+    }
+    r = last + 1;
+  }
+  if (cut) absl::StrAppend(&text, " and more: ", missing, " missing");
+  return text;
 }
 
 StepRow GlobalStep(const wire::ReportedStep& report) {

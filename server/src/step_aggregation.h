@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "store.h"
@@ -36,8 +37,16 @@ class StepAggregate {
   int64_t first_ms() const { return first_ms_; }
 
   // The merged record of `step`; ranks below `world_size` that did not
-  // report are listed in missing_ranks ("3,7").
-  StepRow Finish(int64_t step, int32_t world_size) const;
+  // report are listed in missing_ranks as ranges ("3,7-9"), cut to at most
+  // `max_text` characters (see MissingRanksText). Costs O(highest rank
+  // reported), not O(world_size).
+  StepRow Finish(int64_t step, int32_t world_size,
+                 size_t max_text = kMaxMissingRanksText) const;
+
+  // The longest missing_ranks text: a world of 1,000,000 ranks with one
+  // reporting is "1-999999", and the worst pattern (every other rank) stays
+  // a line of a log, not megabytes.
+  static constexpr size_t kMaxMissingRanksText = 256;
 
  private:
   void Merge(const wire::ReportedStep& r);
@@ -56,6 +65,13 @@ class StepAggregate {
   core::StepValues extras_;  // lr, z-loss, activation max, attention p99
   std::set<uint64_t> shards_;
 };
+
+// The ranks below `world_size` that `seen` does not mark, as ranges
+// ("0,3-5,9"); when longer than `max_text`, the ranges that fit followed by
+// " and more: N missing" (N all of them), so the text never exceeds
+// max_text + 32 characters.
+std::string MissingRanksText(const std::vector<bool>& seen, int32_t world_size,
+                             size_t max_text);
 
 // The stored form of a record that rank 0 reduced itself
 // (REPORT_SCOPE_GLOBAL): the same conversion, with nan_frac as reported when

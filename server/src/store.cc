@@ -162,8 +162,9 @@ absl::StatusOr<std::optional<CommandRow>> Store::LatestCommand(int64_t incident_
   return rows::LatestCommand(db_, incident_id);
 }
 
-absl::StatusOr<std::vector<CommandAckRow>> Store::CommandAcks(const std::string& command_id) {
-  return rows::CommandAcks(db_, command_id);
+absl::StatusOr<std::vector<CommandAckRow>> Store::CommandAcks(const std::string& run_id,
+                                                             const std::string& command_id) {
+  return rows::CommandAcks(db_, run_id, command_id);
 }
 
 // ---- the read connection (any thread, one at a time)
@@ -216,6 +217,12 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> Store::FlaggedShards(
 absl::StatusOr<int64_t> Store::CountSteps(const std::string& run_id) {
   absl::MutexLock lock(&read_mu_);
   return rows::CountSteps(read_db_, run_id);
+}
+
+absl::StatusOr<int64_t> Store::CountDecided(const std::string& run_id, int64_t attempt,
+                                            int decision) {
+  absl::MutexLock lock(&read_mu_);
+  return rows::CountDecided(read_db_, run_id, attempt, decision);
 }
 
 absl::StatusOr<std::vector<DecisionRow>> Store::DecisionsOfIncident(int64_t incident_id) {

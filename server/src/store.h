@@ -44,7 +44,7 @@ struct StepRow : core::StepValues {
   int64_t elements = -1;
   int decision = 0;             // core::Decision
   std::vector<uint64_t> shards;
-  std::string missing_ranks;    // "3,7" when a step completed by timeout
+  std::string missing_ranks;    // "3,7-9" when a step completed by timeout (bounded)
   bool late = false;            // arrived after later steps: stored, not evaluated
   int64_t received_ms = 0;
 
@@ -261,9 +261,10 @@ class Store {
   // The decision recorded under an idempotency key, if any.
   absl::StatusOr<std::optional<DecisionRow>> FindDecisionByKey(const std::string& key);
   // The latest rollback command of an incident, and every acknowledgement
-  // of it: (rank, status, resumed step).
+  // of it by `run_id`'s agents: (rank, status, resumed step).
   absl::StatusOr<std::optional<CommandRow>> LatestCommand(int64_t incident_id);
-  absl::StatusOr<std::vector<CommandAckRow>> CommandAcks(const std::string& command_id);
+  absl::StatusOr<std::vector<CommandAckRow>> CommandAcks(const std::string& run_id,
+                                                         const std::string& command_id);
 
   // ---- queries (any thread)
   absl::StatusOr<std::vector<IncidentRow>> ListIncidents(const IncidentFilter& filter);
@@ -279,6 +280,10 @@ class Store {
   absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> FlaggedShards(
       const std::string& run_id);  // (shard, incident id)
   absl::StatusOr<int64_t> CountSteps(const std::string& run_id);
+  // Evaluated (not late) steps of the attempt that the rules decided
+  // `decision` (a core::Decision).
+  absl::StatusOr<int64_t> CountDecided(const std::string& run_id, int64_t attempt,
+                                       int decision);
   absl::StatusOr<std::vector<DecisionRow>> DecisionsOfIncident(int64_t incident_id);
   absl::StatusOr<std::vector<QuarantineRow>> Quarantines(const std::string& run_id);
   // Pages due for delivery (pending, next attempt reached), oldest first.

@@ -96,11 +96,12 @@ absl::Status InsertCommandAcks(sqlite3* db, const std::vector<CommandAckRow>& ac
   });
 }
 
-absl::StatusOr<std::vector<CommandAckRow>> CommandAcks(sqlite3* db, const std::string& command_id) {
+absl::StatusOr<std::vector<CommandAckRow>> CommandAcks(sqlite3* db, const std::string& run_id,
+                                                       const std::string& command_id) {
   SqlStatement q(db,
                  "SELECT command_id, run_id, rank, status, message, resumed_step, at_ms FROM "
-                 "command_acks WHERE command_id = ?1 ORDER BY at_ms");
-  q.Bind(1, command_id);
+                 "command_acks WHERE command_id = ?1 AND run_id = ?2 ORDER BY at_ms");
+  q.Bind(1, command_id).Bind(2, run_id);
   return q.All([](const SqlStatement& r) {
     return CommandAckRow{
         r.Text(0), r.Text(1), static_cast<int32_t>(r.Int(2)), static_cast<int>(r.Int(3)), r.Text(4),

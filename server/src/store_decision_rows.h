@@ -30,9 +30,12 @@ absl::StatusOr<int64_t> MaxDecisionId(sqlite3* db);
 absl::Status InsertCommands(sqlite3* db, const std::vector<CommandRow>& commands);
 absl::StatusOr<std::optional<CommandRow>> LatestCommand(sqlite3* db, int64_t incident_id);
 
-// command_acks: a repeated (command, rank, status) is ignored.
+// command_acks: a repeated (command, run, rank, status) is ignored. Only
+// `run_id`'s acknowledgements of the command are read: a row another run's
+// agent wrote under the same id is never counted.
 absl::Status InsertCommandAcks(sqlite3* db, const std::vector<CommandAckRow>& acks);
-absl::StatusOr<std::vector<CommandAckRow>> CommandAcks(sqlite3* db, const std::string& command_id);
+absl::StatusOr<std::vector<CommandAckRow>> CommandAcks(sqlite3* db, const std::string& run_id,
+                                                       const std::string& command_id);
 
 // quarantined_shards: appended.
 absl::Status InsertQuarantines(sqlite3* db, const std::vector<QuarantineRow>& quarantines);

@@ -148,6 +148,27 @@ CREATE TABLE outbox (
     R"sql(
 CREATE UNIQUE INDEX outbox_once ON outbox (incident_id, channel, kind);
 )sql",
+    // 3: an acknowledgement belongs to its run. The key names the run, so a
+    // row another run's agent wrote under the same command id cannot hide
+    // this run's (INSERT OR IGNORE); rows that acknowledge another run's
+    // command, or one never issued, were forged and go.
+    R"sql(
+CREATE TABLE command_acks_by_run (
+  command_id TEXT NOT NULL,
+  run_id TEXT NOT NULL,
+  rank INTEGER NOT NULL,
+  status INTEGER NOT NULL,
+  message TEXT NOT NULL,
+  resumed_step INTEGER NOT NULL,
+  at_ms INTEGER NOT NULL,
+  PRIMARY KEY (command_id, run_id, rank, status)
+) WITHOUT ROWID;
+INSERT INTO command_acks_by_run
+  SELECT a.command_id, a.run_id, a.rank, a.status, a.message, a.resumed_step, a.at_ms
+  FROM command_acks a JOIN commands c ON c.id = a.command_id AND c.run_id = a.run_id;
+DROP TABLE command_acks;
+ALTER TABLE command_acks_by_run RENAME TO command_acks;
+)sql",
 };
 
 }  // namespace
@@ -155,8 +176,13 @@ CREATE UNIQUE INDEX outbox_once ON outbox (incident_id, channel, kind);
 absl::Span<const char* const> SchemaMigrations() { return kMigrations; }
 
 absl::StatusOr<int> MigrateSchema(sqlite3* db, absl::Span<const char* const> migrations) {
-  SqlStatement v(db, "PRAGMA user_version");
-  absl::StatusOr<int64_t> version = QueryInt(v);
+  absl::StatusOr<int64_t> version;
+  {
+    // Finalized before the migrations run: DROP TABLE fails ("database
+    // table is locked") while any statement on the connection is active.
+    SqlStatement v(db, "PRAGMA user_version");
+    version = QueryInt(v);
+  }
   if (!version.ok()) return version.status();
   const int target = static_cast<int>(migrations.size());
   if (*version > target) {

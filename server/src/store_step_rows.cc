@@ -168,6 +168,15 @@ absl::StatusOr<int64_t> CountSteps(sqlite3* db, const std::string& run_id) {
   return QueryInt(q);
 }
 
+absl::StatusOr<int64_t> CountDecided(sqlite3* db, const std::string& run_id, int64_t attempt,
+                                     int decision) {
+  SqlStatement q(db,
+                 "SELECT COUNT(*) FROM steps WHERE run_id = ?1 AND attempt = ?2 AND late = 0 AND "
+                 "decision = ?3");
+  q.Bind(1, run_id).Bind(2, attempt).Bind(3, int64_t{decision});
+  return QueryInt(q);
+}
+
 absl::Status InsertRankSteps(sqlite3* db, const std::vector<RankStepRow>& rows) {
   if (rows.empty()) return absl::OkStatus();
   SqlStatement q(db,

@@ -36,6 +36,9 @@ absl::StatusOr<std::vector<StepRow>> RecentSteps(sqlite3* db, const std::string&
 absl::StatusOr<std::vector<StepRow>> StepsBetween(sqlite3* db, const std::string& run_id,
                                                      int64_t attempt, int64_t first, int64_t last);
 absl::StatusOr<int64_t> CountSteps(sqlite3* db, const std::string& run_id);
+// Evaluated (not late) steps of the attempt that the rules decided `decision`.
+absl::StatusOr<int64_t> CountDecided(sqlite3* db, const std::string& run_id, int64_t attempt,
+                                     int decision);
 
 // rank_steps: a repeated (run, attempt, step, rank) is ignored.
 absl::Status InsertRankSteps(sqlite3* db, const std::vector<RankStepRow>& rows);

@@ -2,7 +2,9 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -32,6 +34,22 @@ ABSL_FLAG(int64_t, db_max_bytes, 0,
           "quota on the database file in bytes (SQLite max_page_count); past it writes fail "
           "as on a full disk: nothing is acknowledged, agents keep their records and re-send "
           "them once space is freed or the quota raised. 0: no quota");
+ABSL_FLAG(int64_t, max_runs_in_memory, 256,
+          "runs whose rule-engine state (about 0.3 MB each with the default rules) stays in "
+          "memory; the least recently used beyond it is evicted and rebuilt from the database "
+          "when it streams again, and at startup only this many (the most recently seen) are "
+          "rebuilt. At least 1");
+ABSL_FLAG(int64_t, max_step_jump, 1000,
+          "a step report more than this many steps past its run's last step is stored but not "
+          "evaluated (counted in trainwatch_ingest_far_steps_total) unless the next record "
+          "follows it within the bound, so one bad record (step 2^63-1) cannot blind detection; "
+          "a real jump costs one step's evaluation. At least 1");
+ABSL_FLAG(int64_t, metrics_stale_run_s, 3600,
+          "a run not seen for this many seconds leaves /metrics (its data stays in the "
+          "database); 0: never");
+ABSL_FLAG(int64_t, metrics_max_runs, 1000,
+          "/metrics exports at most this many runs, the most recently seen, 18 series each. "
+          "At least 1");
 ABSL_FLAG(std::string, grafana_url, "", "Grafana dashboard URL, for links in pages");
 ABSL_FLAG(std::string, pager_config, "",
           "pager receivers (JSON: alertmanager, pagerduty, slack, webhook); empty: no pages");
@@ -71,6 +89,27 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.ingest.aggregation_timeout_ms = absl::GetFlag(FLAGS_aggregation_timeout_ms);
+  // The bounds on what agents can make this server hold.
+  auto at_least = [](const char* flag, int64_t value, int64_t min) {
+    if (value >= min) return true;
+    std::fprintf(stderr, "trainwatchd: --%s=%lld: must be at least %lld\n", flag,
+                 static_cast<long long>(value), static_cast<long long>(min));
+    return false;
+  };
+  const int64_t max_runs = absl::GetFlag(FLAGS_max_runs_in_memory);
+  const int64_t max_jump = absl::GetFlag(FLAGS_max_step_jump);
+  const int64_t stale_s = absl::GetFlag(FLAGS_metrics_stale_run_s);
+  const int64_t metrics_runs = absl::GetFlag(FLAGS_metrics_max_runs);
+  if (!at_least("max_runs_in_memory", max_runs, 1) || !at_least("max_step_jump", max_jump, 1) ||
+      !at_least("metrics_stale_run_s", stale_s, 0) ||
+      !at_least("metrics_max_runs", metrics_runs, 1)) {
+    return 2;
+  }
+  o.ingest.max_runs_in_memory = static_cast<size_t>(max_runs);
+  o.ingest.max_step_jump = max_jump;
+  // Seconds to milliseconds without overflow: a bound of a century is never.
+  o.metrics.stale_run_ms = std::min<int64_t>(stale_s, int64_t{100} * 365 * 86400) * 1000;
+  o.metrics.max_runs = static_cast<size_t>(metrics_runs);
   if (const std::string rules = absl::GetFlag(FLAGS_rules); !rules.empty()) {
     absl::StatusOr<std::string> text = trainwatch::core::LocalFileSystem().ReadFile(rules);
     if (!text.ok()) {

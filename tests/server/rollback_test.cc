@@ -22,20 +22,13 @@ namespace trainwatch::server {
 namespace {
 
 namespace v1 = trainwatch::v1;
+using testing::Checkpoint;
 using testing::Hello;
 using testing::Step;
 using testing::TempDir;
 using testing::TestAgent;
 using testing::Running;
 using testing::StartServer;
-
-v1::AgentMessage Checkpoint(const std::string& run, int64_t step) {
-  v1::AgentMessage m;
-  m.mutable_checkpoint()->set_run_id(run);
-  m.mutable_checkpoint()->set_step(step);
-  m.mutable_checkpoint()->set_uri("ckpt://" + run + "/" + std::to_string(step));
-  return m;
-}
 
 v1::AgentMessage Ack(const std::string& run, int32_t rank, const std::string& id) {
   v1::AgentMessage m;

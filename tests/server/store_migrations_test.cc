@@ -38,9 +38,9 @@ TEST_CASE("store migrations: a fresh database reaches the latest version", "[ser
   MemoryDb db;
   auto version = MigrateSchema(db.get());
   REQUIRE(version.ok());
-  CHECK(*version == 2);
+  CHECK(*version == 3);
   CHECK(*version == static_cast<int>(SchemaMigrations().size()));
-  CHECK(db.Int("PRAGMA user_version") == 2);
+  CHECK(db.Int("PRAGMA user_version") == 3);
   for (const char* table :
        {"runs", "steps", "rank_steps", "checkpoints", "incidents", "events", "flagged_shards",
         "quarantined_shards", "commands", "command_acks", "decisions", "outbox"}) {
@@ -65,8 +65,8 @@ TEST_CASE("store migrations: an older database is upgraded and keeps its rows", 
 
   auto latest = MigrateSchema(db.get());
   REQUIRE(latest.ok());
-  CHECK(*latest == 2);
-  CHECK(db.Int("PRAGMA user_version") == 2);
+  CHECK(*latest == 3);
+  CHECK(db.Int("PRAGMA user_version") == 3);
   CHECK(HasIndex(db, "outbox_once") == 1);
   CHECK(db.Int("SELECT world_size FROM runs WHERE run_id = 'r'") == 2);
 
@@ -76,13 +76,29 @@ TEST_CASE("store migrations: an older database is upgraded and keeps its rows", 
   CHECK(Schema(db) == Schema(fresh));
 }
 
+TEST_CASE("store migrations: 3 keys acknowledgements by run and drops forged ones",
+          "[server][store]") {
+  MemoryDb db;
+  REQUIRE(MigrateSchema(db.get(), SchemaMigrations().first(2)).ok());
+  REQUIRE(db.Exec("INSERT INTO commands (id, run_id, incident_id, kind, payload, created_ms) "
+                  "VALUES ('C-1', 'a', 1, 'rollback', x'00', 1)") == SQLITE_OK);
+  // Run b's agent acknowledged run a's command, and one never issued.
+  REQUIRE(db.Exec("INSERT INTO command_acks VALUES ('C-1', 'a', 0, 1, '', 5, 2), "
+                  "('C-1', 'b', 1, 1, '', 5, 1), ('C-9', 'b', 0, 1, '', 5, 1)") == SQLITE_OK);
+  REQUIRE(MigrateSchema(db.get()).ok());
+  CHECK(db.Int("SELECT COUNT(*) FROM command_acks") == 1);
+  CHECK(db.Int("SELECT COUNT(*) FROM command_acks WHERE run_id = 'a' AND rank = 0") == 1);
+  // The same (command, rank, status) from two runs: both kept, apart.
+  REQUIRE(db.Exec("INSERT INTO command_acks VALUES ('C-1', 'b', 0, 1, '', 5, 3)") == SQLITE_OK);
+}
+
 TEST_CASE("store migrations: running twice is a no-op", "[server][store]") {
   MemoryDb db;
   REQUIRE(MigrateSchema(db.get()).ok());
   const std::string before = Schema(db);
   auto again = MigrateSchema(db.get());
   REQUIRE(again.ok());
-  CHECK(*again == 2);
+  CHECK(*again == 3);
   CHECK(Schema(db) == before);
 }
 

@@ -244,11 +244,12 @@ TEST_CASE("store rows: decisions - commands - acks and quarantines round-trip", 
   CHECK((*latest)->id == "c2");
   REQUIRE(rows::InsertCommandAcks(db.get(), {{"c2", "r", 1, 2, "done", 40, 8},
                                              {"c2", "r", 0, 2, "done", 40, 7},
-                                             {"c2", "r", 0, 2, "again", 41, 9}})
+                                             {"c2", "r", 0, 2, "again", 41, 9},
+                                             {"c2", "other", 2, 2, "forged", 41, 9}})
               .ok());
-  auto acks = rows::CommandAcks(db.get(), "c2");
+  auto acks = rows::CommandAcks(db.get(), "r", "c2");
   REQUIRE(acks.ok());
-  REQUIRE(acks->size() == 2);
+  REQUIRE(acks->size() == 2);  // run "other"'s row is not run "r"'s
   CHECK((*acks)[0].rank == 0);  // by time
   CHECK((*acks)[0].message == "done");
 

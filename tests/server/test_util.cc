@@ -58,6 +58,14 @@ v1::AgentMessage Step(const std::string& run, int32_t rank, int32_t world, int64
   return m;
 }
 
+v1::AgentMessage Checkpoint(const std::string& run, int64_t step) {
+  v1::AgentMessage m;
+  m.mutable_checkpoint()->set_run_id(run);
+  m.mutable_checkpoint()->set_step(step);
+  m.mutable_checkpoint()->set_uri("ckpt://" + run + "/" + std::to_string(step));
+  return m;
+}
+
 TestAgent::TestAgent(const std::shared_ptr<grpc::Channel>& channel, const std::string& token,
                      std::chrono::seconds deadline)
     : stub_(v1::AgentService::NewStub(channel)) {

@@ -37,6 +37,8 @@ v1::AgentMessage Hello(const std::string& run, int32_t rank, int32_t world);
 v1::AgentMessage Step(const std::string& run, int32_t rank, int32_t world, int64_t step,
                       double loss, double grad_norm, double log_z = 8.0,
                       v1::ReportScope scope = v1::REPORT_SCOPE_GLOBAL);
+// A checkpoint at `step` with uri "ckpt://<run>/<step>".
+v1::AgentMessage Checkpoint(const std::string& run, int64_t step);
 
 // One agent stream, driven synchronously.
 class TestAgent {

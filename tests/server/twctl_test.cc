@@ -23,6 +23,7 @@
 namespace trainwatch::server {
 namespace {
 
+using testing::Checkpoint;
 using testing::Hello;
 using testing::Step;
 using testing::TempDir;
@@ -52,14 +53,6 @@ core::JsonValue ParsedJson(const Out& o) {
   REQUIRE(v.ok());
   REQUIRE(v->type == core::JsonValue::Type::kObject);
   return *v;
-}
-
-v1::AgentMessage Checkpoint(const std::string& run, int64_t step) {
-  v1::AgentMessage m;
-  m.mutable_checkpoint()->set_run_id(run);
-  m.mutable_checkpoint()->set_step(step);
-  m.mutable_checkpoint()->set_uri("ckpt://" + run + "/" + std::to_string(step));
-  return m;
 }
 
 TEST_CASE("twctl: every operator command - table and json - exit codes", "[server][twctl]") {

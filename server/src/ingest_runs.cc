@@ -1,0 +1,307 @@
+// The runs the ingestor holds in memory: creating a run, rebuilding one from
+// the store (at startup, or on demand after an eviction), evicting the least
+// recently used beyond max_runs_in_memory, and the snapshots every run keeps,
+// held or not. Writer thread, except Snapshot().
+
+#include <algorithm>
+#include <iterator>
+#include <string_view>
+#include <unordered_set>
+#include <utility>
+
+#include "ingest.h"
+#include "log.h"
+
+namespace trainwatch::server {
+
+using trainwatch::v1::StepReport;
+
+namespace {
+
+// Every incident of the run, the ones not closed open again.
+absl::Status RestoreIncidents(Store* store, IncidentTracker* tracker, const std::string& run_id) {
+  IncidentFilter f;
+  f.run_id = run_id;
+  f.limit = 1 << 30;
+  absl::StatusOr<std::vector<IncidentRow>> inc = store->ListIncidents(f);
+  if (!inc.ok()) return inc.status();
+  tracker->Restore(*std::move(inc));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const std::string& RunIdOf(const trainwatch::v1::AgentMessage& m) {
+  switch (m.kind_case()) {
+    case trainwatch::v1::AgentMessage::kHello:
+      return m.hello().run_id();
+    case trainwatch::v1::AgentMessage::kStepReport:
+      return m.step_report().run_id();
+    case trainwatch::v1::AgentMessage::kCheckpoint:
+      return m.checkpoint().run_id();
+    case trainwatch::v1::AgentMessage::kCommandAck:
+      return m.command_ack().run_id();
+    default: {
+      static const std::string* const kNone = new std::string;
+      return *kNone;
+    }
+  }
+}
+
+void Ingestor::ProcessInBatches(std::vector<IngestItem>& items) {
+  // A batch's runs must all stay in memory until its commit (their rows are
+  // in batch_, and a rebuild reads the store), so a batch touches at most
+  // max_runs_in_memory runs and MakeRoom always finds one to evict.
+  const size_t bound = std::max<size_t>(1, options_.max_runs_in_memory);
+  size_t begin = 0;
+  do {
+    std::unordered_set<std::string_view> touched;
+    size_t end = begin;
+    for (; end < items.size(); ++end) {
+      const std::string& id = RunIdOf(items[end].message);
+      if (touched.count(id) > 0) continue;
+      if (touched.size() >= bound) break;
+      touched.insert(id);
+    }
+    ++batch_seq_;
+    if (begin == 0 && end == items.size()) {
+      ProcessBatch(items);
+      return;
+    }
+    std::vector<IngestItem> part(std::make_move_iterator(items.begin() + begin),
+                                 std::make_move_iterator(items.begin() + end));
+    ProcessBatch(part);
+    begin = end;
+  } while (begin < items.size());
+}
+
+Ingestor::RunState* Ingestor::RunFor(const std::string& run_id, int32_t world_size,
+                                     int64_t now, bool create) {
+  auto it = runs_.find(run_id);
+  if (it == runs_.end()) {
+    auto evicted = evicted_.find(run_id);
+    if (evicted == evicted_.end() && !create) return nullptr;
+    MakeRoom();
+    if (evicted != evicted_.end()) {
+      absl::StatusOr<RunState*> rebuilt = RecoverRun(evicted->second);
+      if (!rebuilt.ok()) {
+        LOG(ERROR) << "run " << run_id << ": rebuilding from the store: " << rebuilt.status();
+        return nullptr;
+      }
+      evicted_.erase(evicted);
+      absl::MutexLock lock(&snap_mu_);
+      // Not rebuilt from the store: carried over from the snapshot.
+      (*rebuilt)->missing_rank_steps_total = snapshot_[run_id].missing_rank_steps_total;
+      stats_.runs_rebuilt_total++;
+    } else {
+      RunRow row;
+      row.run_id = run_id;
+      row.world_size = std::max(1, world_size);
+      row.created_ms = now;
+      row.last_seen_ms = now;
+      auto rs = std::make_unique<RunState>(row);
+      rs->engine = std::make_unique<core::RuleEngine>(options_.rules);
+      rs->row_dirty = true;
+      runs_.emplace(run_id, std::move(rs));
+    }
+    it = runs_.find(run_id);
+  }
+  RunState& r = *it->second;
+  r.last_batch = batch_seq_;
+  if (world_size > r.row.world_size) {
+    r.row.world_size = world_size;
+    r.row_dirty = true;
+  }
+  r.row.last_seen_ms = now;
+  return &r;
+}
+
+void Ingestor::MakeRoom() {
+  const size_t bound = std::max<size_t>(1, options_.max_runs_in_memory);
+  while (runs_.size() >= bound) {
+    // The least recently used run this batch has not touched, an idle one
+    // (no step waiting for ranks, no rollback under way) before a busy one.
+    auto victim = runs_.end();
+    auto key = [](const RunState& r) {
+      return std::make_pair(!r.pending.empty() || r.command.has_value(), r.last_batch);
+    };
+    for (auto it = runs_.begin(); it != runs_.end(); ++it) {
+      if (it->second->last_batch == batch_seq_) continue;
+      if (victim == runs_.end() || key(*it->second) < key(*victim->second)) victim = it;
+    }
+    if (victim == runs_.end()) return;  // ProcessInBatches keeps this from happening
+    {
+      absl::MutexLock lock(&snap_mu_);
+      snapshot_[victim->first] = SnapshotOf(*victim->second);
+      stats_.runs_evicted_total++;
+    }
+    evicted_.emplace(victim->first, victim->second->row);
+    runs_.erase(victim);
+  }
+}
+
+absl::Status Ingestor::Recover() {
+  absl::StatusOr<std::vector<RunRow>> runs = store_->LoadRuns();
+  if (!runs.ok()) return runs.status();
+  absl::StatusOr<int64_t> max_id = store_->MaxIncidentId();
+  if (!max_id.ok()) return max_id.status();
+  ids_.next_incident = *max_id + 1;
+  absl::StatusOr<int64_t> max_decision = store_->MaxDecisionId();
+  if (!max_decision.ok()) return max_decision.status();
+  ids_.next_decision = *max_decision + 1;
+  // The most recently seen runs are the likeliest to stream again.
+  std::stable_sort(runs->begin(), runs->end(), [](const RunRow& a, const RunRow& b) {
+    return a.last_seen_ms > b.last_seen_ms;
+  });
+  const size_t bound = std::max<size_t>(1, options_.max_runs_in_memory);
+  for (size_t i = 0; i < runs->size(); ++i) {
+    const RunRow& row = (*runs)[i];
+    if (i < bound) {
+      absl::StatusOr<RunState*> r = RecoverRun(row);
+      if (!r.ok()) return r.status();
+      continue;
+    }
+    absl::StatusOr<RunSnapshot> snap = StoredSnapshot(row);
+    if (!snap.ok()) return snap.status();
+    evicted_.emplace(row.run_id, row);
+    absl::MutexLock lock(&snap_mu_);
+    snapshot_[row.run_id] = *std::move(snap);
+  }
+  if (runs->size() > bound) {
+    LOG(INFO) << "rebuilt the " << bound << " most recently seen of " << runs->size()
+              << " runs; the others are rebuilt when they stream again";
+  }
+  PublishSnapshot();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Ingestor::RunState*> Ingestor::RecoverRun(const RunRow& row) {
+  auto rs = std::make_unique<RunState>(row);
+  RunState& r = *rs;
+  core::EngineRebuilder rebuild(options_.rules);
+  absl::Status st = store_->ForEachStep(
+      row.run_id, row.attempt, [&](const StepRow& s, const std::string& ckpt) {
+        core::StepRecord rec = s.View();
+        rec.checkpoint_uri = ckpt;
+        if (rebuild.Feed(rec)) {
+          r.latest = s;
+          r.has_latest = true;
+          r.skipped_total += s.decision == static_cast<int>(core::Decision::kSkipUpdate);
+        }
+      });
+  if (!st.ok()) return st;
+  // Checkpoints reported apart from steps (and after the last one).
+  absl::StatusOr<std::vector<CheckpointRow>> cks = store_->Checkpoints(row.run_id);
+  if (!cks.ok()) return cks.status();
+  for (const CheckpointRow& c : *cks) rebuild.NoteCheckpoint(c.step, c.uri);
+  const int64_t steps = rebuild.fed();
+  r.engine = std::move(rebuild).Finish();
+  if (absl::Status st = RestoreIncidents(store_, &r.incidents, row.run_id); !st.ok()) return st;
+  // A rollback under way or completed and being watched.
+  std::vector<IncidentRow> rolling;
+  for (const auto& [key, open] : r.incidents.open()) {
+    if (open.state == IncidentState::kRollingBack) rolling.push_back(open);
+  }
+  for (const IncidentRow& open : rolling) {
+    absl::StatusOr<std::optional<CommandRow>> cmd = store_->LatestCommand(open.id);
+    if (!cmd.ok()) return cmd.status();
+    if (!cmd->has_value()) continue;
+    trainwatch::v1::ServerMessage msg;
+    msg.mutable_command()->ParseFromString((*cmd)->payload);
+    RollbackCommand ac;
+    ac.id = (*cmd)->id;
+    ac.message = msg.SerializeAsString();
+    ac.incident_id = open.id;
+    ac.target_step = msg.command().rollback().target_step();
+    ac.world_size = row.world_size;
+    // Only this run's agents' acknowledgements count.
+    absl::StatusOr<std::vector<CommandAckRow>> acks = store_->CommandAcks(row.run_id, ac.id);
+    if (!acks.ok()) return acks.status();
+    bool complete = false;
+    for (const CommandAckRow& a : *acks) {
+      complete = ac.OnAck(a.rank, static_cast<trainwatch::v1::AckStatus>(a.status),
+                          ac.world_size);
+    }
+    if (complete) {
+      r.incidents.Watch(open.id, open.detection_step);
+    } else {
+      r.command = std::move(ac);
+    }
+  }
+  absl::StatusOr<std::vector<QuarantineRow>> q = store_->Quarantines(row.run_id);
+  if (!q.ok()) return q.status();
+  for (const QuarantineRow& qr : *q) r.quarantined.emplace_back(qr.first, qr.last);
+  // Per-rank records of steps not yet completed; one too far ahead was
+  // refused when it came and stays so.
+  absl::StatusOr<std::vector<RankStepRow>> ranks =
+      store_->LoadRankStepsAfter(row.run_id, row.attempt, row.last_step);
+  if (!ranks.ok()) return ranks.status();
+  const int64_t base = std::max<int64_t>(row.last_step, 0);
+  for (const RankStepRow& rk : *ranks) {
+    StepReport rep;
+    if (!rep.ParseFromString(rk.report)) continue;
+    r.mode_known = true;
+    r.rank_mode = true;
+    if (rk.rank < 0 || rk.rank >= row.world_size) continue;
+    if (rk.step - base > options_.max_step_jump) continue;
+    r.pending.try_emplace(rk.step, clock_->NowMs())
+        .first->second.Add(rk.rank, wire::StepFromProto(rep));
+  }
+  if (!r.mode_known && steps > 0) r.mode_known = true;
+  LOG(INFO) << "recovered run " << row.run_id << ": " << steps << " steps, "
+            << r.incidents.open().size() << " open incidents, " << r.pending.size()
+            << " pending steps";
+  r.last_batch = batch_seq_;
+  return runs_.insert_or_assign(row.run_id, std::move(rs)).first->second.get();
+}
+
+absl::StatusOr<RunSnapshot> Ingestor::StoredSnapshot(const RunRow& row) {
+  RunState r(row);
+  if (row.last_step >= 0) {
+    absl::StatusOr<std::vector<StepRow>> last =
+        store_->StepsBetween(row.run_id, row.attempt, row.last_step, row.last_step);
+    if (!last.ok()) return last.status();
+    if (!last->empty()) {
+      r.latest = last->back();
+      r.has_latest = true;
+    }
+  }
+  absl::StatusOr<int64_t> skipped = store_->CountDecided(
+      row.run_id, row.attempt, static_cast<int>(core::Decision::kSkipUpdate));
+  if (!skipped.ok()) return skipped.status();
+  r.skipped_total = *skipped;
+  if (absl::Status st = RestoreIncidents(store_, &r.incidents, row.run_id); !st.ok()) return st;
+  return SnapshotOf(r);
+}
+
+RunSnapshot Ingestor::SnapshotOf(const RunState& r) {
+  RunSnapshot s;
+  s.row = r.row;
+  s.rank_mode = r.rank_mode;
+  s.latest = r.latest;
+  s.has_latest = r.has_latest;
+  s.skipped_total = r.skipped_total;
+  s.missing_rank_steps_total = r.missing_rank_steps_total;
+  for (int t = 0; t < 4; ++t) s.incidents_total[t] = r.incidents.totals()[t];
+  for (const auto& [ep, inc] : r.incidents.open()) {
+    s.open_incidents[std::clamp(inc.tier, 0, 3)]++;
+  }
+  return s;
+}
+
+void Ingestor::PublishSnapshot() {
+  // Only the runs held can have changed; evicted ones keep theirs.
+  absl::MutexLock lock(&snap_mu_);
+  for (const auto& [id, r] : runs_) snapshot_[id] = SnapshotOf(*r);
+  stats_.runs_in_memory = static_cast<int64_t>(runs_.size());
+}
+
+std::vector<RunSnapshot> Ingestor::Snapshot() const {
+  absl::MutexLock lock(&snap_mu_);
+  std::vector<RunSnapshot> out;
+  out.reserve(snapshot_.size());
+  for (const auto& [id, s] : snapshot_) out.push_back(s);
+  return out;
+}
+
+}  // namespace trainwatch::server

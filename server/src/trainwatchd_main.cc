@@ -1,9 +1,16 @@
 // trainwatchd: flags in, Server::Start, wait for SIGTERM/SIGINT, Shutdown.
+//
+// Exit status: 0 after a signal; 2 for a bad flag (a value out of range or
+// of the wrong form, checked by CheckServerOptions before anything starts,
+// or a file a flag names that cannot be used); 1 when the server cannot
+// start (a port in use, the database cannot be opened) or fails. absl
+// itself exits 1 for a flag it cannot parse at all (--max_message_bytes=x).
 
 #include <pthread.h>
 
 #include <csignal>
 #include <cstdio>
+#include <exception>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -16,23 +23,36 @@
 #include "trainwatch/core/version.h"
 #include "server.h"
 
-ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "gRPC address (port 0: pick a free one)");
+ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
+          "gRPC address: host:port (port 0 to 65535; 0: pick a free one) or unix:PATH");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
-          "Prometheus /metrics address; empty disables it");
-ABSL_FLAG(std::string, db, "trainwatch.db", "SQLite database file");
+          "Prometheus /metrics address, host:port; empty disables it");
+ABSL_FLAG(std::string, db, "trainwatch.db",
+          "SQLite database file (not empty, not :memory:, not a directory)");
 ABSL_FLAG(std::string, tokens, "", "bearer tokens file (JSON); empty: authentication off");
 ABSL_FLAG(std::string, tls_cert, "", "server certificate (PEM)");
 ABSL_FLAG(std::string, tls_key, "", "server private key (PEM)");
 ABSL_FLAG(std::string, tls_client_ca, "", "CA for client certificates: mutual TLS");
 ABSL_FLAG(std::string, rules, "", "rule thresholds (JSON, as `twctl replay --print-config`)");
-ABSL_FLAG(int, max_message_bytes, 4 << 20, "largest message accepted");
+ABSL_FLAG(int, max_message_bytes, 4 << 20,
+          "largest message accepted or sent, in [1024, 1073741824]");
 ABSL_FLAG(int, aggregation_timeout_ms, 30000,
-          "per-rank records: complete a step without the missing ranks after this long");
+          "per-rank records: complete a step without the missing ranks after this long, in "
+          "[1, 86400000]");
+ABSL_FLAG(int, max_world_size, 65536,
+          "largest world_size an agent may claim, in [1, 1000000]; more is INVALID_ARGUMENT");
+ABSL_FLAG(int, max_runs_per_token, 1000,
+          "distinct runs one agent token may create while the server runs, in [1, 1000000]; "
+          "more is RESOURCE_EXHAUSTED (authentication on only)");
+ABSL_FLAG(bool, reflection, true,
+          "serve gRPC server reflection; with --tokens it takes any valid token");
 ABSL_FLAG(std::string, grafana_url, "", "Grafana dashboard URL, for links in pages");
 ABSL_FLAG(std::string, pager_config, "",
           "pager receivers (JSON: alertmanager, pagerduty, slack, webhook); empty: no pages");
 
-int main(int argc, char** argv) {
+namespace {
+
+int Run(int argc, char** argv) {
   // absl prints "<program>: <message>" and groups flags under the path the
   // defining file was compiled from (a build machine's folder); name the
   // program once, and group our flags under it.
@@ -61,6 +81,13 @@ int main(int argc, char** argv) {
   o.grafana_url = absl::GetFlag(FLAGS_grafana_url);
   o.pager_config_file = absl::GetFlag(FLAGS_pager_config);
   o.ingest.aggregation_timeout_ms = absl::GetFlag(FLAGS_aggregation_timeout_ms);
+  o.max_world_size = absl::GetFlag(FLAGS_max_world_size);
+  o.max_runs_per_token = absl::GetFlag(FLAGS_max_runs_per_token);
+  o.reflection = absl::GetFlag(FLAGS_reflection);
+  if (absl::Status s = trainwatch::server::CheckServerOptions(o); !s.ok()) {
+    std::fprintf(stderr, "trainwatchd: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   if (const std::string rules = absl::GetFlag(FLAGS_rules); !rules.empty()) {
     absl::StatusOr<std::string> text = trainwatch::core::LocalFileSystem().ReadFile(rules);
     if (!text.ok()) {
@@ -87,7 +114,8 @@ int main(int argc, char** argv) {
   auto server = trainwatch::server::Server::Start(o);
   if (!server.ok()) {
     std::fprintf(stderr, "trainwatchd: %s\n", std::string(server.status().message()).c_str());
-    return 1;
+    // UNAVAILABLE: could not bind or open; anything else: a flag's file.
+    return server.status().code() == absl::StatusCode::kUnavailable ? 1 : 2;
   }
   // Machine-readable, for scripts and tests that ask for port 0.
   std::printf("metrics on 127.0.0.1:%d\nlistening on 127.0.0.1:%d\n", (*server)->metrics_port(),
@@ -98,4 +126,19 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "trainwatchd: signal received, draining\n");
   (*server)->Shutdown();
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Nothing below should throw; if a library does, say so in one line
+  // rather than abort with a core dump.
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "trainwatchd: unexpected error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "trainwatchd: unexpected error\n");
+  }
+  return 1;
 }

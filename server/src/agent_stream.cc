@@ -93,6 +93,7 @@ void AgentStream::OnReadDone(bool ok) {
 
 void AgentStream::Write(const v1::ServerMessage& m) {
   bool own_buffer = false;
+  out_bytes_.Clear();  // the last write's bytes: done with, as no write is in flight
   // Serializing a message already built cannot fail.
   grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::ServerMessage>(m, &out_bytes_, &own_buffer)
       .IgnoreError();

@@ -1,5 +1,6 @@
 // rollback approve, rollback reject: the human's decision on a page.
 
+#include <cmath>
 #include <functional>
 
 #include "absl/strings/numbers.h"
@@ -16,8 +17,12 @@ namespace {
 // Both subcommands answer a wrong operand count alike, as the group does.
 constexpr char kRollbackMisuse[] = "usage: twctl rollback approve|reject ID ...\n";
 
+// "A..B" ranges and single shard ids, comma-separated: "1,2" is shards 1
+// and 2, "1..4,9" shards 1 to 4 and 9. Empty, or a range with B < A, is
+// an error (quarantining nothing is not what an empty value should mean).
 bool ParseShardRanges(const std::string& text, v1::ShardSet* out) {
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+  if (text.empty()) return false;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
     const size_t dots = part.find("..");
     uint64_t a, b;
     if (dots == absl::string_view::npos) {
@@ -41,10 +46,10 @@ class ApproveCommand : public Command {
             CommandSpec("rollback approve", "ID",
                         "approve the recommended rollback (a dry run is shown first)",
                         {{"to-step", "N", "roll back to this retained checkpoint instead"},
-                         {"quarantine-shards", "A..B[,C..D]", "the shards to quarantine"},
-                         {"z-loss-alpha", "X", "turn z-loss on with this alpha (>= 0)"},
+                         {"quarantine-shards", "A..B[,C..D]", "shards to quarantine, e.g. 1..4,9"},
+                         {"z-loss-alpha", "X", "turn z-loss on with this alpha (0 to 1)"},
                          {"skip-steps", "A..B|none", "the steps whose batches every rank skips"},
-                         {"comment", "TEXT", "why, for the audit log"},
+                         {"comment", "TEXT", "why, for the audit log (not for --dry-run)"},
                          {"yes", "", "do not ask for confirmation"},
                          {"dry-run", "", "only show what would happen"}})
                 .Connecting()
@@ -55,6 +60,12 @@ class ApproveCommand : public Command {
     const std::string comment = args.Get("comment");
     v1::ApproveRollbackRequest req;
     if (int rc = Request(args, &req, ctx.err); rc != kOk) return rc;
+    // The server refuses it too; saying so here spares the dry run. A dry
+    // run records nothing and needs none.
+    if (comment.empty() && !args.Has("dry-run")) {
+      *ctx.err = "twctl rollback approve: --comment is required (it goes in the audit log)\n";
+      return kUsage;
+    }
     // First a dry run: the human sees exactly what will happen.
     req.set_dry_run(true);
     v1::ApproveRollbackResponse plan;
@@ -103,7 +114,8 @@ class ApproveCommand : public Command {
     }
     if (args.Has("quarantine-shards") &&
         !ParseShardRanges(args.Get("quarantine-shards"), req->mutable_quarantine_shards())) {
-      *err = "twctl rollback approve: --quarantine-shards takes A..B[,C..D]\n";
+      *err = "twctl rollback approve: --quarantine-shards takes shard ids and A..B ranges with "
+             "A <= B, comma-separated (e.g. 1..4,9)\n";
       return kUsage;
     }
     if (args.Has("skip-steps")) {
@@ -121,8 +133,9 @@ class ApproveCommand : public Command {
     }
     if (args.Has("z-loss-alpha")) {
       double a;
-      if (!absl::SimpleAtod(args.Get("z-loss-alpha"), &a) || !(a >= 0)) {
-        *err = "twctl rollback approve: --z-loss-alpha needs a number >= 0\n";
+      // SimpleAtod reads 1e400 as inf; the server holds the upper bound.
+      if (!absl::SimpleAtod(args.Get("z-loss-alpha"), &a) || !std::isfinite(a) || a < 0) {
+        *err = "twctl rollback approve: --z-loss-alpha needs a finite number >= 0\n";
         return kUsage;
       }
       req->set_z_loss_alpha(a);

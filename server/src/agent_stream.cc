@@ -10,8 +10,9 @@ namespace trainwatch::server {
 
 namespace v1 = trainwatch::v1;
 
-AgentStream::AgentStream(ServiceState* state, grpc::CallbackServerContext* ctx)
-    : state_(state), ctx_(ctx), session_(std::make_shared<Session>()) {
+AgentStream::AgentStream(ServiceState* state, const AgentStreamShared* shared,
+                         grpc::CallbackServerContext* ctx)
+    : state_(state), shared_(shared), ctx_(ctx), session_(std::make_shared<Session>()) {
   absl::StatusOr<Principal> p =
       state_->auth().Check(AuthorizationOf(ctx), Access::kAgentStream);
   {
@@ -25,52 +26,28 @@ AgentStream::AgentStream(ServiceState* state, grpc::CallbackServerContext* ctx)
     return;
   }
   principal_ = *std::move(p);
-  StartRead(&in_);
+  StartRead(&in_bytes_);
 }
 
 absl::Status AgentStream::Validate(const v1::AgentMessage& m) {
-  const std::string* run = nullptr;
-  switch (m.kind_case()) {
-    case v1::AgentMessage::kHello:
-      run = &m.hello().run_id();
-      if (m.hello().world_size() < 0 || m.hello().world_size() > 1'000'000) {
-        return absl::InvalidArgumentError("hello: world_size must be in [1, 1000000]");
-      }
-      break;
-    case v1::AgentMessage::kStepReport: {
-      const auto& r = m.step_report();
-      run = &r.run_id();
-      if (r.step() < 0) return absl::InvalidArgumentError("step_report: step must be >= 0");
-      if (r.rank() < 0) return absl::InvalidArgumentError("step_report: rank must be >= 0");
-      if (r.world_size() < 0 || r.world_size() > 1'000'000) {
-        return absl::InvalidArgumentError("step_report: world_size must be in [1, 1000000]");
-      }
-      if (r.world_size() > 0 && r.rank() >= r.world_size()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "step_report: rank ", r.rank(), " is outside world_size ", r.world_size()));
-      }
-      break;
-    }
-    case v1::AgentMessage::kHeartbeat:
-      run = &m.heartbeat().run_id();
-      break;
-    case v1::AgentMessage::kCheckpoint:
-      run = &m.checkpoint().run_id();
-      if (m.checkpoint().uri().empty()) {
-        return absl::InvalidArgumentError("checkpoint: uri is empty");
-      }
-      break;
-    case v1::AgentMessage::kCommandAck:
-      run = &m.command_ack().run_id();
-      break;
-    case v1::AgentMessage::KIND_NOT_SET:
-      return absl::InvalidArgumentError("empty AgentMessage: set one of its kinds");
-  }
-  if (run->empty()) return absl::InvalidArgumentError("run_id is empty");
-  if (run->size() > 200) return absl::InvalidArgumentError("run_id is longer than 200 bytes");
-  if (!principal_.MayReport(*run)) {
+  if (absl::Status s = CheckAgentMessage(m, progress_, shared_->limits); !s.ok()) return s;
+  const std::string& run = m.has_hello()         ? m.hello().run_id()
+                           : m.has_step_report() ? m.step_report().run_id()
+                           : m.has_heartbeat()   ? m.heartbeat().run_id()
+                           : m.has_checkpoint()  ? m.checkpoint().run_id()
+                                                 : m.command_ack().run_id();
+  if (!principal_.MayReport(run)) {
     return absl::PermissionDeniedError(
-        absl::StrCat("token '", principal_.name, "' may not report for run '", *run, "'"));
+        absl::StrCat("token '", principal_.name, "' may not report for run '", run, "'"));
+  }
+  if (m.has_hello()) {
+    // Only a Hello may bring a new run (everything else needs one first).
+    return shared_->run_limit->Admit(principal_, run, [this, &run] {
+      for (const RunSnapshot& r : state_->ingestor()->Snapshot()) {
+        if (r.row.run_id == run) return true;
+      }
+      return false;
+    });
   }
   return absl::OkStatus();
 }
@@ -80,13 +57,21 @@ void AgentStream::OnReadDone(bool ok) {
     FinishWhenIdle(grpc::Status::OK);
     return;
   }
-  if (absl::Status s = Validate(in_); !s.ok()) {
+  // The limits on the bytes (--max_message_bytes) were gRPC's; these are
+  // the protocol's.
+  absl::Status s = grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::AgentMessage>(
+                       &in_bytes_, &in_)
+                           .ok()
+                       ? Validate(in_)
+                       : absl::InvalidArgumentError("the bytes received are not an AgentMessage");
+  if (!s.ok()) {
     LOG(WARNING) << "agent stream " << id_ << " from " << ctx_->peer()
                  << " rejected: " << s.message();
     state_->streams_rejected++;
     FinishWhenIdle(ToGrpc(s));
     return;
   }
+  progress_.hello_seen = true;  // Validate let nothing else come first
   {
     absl::MutexLock lock(&session_->mu);
     if (in_.has_hello()) {
@@ -95,9 +80,6 @@ void AgentStream::OnReadDone(bool ok) {
       session_->rank = in_.hello().rank();
     } else if (in_.has_heartbeat()) {
       session_->heartbeat = in_.heartbeat();
-    } else if (in_.has_step_report() && session_->run_id.empty()) {
-      session_->run_id = in_.step_report().run_id();
-      session_->rank = in_.step_report().rank();
     }
   }
   IngestItem item;
@@ -106,7 +88,16 @@ void AgentStream::OnReadDone(bool ok) {
   item.message = std::move(in_);
   in_.Clear();
   state_->ingestor()->Submit(std::move(item));
-  StartRead(&in_);
+  StartRead(&in_bytes_);
+}
+
+void AgentStream::Write(const v1::ServerMessage& m) {
+  bool own_buffer = false;
+  out_bytes_.Clear();  // the last write's bytes: done with, as no write is in flight
+  // Serializing a message already built cannot fail.
+  grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::ServerMessage>(m, &out_bytes_, &own_buffer)
+      .IgnoreError();
+  StartWrite(&out_bytes_);
 }
 
 void AgentStream::Deliver(const std::shared_ptr<Session>& s) {
@@ -122,7 +113,7 @@ void AgentStream::Deliver(const std::shared_ptr<Session>& s) {
     }
   }
   if (reactor != nullptr) {
-    reactor->StartWrite(&s->out);
+    reactor->Write(s->out);
     return;
   }
   {
@@ -142,7 +133,7 @@ void AgentStream::Deliver(const std::shared_ptr<Session>& s) {
     reactor = s->reactor;
   }
   // Outside the lock: a reaction may run inline.
-  reactor->StartWrite(&s->out);
+  reactor->Write(s->out);
 }
 
 void AgentStream::OnWriteDone(bool ok) {
@@ -198,22 +189,31 @@ void AgentStream::OnDone() {
 
 namespace {
 
-class AgentServiceImpl : public v1::AgentService::CallbackService {
+// Raw: the stream parses the bytes itself (see agent_stream.h).
+class AgentServiceImpl
+    : public v1::AgentService::WithRawCallbackMethod_Stream<v1::AgentService::Service> {
  public:
-  explicit AgentServiceImpl(ServiceState* state) : state_(state) {}
-  grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerMessage>* Stream(
+  AgentServiceImpl(ServiceState* state, AgentStreamLimits limits, int max_runs_per_token)
+      : state_(state), run_limit_(max_runs_per_token) {
+    shared_.limits = limits;
+    shared_.run_limit = &run_limit_;
+  }
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Stream(
       grpc::CallbackServerContext* ctx) override {
-    return new AgentStream(state_, ctx);
+    return new AgentStream(state_, &shared_, ctx);
   }
 
  private:
   ServiceState* state_;
+  RunCreationLimit run_limit_;
+  AgentStreamShared shared_;
 };
 
 }  // namespace
 
-std::unique_ptr<grpc::Service> NewAgentService(ServiceState* state) {
-  return std::make_unique<AgentServiceImpl>(state);
+std::unique_ptr<grpc::Service> NewAgentService(ServiceState* state, AgentStreamLimits limits,
+                                               int max_runs_per_token) {
+  return std::make_unique<AgentServiceImpl>(state, limits, max_runs_per_token);
 }
 
 }  // namespace trainwatch::server

@@ -1,5 +1,6 @@
 #include "auth.h"
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -31,7 +32,7 @@ absl::string_view RoleName(Role r) {
 
 bool Principal::MayReport(absl::string_view run_id) const {
   if (role != Role::kAgent) return false;
-  if (runs.empty()) return true;
+  if (all_runs) return true;
   for (const std::string& r : runs) {
     if (r == run_id) return true;
   }
@@ -79,9 +80,14 @@ absl::StatusOr<Authenticator> Authenticator::FromJson(absl::string_view json,
       return absl::InvalidArgumentError(absl::StrCat(
           where(), "role must be agent, reader or operator, not \"", role->string, "\""));
     }
+    e.principal.token_index = static_cast<int>(a.entries_.size());
     if (const core::JsonValue* runs = t.Find("runs")) {
       if (runs->type != core::JsonValue::Type::kArray) {
         return absl::InvalidArgumentError(absl::StrCat(where(), "runs must be a list"));
+      }
+      if (runs->array.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where(), "runs is empty: list the runs, or write [\"*\"] for every run"));
       }
       for (const core::JsonValue& r : runs->array) {
         if (r.type != core::JsonValue::Type::kString) {
@@ -89,6 +95,12 @@ absl::StatusOr<Authenticator> Authenticator::FromJson(absl::string_view json,
         }
         e.principal.runs.push_back(r.string);
       }
+      const bool star = absl::c_linear_search(e.principal.runs, "*");
+      if (star && e.principal.runs.size() > 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where(), "runs: \"*\" (every run) goes alone"));
+      }
+      e.principal.all_runs = star;
     }
     for (const Entry& other : a.entries_) {
       if (other.token == e.token) {
@@ -129,7 +141,8 @@ absl::StatusOr<Principal> Authenticator::Check(absl::string_view authorization,
   }
   if (found == nullptr) return absl::UnauthenticatedError("unknown bearer token");
   const Role role = found->principal.role;
-  const bool allowed = access == Access::kAgentStream ? role == Role::kAgent
+  const bool allowed = access == Access::kAny           ? true
+                       : access == Access::kAgentStream ? role == Role::kAgent
                        : access == Access::kRead      ? role != Role::kAgent
                                                       : role == Role::kOperator;
   if (!allowed) {
@@ -140,6 +153,23 @@ absl::StatusOr<Principal> Authenticator::Check(absl::string_view authorization,
                                        : "approve or reject rollbacks"));
   }
   return found->principal;
+}
+
+absl::Status RunCreationLimit::Admit(const Principal& p, const std::string& run_id,
+                                     const std::function<bool()>& run_exists) {
+  if (p.token_index < 0) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  std::set<std::string>& mine = created_[p.token_index];
+  if (mine.count(run_id) > 0) return absl::OkStatus();
+  if (static_cast<int>(mine.size()) < max_) {
+    if (!run_exists()) mine.insert(run_id);
+    return absl::OkStatus();
+  }
+  if (run_exists()) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("token '", p.name, "' has created ", mine.size(),
+                   " runs, the most one agent token may (--max_runs_per_token); run '", run_id,
+                   "' would be one more"));
 }
 
 }  // namespace trainwatch::server

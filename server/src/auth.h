@@ -2,7 +2,7 @@
 //
 //   {"tokens": [
 //     {"name": "trainer-a", "token": "...", "role": "agent", "runs": ["run-a"]},
-//     {"name": "ci",        "token": "...", "role": "agent"},          // all runs
+//     {"name": "ci",        "token": "...", "role": "agent", "runs": ["*"]},  // all runs
 //     {"name": "oncall",    "token": "...", "role": "operator"},
 //     {"name": "grafana",   "token": "...", "role": "reader"}]}
 //
@@ -13,30 +13,43 @@
 // default, loopback-only bind). Tokens are compared in constant time and
 // never logged.
 //
-// Thread-safe after construction (read-only).
+// An agent's "runs" lists the runs it may report for; ["*"] is every run.
+// An empty list is an error (it used to mean every run, the opposite of
+// what it reads as). Leaving "runs" out still means every run, as before.
+// Server reflection takes any valid token when authentication is on.
+//
+// Thread-safe after construction (read-only); RunCreationLimit is
+// thread-safe.
 
 #ifndef TRAINWATCH_SERVER_AUTH_H_
 #define TRAINWATCH_SERVER_AUTH_H_
 
+#include <functional>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "trainwatch/core/file_system.h"
 
 namespace trainwatch::server {
 
 enum class Role { kAgent, kReader, kOperator };
 
-// What a method needs.
-enum class Access { kAgentStream, kRead, kDecide };
+// What a method needs; kAny: any valid token (server reflection).
+enum class Access { kAgentStream, kRead, kDecide, kAny };
 
 struct Principal {
   std::string name;  // "anonymous" when authentication is off
   Role role = Role::kOperator;
-  std::vector<std::string> runs;  // empty: every run (agents)
+  bool all_runs = true;           // agents: every run ("runs": ["*"] or no "runs")
+  std::vector<std::string> runs;  // agents, when !all_runs: these runs only
+  // Position in the tokens file; -1 when authentication is off.
+  int token_index = -1;
 
   // True when an agent principal may report for `run_id`.
   bool MayReport(absl::string_view run_id) const;
@@ -61,6 +74,26 @@ class Authenticator {
   };
   bool enabled_ = false;
   std::vector<Entry> entries_;
+};
+
+// Bounds the distinct runs one agent token may create, so that a leaked or
+// buggy agent token cannot fill the server with runs (--max_runs_per_token,
+// default 1,000). Counted per token, in memory, over the server's life: a
+// run the token said Hello to first while it did not exist. Without
+// authentication there is no token to count for and nothing is bounded.
+class RunCreationLimit {
+ public:
+  explicit RunCreationLimit(int max_runs_per_token) : max_(max_runs_per_token) {}
+  // OK when `p` may say Hello for `run_id`: an existing run (`run_exists`,
+  // called only when needed), one it created before, or a new one within
+  // its quota; RESOURCE_EXHAUSTED naming the flag otherwise.
+  absl::Status Admit(const Principal& p, const std::string& run_id,
+                     const std::function<bool()>& run_exists);
+
+ private:
+  const int max_;
+  absl::Mutex mu_;
+  std::map<int, std::set<std::string>> created_ ABSL_GUARDED_BY(mu_);  // by token_index
 };
 
 }  // namespace trainwatch::server

@@ -188,6 +188,15 @@ void Ingestor::Handle(IngestItem& item, int64_t now) {
       if (run->command && m.hello().world_size() > 0) {
         run->command->world_size = m.hello().world_size();
       }
+      // The protocol's first answer (agent.proto, step 2): where to resume.
+      // The server knows it for the global record (rank 0); other ranks get
+      // an empty map and resend their buffer, which the store deduplicates.
+      trainwatch::v1::ServerMessage ack;
+      ack.mutable_durability_ack()->set_run_id(run->row.run_id);
+      if (m.hello().rank() == 0 && !run->rank_mode && run->row.last_step >= 0) {
+        (*ack.mutable_durability_ack()->mutable_durable_step())[0] = run->row.last_step;
+      }
+      outgoing_.emplace_back(run->row.run_id, item.stream_id, ack.SerializeAsString());
       // A (re)connected rank gets what it has not applied yet.
       if (!run->quarantined.empty()) {
         outgoing_.emplace_back(run->row.run_id, item.stream_id,

@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "agent_message_checks.h"
 #include "convert.h"
 #include "incident_summary.h"
 #include "trainwatch/v1/operator.grpc.pb.h"
@@ -25,6 +26,11 @@ namespace trainwatch::server {
 namespace v1 = trainwatch::v1;
 
 namespace {
+
+// A run id filter: empty is every run, anything else follows the rule.
+absl::Status OptionalRunId(const std::string& run_id) {
+  return run_id.empty() ? absl::OkStatus() : CheckRunId(run_id);
+}
 
 class Watcher : public grpc::ServerWriteReactor<v1::IncidentEvent>, public IncidentWatcher {
  public:
@@ -146,6 +152,7 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
                                          const v1::GetRunStatusRequest* req,
                                          v1::GetRunStatusResponse* resp) override {
     return Unary(ctx, Access::kRead, [this, req, resp]() -> absl::Status {
+      if (absl::Status s = CheckRunId(req->run_id()); !s.ok()) return s;
       const RunSnapshot* run = nullptr;
       const std::vector<RunSnapshot> snap = state_->ingestor()->Snapshot();
       for (const RunSnapshot& s : snap) {
@@ -211,6 +218,7 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
                                           const v1::ListIncidentsRequest* req,
                                           v1::ListIncidentsResponse* resp) override {
     return Unary(ctx, Access::kRead, [this, req, resp]() -> absl::Status {
+      if (absl::Status s = OptionalRunId(req->run_id()); !s.ok()) return s;
       IncidentFilter f;
       f.run_id = req->run_id();
       f.open_only = req->open_only();
@@ -294,7 +302,7 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
                                                   const v1::ListQuarantinedShardsRequest* req,
                                                   v1::ListQuarantinedShardsResponse* resp) override {
     return Unary(ctx, Access::kRead, [this, req, resp]() -> absl::Status {
-      if (req->run_id().empty()) return absl::InvalidArgumentError("run_id is required");
+      if (absl::Status s = CheckRunId(req->run_id()); !s.ok()) return s;
       resp->set_run_id(req->run_id());
       absl::StatusOr<std::vector<QuarantineRow>> rows = state_->store()->Quarantines(req->run_id());
       if (!rows.ok()) return rows.status();
@@ -321,7 +329,7 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
     absl::StatusOr<Principal> p = state_->auth().Check(AuthorizationOf(ctx), Access::kRead);
     // Begin reads the open incidents here, on the callback thread: the
     // watcher must be registered before gRPC may cancel and delete it.
-    w->Begin(p.status());
+    w->Begin(p.ok() ? OptionalRunId(req->run_id()) : p.status());
     return w;
   }
 
@@ -346,9 +354,8 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
                              absl::StrCat("incident id '", id_text, "' is not of the form I-<n>")));
       return r;
     }
-    if (!d.approve && d.comment.empty()) {
-      r->Finish(grpc::Status(grpc::INVALID_ARGUMENT,
-                             "a rejection needs a comment: it goes in the audit log"));
+    if (absl::Status s = CheckDecisionRequest(d); !s.ok()) {
+      r->Finish(ToGrpc(s));
       return r;
     }
     d.actor = p->name;

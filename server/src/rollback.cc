@@ -1,6 +1,7 @@
 #include "rollback.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
@@ -36,6 +37,29 @@ void RecommendedSettings(const IncidentRow& incident, ShardRanges* quarantine,
 }
 
 }  // namespace
+
+absl::Status CheckDecisionRequest(const DecisionRequest& r) {
+  if (r.comment.empty() && !r.dry_run) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        r.approve ? "an approval" : "a rejection", " needs a comment: it goes in the audit log"));
+  }
+  if (r.z_loss_alpha &&
+      !(std::isfinite(*r.z_loss_alpha) && *r.z_loss_alpha >= 0 &&
+        *r.z_loss_alpha <= kMaxZLossAlpha)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "z_loss_alpha must be a finite number in [0, %g], not %g", kMaxZLossAlpha,
+        *r.z_loss_alpha));
+  }
+  if (r.quarantine) {
+    for (const auto& [first, last] : *r.quarantine) {
+      if (first > last) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "quarantine_shards: the range ", first, "..", last, " has first > last"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
 
 std::optional<std::pair<int64_t, int64_t>> DefaultSkipSteps(const IncidentRow& incident,
                                                             int64_t checkpoint_step,

@@ -43,6 +43,20 @@ struct DecisionRequest {
   bool dry_run = false;
 };
 
+// Largest z-loss alpha a decision may set. Typical values are 1e-4 (PaLM)
+// to 1e-3 (what the engine recommends at most); above 1 the z-loss would
+// outweigh the training loss itself, which is a typo, not a setting.
+inline constexpr double kMaxZLossAlpha = 1.0;
+
+// Why the request itself is malformed, or OK; checked where decisions
+// enter (operator_service.cc), so every client is held to it:
+//   - a comment is required, to approve as to reject (the audit log), but
+//     in a dry run, which records nothing;
+//   - a z-loss alpha is a finite number in [0, kMaxZLossAlpha];
+//   - a quarantine range has first <= last.
+// INVALID_ARGUMENT naming the field and the rule.
+absl::Status CheckDecisionRequest(const DecisionRequest& request);
+
 // The steps whose batches every rank skips by default when `incident` is
 // rolled back to the checkpoint at `checkpoint_step`: for a page, from
 // `steps_before_onset` before its onset to its detection, after the

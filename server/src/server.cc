@@ -1,6 +1,6 @@
-// The wiring of trainwatchd: options checked, the store opened, state
-// recovered, then the writer, the pager, the gRPC services and the exporter
-// started; the services themselves live in agent_stream.cc,
+// The wiring of trainwatchd: options checked (server_options.cc), the store
+// opened, state recovered, then the writer, the pager, the gRPC services and
+// the exporter started; the services themselves live in agent_stream.cc,
 // operator_service.cc and exporter.cc.
 
 #include "server.h"
@@ -8,8 +8,12 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/impl/server_builder_option.h>
+#include <grpcpp/impl/server_builder_plugin.h>
+#include <grpcpp/support/server_interceptor.h>
 #include <prometheus/exposer.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
@@ -33,6 +37,70 @@ bool IsLoopback(const std::string& address) {
          absl::StartsWith(address, "[::1]") || absl::StartsWith(address, "unix:") ||
          address == "localhost";
 }
+
+namespace {
+
+constexpr char kReflectionPrefix[] = "/grpc.reflection.";
+
+// Server reflection is the gRPC library's own service, which checks no
+// token: with authentication on, a call to it without a valid token gets
+// UNAUTHENTICATED, and what it would have sent is replaced by empty
+// messages (a server interceptor cannot refuse a call outright).
+class ReflectionAuth : public grpc::experimental::Interceptor {
+ public:
+  explicit ReflectionAuth(const Authenticator* auth) : auth_(auth) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
+    using grpc::experimental::InterceptionHookPoints;
+    if (m->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
+      std::string authorization;
+      for (const auto& [key, value] : *m->GetRecvInitialMetadata()) {
+        if (key == "authorization") authorization.assign(value.data(), value.size());
+      }
+      status_ = auth_->Check(authorization, Access::kAny).status();
+    }
+    if (!status_.ok()) {
+      if (m->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_MESSAGE)) {
+        *m->GetSerializedSendMessage() = grpc::ByteBuffer();
+      }
+      if (m->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
+        m->ModifySendStatus(ToGrpc(status_));
+      }
+    }
+    m->Proceed();
+  }
+
+ private:
+  const Authenticator* auth_;
+  absl::Status status_;
+};
+
+class ReflectionAuthFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit ReflectionAuthFactory(const Authenticator* auth) : auth_(auth) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    if (!absl::StartsWith(info->method(), kReflectionPrefix)) return nullptr;
+    return new ReflectionAuth(auth_);
+  }
+
+ private:
+  const Authenticator* auth_;
+};
+
+// Linking gRPC's reflection registers its plugin for every ServerBuilder of
+// the process; this option takes it out of one builder (--reflection=false).
+class WithoutReflection : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    const std::string name = grpc::reflection::ProtoServerReflectionPlugin().name();
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [&](const auto& p) { return p->name() == name; }),
+                   plugins->end());
+  }
+};
+
+}  // namespace
 
 struct Server::Impl {
   ServerOptions options;
@@ -60,6 +128,7 @@ Store* Server::store() { return impl_->store.get(); }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
                                                       core::Clock* clock) {
+  if (absl::Status s = CheckServerOptions(options); !s.ok()) return s;
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   Authenticator auth;
@@ -108,11 +177,20 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->ingestor->Start();
   impl->pager->Start();
 
-  impl->agent_service = NewAgentService(impl->state.get());
+  AgentStreamLimits limits;
+  limits.max_world_size = options.max_world_size;
+  impl->agent_service =
+      NewAgentService(impl->state.get(), limits, options.max_runs_per_token);
   impl->operator_service = NewOperatorService(impl->state.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  if (!options.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
+  if (impl->state->auth().enabled()) {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+    creators.push_back(std::make_unique<ReflectionAuthFactory>(&impl->state->auth()));
+    builder.experimental().SetInterceptorCreators(std::move(creators));
+  }
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (tls) {
     grpc::SslServerCredentialsOptions ssl(
@@ -169,7 +247,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   LOG(INFO) << "trainwatchd: gRPC on port " << impl->port << ", metrics on port "
             << impl->metrics_port << ", database " << options.db_path << ", authentication "
             << (impl->state->auth().enabled() ? "on" : "off") << ", TLS "
-            << (tls ? (options.tls_client_ca_file.empty() ? "on" : "mutual") : "off");
+            << (tls ? (options.tls_client_ca_file.empty() ? "on" : "mutual") : "off")
+            << ", reflection "
+            << (!options.reflection ? "off" : impl->state->auth().enabled() ? "token" : "on");
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 

@@ -11,27 +11,44 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "trainwatch/core/clock.h"
 #include "exporter.h"
 #include "ingest.h"
 
 namespace trainwatch::server {
 
+// Each field is the trainwatchd flag of the same name; CheckServerOptions
+// says which values are accepted.
 struct ServerOptions {
-  // gRPC listen address; port 0 picks a free one (see Server::port()).
+  // gRPC listen address, host:port (an IPv4 address, [IPv6] or a host name;
+  // port 0 to 65535, 0 picks a free one, see Server::port()), or unix:PATH.
   std::string listen = "127.0.0.1:7070";
-  // Prometheus /metrics listen address; empty disables the exporter.
+  // Prometheus /metrics listen address, host:port; empty disables the exporter.
   std::string metrics_listen = "127.0.0.1:9464";
+  // The SQLite file; not empty, not ":memory:" and not a directory (an
+  // acknowledged record must survive a restart).
   std::string db_path = "trainwatch.db";
   std::string tokens_file;  // empty: authentication off
   // TLS (PEM files); mutual TLS when client_ca_file is set.
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;
+  // Largest gRPC message either way, in [kMinMessageBytes, kMaxMessageBytes].
   int max_message_bytes = 4 << 20;
+  // Both > 0.
   int keepalive_time_ms = 30'000;
   int keepalive_timeout_ms = 10'000;
+  // Server reflection (grpc.reflection.v1alpha); with authentication on it
+  // takes any valid token.
+  bool reflection = true;
+  // Largest world_size an agent may claim, in [1, kMaxWorldSizeLimit].
+  int max_world_size = 65'536;
+  // Distinct runs one agent token may create (see RunCreationLimit in
+  // auth.h), in [1, kMaxRunsPerTokenLimit].
+  int max_runs_per_token = 1'000;
   // Base URL of the Grafana dashboard, for links in summaries.
   std::string grafana_url;
   // Pager receivers (JSON, see pager.h); empty: no pages.
@@ -42,15 +59,39 @@ struct ServerOptions {
   ExporterOptions metrics;
 };
 
+inline constexpr int kMinMessageBytes = 1024;
+inline constexpr int kMaxMessageBytes = 1 << 30;
+inline constexpr int kMaxWorldSizeLimit = 1'000'000;
+inline constexpr int kMaxRunsPerTokenLimit = 1'000'000;
+// --aggregation_timeout_ms: 1 ms to a day.
+inline constexpr int64_t kMaxAggregationTimeoutMs = 86'400'000;
+// --max_runs_in_memory and --metrics_max_runs.
+inline constexpr int64_t kMaxRunsLimit = 1'000'000;
+// --metrics_stale_run_s: a century, so that the milliseconds fit.
+inline constexpr int64_t kMaxStaleRunSeconds = int64_t{100} * 365 * 86400;
+
+// OK when `lo <= value <= hi`; otherwise an error naming --flag and the range.
+absl::Status CheckFlagRange(absl::string_view flag, int64_t value, int64_t lo, int64_t hi);
+
+// OK for a listen address of the form above (`allow_unix`: unix:PATH too);
+// INVALID_ARGUMENT saying what is wrong otherwise.
+absl::Status CheckListenAddress(const std::string& address, bool allow_unix);
+
+// Every option's range and form, checked before anything starts; the
+// message names the flag and what it accepts, on one line.
+absl::Status CheckServerOptions(const ServerOptions& options);
+
 // True for addresses that stay on this machine (127.0.0.0/8, [::1],
 // localhost, unix sockets).
 bool IsLoopback(const std::string& address);
 
 class Server {
  public:
-  // Opens the store, rebuilds every run's state, starts the writer, the
-  // exporter and the gRPC server. Fails with a clear status on a bad option
-  // (unreadable tokens or certificates, a port in use).
+  // Checks the options (CheckServerOptions), opens the store, rebuilds every
+  // run's state, starts the writer, the exporter and the gRPC server. Fails
+  // with a clear status on a bad option (INVALID_ARGUMENT; unreadable tokens
+  // or certificates: the file system's code) or when it cannot start
+  // (UNAVAILABLE: a port in use, the database cannot be opened).
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options,
                                                        core::Clock* clock = core::SystemClock());
   ~Server();

@@ -1,4 +1,10 @@
 // trainwatchd: flags in, Server::Start, wait for SIGTERM/SIGINT, Shutdown.
+//
+// Exit status: 0 after a signal; 2 for a bad flag (a value out of range or
+// of the wrong form, checked by CheckServerOptions before anything starts,
+// or a file a flag names that cannot be used); 1 when the server cannot
+// start (a port in use, the database cannot be opened) or fails. absl
+// itself exits 1 for a flag it cannot parse at all (--max_message_bytes=x).
 
 #include <pthread.h>
 
@@ -6,6 +12,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -18,18 +25,29 @@
 #include "trainwatch/core/version.h"
 #include "server.h"
 
-ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "gRPC address (port 0: pick a free one)");
+ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
+          "gRPC address: host:port (port 0 to 65535; 0: pick a free one) or unix:PATH");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
-          "Prometheus /metrics address; empty disables it");
-ABSL_FLAG(std::string, db, "trainwatch.db", "SQLite database file");
+          "Prometheus /metrics address, host:port; empty disables it");
+ABSL_FLAG(std::string, db, "trainwatch.db",
+          "SQLite database file (not empty, not :memory:, not a directory)");
 ABSL_FLAG(std::string, tokens, "", "bearer tokens file (JSON); empty: authentication off");
 ABSL_FLAG(std::string, tls_cert, "", "server certificate (PEM)");
 ABSL_FLAG(std::string, tls_key, "", "server private key (PEM)");
 ABSL_FLAG(std::string, tls_client_ca, "", "CA for client certificates: mutual TLS");
 ABSL_FLAG(std::string, rules, "", "rule thresholds (JSON, as `twctl replay --print-config`)");
-ABSL_FLAG(int, max_message_bytes, 4 << 20, "largest message accepted");
+ABSL_FLAG(int, max_message_bytes, 4 << 20,
+          "largest message accepted or sent, in [1024, 1073741824]");
 ABSL_FLAG(int, aggregation_timeout_ms, 30000,
-          "per-rank records: complete a step without the missing ranks after this long");
+          "per-rank records: complete a step without the missing ranks after this long, in "
+          "[1, 86400000]");
+ABSL_FLAG(int, max_world_size, 65536,
+          "largest world_size an agent may claim, in [1, 1000000]; more is INVALID_ARGUMENT");
+ABSL_FLAG(int, max_runs_per_token, 1000,
+          "distinct runs one agent token may create while the server runs, in [1, 1000000]; "
+          "more is RESOURCE_EXHAUSTED (authentication on only)");
+ABSL_FLAG(bool, reflection, true,
+          "serve gRPC server reflection; with --tokens it takes any valid token");
 ABSL_FLAG(int64_t, db_max_bytes, 0,
           "quota on the database file in bytes (SQLite max_page_count); past it writes fail "
           "as on a full disk: nothing is acknowledged, agents keep their records and re-send "
@@ -54,7 +72,9 @@ ABSL_FLAG(std::string, grafana_url, "", "Grafana dashboard URL, for links in pag
 ABSL_FLAG(std::string, pager_config, "",
           "pager receivers (JSON: alertmanager, pagerduty, slack, webhook); empty: no pages");
 
-int main(int argc, char** argv) {
+namespace {
+
+int Run(int argc, char** argv) {
   // absl prints "<program>: <message>" and groups flags under the path the
   // defining file was compiled from (a build machine's folder); name the
   // program once, and group our flags under it.
@@ -83,33 +103,35 @@ int main(int argc, char** argv) {
   o.grafana_url = absl::GetFlag(FLAGS_grafana_url);
   o.pager_config_file = absl::GetFlag(FLAGS_pager_config);
   o.store.max_bytes = absl::GetFlag(FLAGS_db_max_bytes);
-  if (o.store.max_bytes < 0) {
-    std::fprintf(stderr, "trainwatchd: --db_max_bytes must be >= 0 (0: no quota), got %lld\n",
-                 static_cast<long long>(o.store.max_bytes));
-    return 2;
-  }
   o.ingest.aggregation_timeout_ms = absl::GetFlag(FLAGS_aggregation_timeout_ms);
-  // The bounds on what agents can make this server hold.
-  auto at_least = [](const char* flag, int64_t value, int64_t min) {
-    if (value >= min) return true;
-    std::fprintf(stderr, "trainwatchd: --%s=%lld: must be at least %lld\n", flag,
-                 static_cast<long long>(value), static_cast<long long>(min));
-    return false;
-  };
+  o.max_world_size = absl::GetFlag(FLAGS_max_world_size);
+  o.max_runs_per_token = absl::GetFlag(FLAGS_max_runs_per_token);
+  o.reflection = absl::GetFlag(FLAGS_reflection);
+  o.ingest.max_step_jump = absl::GetFlag(FLAGS_max_step_jump);
+  // These three change type or unit on the way into the options, so they are
+  // checked as given.
   const int64_t max_runs = absl::GetFlag(FLAGS_max_runs_in_memory);
-  const int64_t max_jump = absl::GetFlag(FLAGS_max_step_jump);
   const int64_t stale_s = absl::GetFlag(FLAGS_metrics_stale_run_s);
   const int64_t metrics_runs = absl::GetFlag(FLAGS_metrics_max_runs);
-  if (!at_least("max_runs_in_memory", max_runs, 1) || !at_least("max_step_jump", max_jump, 1) ||
-      !at_least("metrics_stale_run_s", stale_s, 0) ||
-      !at_least("metrics_max_runs", metrics_runs, 1)) {
-    return 2;
+  for (absl::Status s :
+       {trainwatch::server::CheckFlagRange("max_runs_in_memory", max_runs, 1,
+                                           trainwatch::server::kMaxRunsLimit),
+        trainwatch::server::CheckFlagRange("metrics_stale_run_s", stale_s, 0,
+                                           trainwatch::server::kMaxStaleRunSeconds),
+        trainwatch::server::CheckFlagRange("metrics_max_runs", metrics_runs, 1,
+                                           trainwatch::server::kMaxRunsLimit)}) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "trainwatchd: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
   }
   o.ingest.max_runs_in_memory = static_cast<size_t>(max_runs);
-  o.ingest.max_step_jump = max_jump;
-  // Seconds to milliseconds without overflow: a bound of a century is never.
-  o.metrics.stale_run_ms = std::min<int64_t>(stale_s, int64_t{100} * 365 * 86400) * 1000;
+  o.metrics.stale_run_ms = stale_s * 1000;
   o.metrics.max_runs = static_cast<size_t>(metrics_runs);
+  if (absl::Status s = trainwatch::server::CheckServerOptions(o); !s.ok()) {
+    std::fprintf(stderr, "trainwatchd: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   if (const std::string rules = absl::GetFlag(FLAGS_rules); !rules.empty()) {
     absl::StatusOr<std::string> text = trainwatch::core::LocalFileSystem().ReadFile(rules);
     if (!text.ok()) {
@@ -136,7 +158,8 @@ int main(int argc, char** argv) {
   auto server = trainwatch::server::Server::Start(o);
   if (!server.ok()) {
     std::fprintf(stderr, "trainwatchd: %s\n", std::string(server.status().message()).c_str());
-    return 1;
+    // UNAVAILABLE: could not bind or open; anything else: a flag's file.
+    return server.status().code() == absl::StatusCode::kUnavailable ? 1 : 2;
   }
   // Machine-readable, for scripts and tests that ask for port 0.
   std::printf("metrics on 127.0.0.1:%d\nlistening on 127.0.0.1:%d\n", (*server)->metrics_port(),
@@ -147,4 +170,19 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "trainwatchd: signal received, draining\n");
   (*server)->Shutdown();
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Nothing below should throw; if a library does, say so in one line
+  // rather than abort with a core dump.
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "trainwatchd: unexpected error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "trainwatchd: unexpected error\n");
+  }
+  return 1;
 }

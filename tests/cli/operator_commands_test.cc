@@ -441,6 +441,9 @@ TEST_CASE("rollback approve against a fake: the dry run then the approval", "[cl
   CHECK(fake.approvals[1].comment() == "go");
 
   fake.approvals.clear();
+  const std::string kShardsError =
+      "twctl rollback approve: --quarantine-shards takes shard ids and A..B ranges with A <= B, "
+      "comma-separated (e.g. 1..4,9)\n";
   struct Bad {
     std::vector<std::string> argv;
     std::string err;
@@ -450,9 +453,16 @@ TEST_CASE("rollback approve against a fake: the dry run then the approval", "[cl
             "twctl rollback approve: --skip-steps takes A..B or none\n"},
            {{"I-1", "--to-step", "x"}, "twctl rollback approve: --to-step needs a step number\n"},
            {{"I-1", "--z-loss-alpha", "-1"},
-            "twctl rollback approve: --z-loss-alpha needs a number >= 0\n"},
-           {{"I-1", "--quarantine-shards", "3..1"},
-            "twctl rollback approve: --quarantine-shards takes A..B[,C..D]\n"},
+            "twctl rollback approve: --z-loss-alpha needs a finite number >= 0\n"},
+           {{"I-1", "--z-loss-alpha", "nan"},
+            "twctl rollback approve: --z-loss-alpha needs a finite number >= 0\n"},
+           {{"I-1", "--z-loss-alpha", "1e400"},
+            "twctl rollback approve: --z-loss-alpha needs a finite number >= 0\n"},
+           {{"I-1", "--quarantine-shards", "3..1"}, kShardsError},
+           {{"I-1", "--quarantine-shards", ""}, kShardsError},
+           {{"I-1", "--quarantine-shards", "1,,2"}, kShardsError},
+           {{"I-1", "--yes"},
+            "twctl rollback approve: --comment is required (it goes in the audit log)\n"},
            {{}, "usage: twctl rollback approve|reject ID ...\n"}}) {
     Result r = RunAlone(*approve, b.argv, &fake);
     CHECK(r.code == kUsage);
@@ -460,7 +470,7 @@ TEST_CASE("rollback approve against a fake: the dry run then the approval", "[cl
   }
   CHECK(fake.approvals.empty());
   fake.status = grpc::Status(grpc::FAILED_PRECONDITION, "already rolling back");
-  Result refused = RunAlone(*approve, {"I-1", "--yes"}, &fake);
+  Result refused = RunAlone(*approve, {"I-1", "--yes", "--comment", "go"}, &fake);
   CHECK(refused.code == kRefused);
   CHECK(refused.err == "twctl: already rolling back (9)\n");
 

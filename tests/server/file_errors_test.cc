@@ -1,5 +1,5 @@
 // trainwatchd given a directory where a file belongs: a clear error naming
-// the path and a non-zero exit, not an uncaught exception's abort.
+// the path and exit status 2 (a bad flag), not an uncaught exception's abort.
 
 #include <sys/stat.h>
 
@@ -25,23 +25,23 @@ TEST_CASE("trainwatchd: a directory for a file flag is an error naming it", "[se
   REQUIRE(::mkdir(folder.c_str(), 0755) == 0);
   std::string out;
 
-  CHECK(RunTrainwatchd(dir, "--tokens " + folder, &out) == 1);
+  CHECK(RunTrainwatchd(dir, "--tokens " + folder, &out) == 2);
   CHECK(out == "trainwatchd: tokens file: cannot read " + folder + ": it is a directory\n");
 
-  CHECK(RunTrainwatchd(dir, "--tls_cert " + folder + " --tls_key " + folder, &out) == 1);
+  CHECK(RunTrainwatchd(dir, "--tls_cert " + folder + " --tls_key " + folder, &out) == 2);
   CHECK(out == "trainwatchd: cannot read " + folder + ": it is a directory\n");
 
   CHECK(RunTrainwatchd(dir, "--rules " + folder, &out) == 2);
   CHECK(out == "trainwatchd: cannot read " + folder + ": it is a directory\n");
 
-  CHECK(RunTrainwatchd(dir, "--pager_config " + folder, &out) == 1);
+  CHECK(RunTrainwatchd(dir, "--pager_config " + folder, &out) == 2);
   CHECK(out == "trainwatchd: pager config: cannot read " + folder + ": it is a directory\n");
 }
 
 TEST_CASE("trainwatchd: a missing tokens file is an error naming it", "[server][files]") {
   TempDir dir;
   std::string out;
-  CHECK(RunTrainwatchd(dir, "--tokens " + dir.File("none.json"), &out) == 1);
+  CHECK(RunTrainwatchd(dir, "--tokens " + dir.File("none.json"), &out) == 2);
   CHECK(out == "trainwatchd: tokens file: cannot read " + dir.File("none.json") +
                    ": No such file or directory\n");
 }

@@ -417,13 +417,16 @@ TEST_CASE("server: malformed and oversized messages end only their own stream",
   REQUIRE(good.WaitDurable(0, 49));
   {
     TestAgent bad(r.channel);
+    bad.Send(Hello("run-x", 0, 1));
     bad.Send(Step("", 0, 1, 0, 2.5, 1.0));
     const grpc::Status s = bad.Close();
     CHECK(s.error_code() == grpc::INVALID_ARGUMENT);
-    CHECK(s.error_message() == "run_id is empty");
+    CHECK(s.error_message() ==
+          "run_id is empty: a run id is 1 to 128 characters of [A-Za-z0-9._:-]");
   }
   {
     TestAgent bad(r.channel);
+    bad.Send(Hello("run-x", 0, 2));
     v1::AgentMessage m = Step("run-x", 5, 2, 0, 2.5, 1.0);
     bad.Send(m);
     const grpc::Status s = bad.Close();
@@ -432,6 +435,7 @@ TEST_CASE("server: malformed and oversized messages end only their own stream",
   }
   {
     TestAgent big(r.channel);
+    big.Send(Hello("run-big", 0, 1));
     v1::AgentMessage m = Step("run-big", 0, 1, 0, 2.5, 1.0);
     for (int i = 0; i < 20000; ++i) m.mutable_step_report()->add_shard_ids(1ull << 40);
     big.Send(m);

@@ -127,7 +127,8 @@ TEST_CASE("twctl: every operator command - table and json - exit codes", "[serve
   Out declined = Twctl(addr, "rollback", {"approve", id, "--comment", "go"}, /*answer=*/false);
   CHECK(declined.code == 1);
   CHECK(declined.err.find("not approved") != std::string::npos);
-  Out bad_step = Twctl(addr, "rollback", {"approve", id, "--to-step", "1234", "--yes"});
+  Out bad_step =
+      Twctl(addr, "rollback", {"approve", id, "--to-step", "1234", "--yes", "--comment", "x"});
   CHECK(bad_step.code == 2);
   CHECK(bad_step.err.find("not a retained checkpoint") != std::string::npos);
   core::JsonValue aj = ParsedJson(

@@ -1,0 +1,100 @@
+#include "agent_message_checks.h"
+
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace trainwatch::server {
+
+namespace v1 = trainwatch::v1;
+
+namespace {
+
+bool RunIdChar(char c) {
+  return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ||
+         c == ':' || c == '-';
+}
+
+// rank in [0, world_size), world_size in [1, max]; `what` names the message.
+absl::Status CheckRank(absl::string_view what, int32_t rank, int32_t world_size,
+                       const AgentStreamLimits& limits) {
+  if (world_size < 1 || world_size > limits.max_world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": world_size ", world_size,
+                                                   " is outside [1, ", limits.max_world_size,
+                                                   "] (--max_world_size)"));
+  }
+  if (rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": rank ", rank, " is outside world_size ", world_size));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NonNegative(absl::string_view what, absl::string_view field, int64_t v) {
+  if (v >= 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, ": ", field, " must be >= 0, not ", v));
+}
+
+}  // namespace
+
+absl::Status CheckRunId(absl::string_view run_id) {
+  constexpr char kRule[] = "a run id is 1 to 128 characters of [A-Za-z0-9._:-]";
+  static_assert(kMaxRunIdBytes == 128, "kRule names the limit");
+  if (run_id.empty()) return absl::InvalidArgumentError(absl::StrCat("run_id is empty: ", kRule));
+  if (run_id.size() > kMaxRunIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("run_id is ", run_id.size(), " bytes long: ", kRule));
+  }
+  for (char c : run_id) {
+    if (!RunIdChar(c)) {
+      // The offending byte in hex: the id itself may not be printable.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "run_id has the byte 0x", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2),
+          ": ", kRule));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAgentMessage(const v1::AgentMessage& m, const AgentStreamProgress& progress,
+                               const AgentStreamLimits& limits) {
+  if (m.kind_case() == v1::AgentMessage::KIND_NOT_SET) {
+    return absl::InvalidArgumentError("empty AgentMessage: set one of its kinds");
+  }
+  if (!m.has_hello() && !progress.hello_seen) {
+    return absl::FailedPreconditionError(
+        "the first message on an agent stream must be a Hello (agent.proto, protocol step 1)");
+  }
+  switch (m.kind_case()) {
+    case v1::AgentMessage::kHello: {
+      const v1::Hello& h = m.hello();
+      if (absl::Status s = CheckRunId(h.run_id()); !s.ok()) return s;
+      return CheckRank("hello", h.rank(), h.world_size(), limits);
+    }
+    case v1::AgentMessage::kStepReport: {
+      const v1::StepReport& r = m.step_report();
+      if (absl::Status s = CheckRunId(r.run_id()); !s.ok()) return s;
+      if (absl::Status s = NonNegative("step_report", "step", r.step()); !s.ok()) return s;
+      return CheckRank("step_report", r.rank(), r.world_size(), limits);
+    }
+    case v1::AgentMessage::kHeartbeat:
+      if (absl::Status s = CheckRunId(m.heartbeat().run_id()); !s.ok()) return s;
+      return NonNegative("heartbeat", "rank", m.heartbeat().rank());
+    case v1::AgentMessage::kCheckpoint: {
+      const v1::CheckpointNotice& c = m.checkpoint();
+      if (absl::Status s = CheckRunId(c.run_id()); !s.ok()) return s;
+      if (absl::Status s = NonNegative("checkpoint", "step", c.step()); !s.ok()) return s;
+      if (c.uri().empty()) return absl::InvalidArgumentError("checkpoint: uri is empty");
+      return NonNegative("checkpoint", "rank", c.rank());
+    }
+    case v1::AgentMessage::kCommandAck:
+      if (absl::Status s = CheckRunId(m.command_ack().run_id()); !s.ok()) return s;
+      return NonNegative("command_ack", "rank", m.command_ack().rank());
+    case v1::AgentMessage::KIND_NOT_SET:
+      break;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace trainwatch::server

@@ -1,0 +1,52 @@
+// The agent protocol's rules on one message, as a pure function (no
+// network, no locks), so that the stream, the tests and the fuzzers all
+// check exactly the same thing. agent_stream.cc ends a stream with the
+// status it returns; the token's run scope and quota are checked there.
+//
+// The rules (agent.proto states them too):
+//   - The first message is a Hello: anything else first is
+//     FAILED_PRECONDITION.
+//   - A run id is 1 to kMaxRunIdBytes bytes of [A-Za-z0-9._:-]
+//     (INVALID_ARGUMENT, naming the rule).
+//   - world_size is in [1, max_world_size] (the --max_world_size flag,
+//     default 65,536) and rank in [0, world_size); a step is >= 0.
+//   - An empty AgentMessage (no kind set) is INVALID_ARGUMENT.
+
+#ifndef TRAINWATCH_SERVER_AGENT_MESSAGE_CHECKS_H_
+#define TRAINWATCH_SERVER_AGENT_MESSAGE_CHECKS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "trainwatch/v1/agent.pb.h"
+
+namespace trainwatch::server {
+
+inline constexpr size_t kMaxRunIdBytes = 128;
+
+// OK for a run id that follows the rule above; otherwise INVALID_ARGUMENT
+// naming it. Also used by every operator RPC that takes a run id.
+absl::Status CheckRunId(absl::string_view run_id);
+
+struct AgentStreamLimits {
+  // Largest world_size a Hello or StepReport may claim: a bound on what one
+  // run may make the server keep per step (ranks mode aggregates per rank).
+  int32_t max_world_size = 65'536;
+};
+
+// What a stream has seen so far, as far as the rules care.
+struct AgentStreamProgress {
+  bool hello_seen = false;
+};
+
+// OK when `m` may come next on a stream that has seen `progress`; the
+// status to end the stream with otherwise.
+absl::Status CheckAgentMessage(const trainwatch::v1::AgentMessage& m,
+                               const AgentStreamProgress& progress,
+                               const AgentStreamLimits& limits);
+
+}  // namespace trainwatch::server
+
+#endif  // TRAINWATCH_SERVER_AGENT_MESSAGE_CHECKS_H_

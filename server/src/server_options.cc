@@ -1,0 +1,142 @@
+// CheckServerOptions: every trainwatchd option's range and form, checked
+// before anything starts, with messages that name the flag, so that a typo
+// stops the server instead of starting it somewhere unexpected (a port
+// taken modulo 65536, a temporary database that a restart forgets).
+
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "server.h"
+
+namespace trainwatch::server {
+
+namespace {
+
+bool AllOf(absl::string_view s, bool (*ok)(char)) {
+  for (char c : s) {
+    if (!ok(c)) return false;
+  }
+  return true;
+}
+
+bool HostNameChar(char c) {
+  return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.';
+}
+bool Ipv6Char(char c) {
+  return absl::ascii_isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.';
+}
+
+}  // namespace
+
+absl::Status CheckFlagRange(absl::string_view flag, int64_t value, int64_t lo, int64_t hi) {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, " must be in [", lo, ", ", hi, "], not ", value));
+}
+
+absl::Status CheckListenAddress(const std::string& address, bool allow_unix) {
+  if (allow_unix && (absl::StartsWith(address, "unix:") ||
+                     absl::StartsWith(address, "unix-abstract:"))) {
+    if (address.substr(address.find(':') + 1).empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("'", address, "' names no socket"));
+    }
+    return absl::OkStatus();
+  }
+  const std::string form = allow_unix ? "host:port or unix:PATH" : "host:port";
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", address, "' has no port: expected ", form));
+  }
+  const absl::string_view host = absl::string_view(address).substr(0, colon);
+  const absl::string_view port_text = absl::string_view(address).substr(colon + 1);
+  int port = 0;
+  if (port_text.empty() || port_text.size() > 5 ||
+      !AllOf(port_text, [](char c) { return absl::ascii_isdigit(static_cast<unsigned char>(c)); }) ||
+      !absl::SimpleAtoi(port_text, &port) || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", address, "': the port must be a number in [0, 65535] (0: pick a free one)"));
+  }
+  const bool bracketed = host.size() > 2 && host.front() == '[' && host.back() == ']' &&
+                         AllOf(host.substr(1, host.size() - 2), Ipv6Char);
+  const bool named = !host.empty() && host.front() != '-' && host.front() != '.' &&
+                     AllOf(host, HostNameChar);
+  if (!bracketed && !named) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", address, "': the host must be an IPv4 address, [IPv6 address] or host name; ",
+        "expected ", form));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckServerOptions(const ServerOptions& o) {
+  if (absl::Status s = CheckListenAddress(o.listen, /*allow_unix=*/true); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--listen ", s.message()));
+  }
+  if (!o.metrics_listen.empty()) {
+    if (absl::Status s = CheckListenAddress(o.metrics_listen, /*allow_unix=*/false); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--metrics_listen ", s.message(), " (empty: no metrics)"));
+    }
+  }
+  // SQLite takes "" and ":memory:" as databases that vanish with the
+  // process: every acknowledged record would be lost at a restart.
+  if (o.db_path.empty() || o.db_path == ":memory:") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--db must name a database file, not '", o.db_path, "' (a database gone at exit)"));
+  }
+  struct stat st;
+  if (stat(o.db_path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--db ", o.db_path, " is a directory: name a database file"));
+  }
+  if (absl::Status s =
+          CheckFlagRange("max_message_bytes", o.max_message_bytes, kMinMessageBytes, kMaxMessageBytes);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckFlagRange("aggregation_timeout_ms", o.ingest.aggregation_timeout_ms, 1,
+                             kMaxAggregationTimeoutMs);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckFlagRange("max_world_size", o.max_world_size, 1, kMaxWorldSizeLimit);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          CheckFlagRange("max_runs_per_token", o.max_runs_per_token, 1, kMaxRunsPerTokenLimit);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckFlagRange("db_max_bytes", o.store.max_bytes, 0,
+                                     std::numeric_limits<int64_t>::max());
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckFlagRange("max_step_jump", o.ingest.max_step_jump, 1,
+                                     std::numeric_limits<int64_t>::max());
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckFlagRange("max_runs_in_memory",
+                                     static_cast<int64_t>(o.ingest.max_runs_in_memory), 1,
+                                     kMaxRunsLimit);
+      !s.ok()) {
+    return s;
+  }
+  // Not flags: the library's callers (tests) set them.
+  if (o.keepalive_time_ms <= 0 || o.keepalive_timeout_ms <= 0) {
+    return absl::InvalidArgumentError("keepalive_time_ms and keepalive_timeout_ms must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace trainwatch::server

@@ -29,8 +29,6 @@ class AgentStream : public grpc::ServerBidiReactor<trainwatch::v1::AgentMessage,
   void FinishWhenIdle(grpc::Status status);
 
  private:
-  absl::Status Validate(const trainwatch::v1::AgentMessage& m);
-
   ServiceState* state_;
   grpc::CallbackServerContext* ctx_;
   uint64_t id_ = 0;

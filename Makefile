@@ -35,8 +35,9 @@ bench: build
 	$(BUILD)/bin/rule_engine_bench
 
 # Every fuzz target (fuzz/) built with clang-14 in $(FUZZ_BUILD) and run for
-# FUZZ_SECONDS each on its seed corpus; prints the executions per target.
-FUZZ_BUILD ?= build-fuzz
+# FUZZ_SECONDS each on its seed corpus; prints the executions per target. The
+# folder is the one `make test`'s short run builds, so either reuses the other.
+FUZZ_BUILD ?= $(BUILD)/fuzz-build
 FUZZ_SECONDS ?= 60
 fuzz: deps
 	FUZZ_JOBS=$(JOBS) fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)

@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython_EXECUTABLE=/usr/bin/python3
 
-.PHONY: demo demo-replay test deps configure build bench package clean
+.PHONY: demo demo-replay test deps configure build bench package clean sanitize fuzz
 
 # The end-to-end story: a PyTorch trainer, trainwatchd, Prometheus and
 # Alertmanager on loopback (about a minute).
@@ -33,6 +33,45 @@ package: build
 
 bench: build
 	$(BUILD)/bin/rule_engine_bench
+
+# Every fuzz target (fuzz/) built with clang-14 in $(FUZZ_BUILD) and run for
+# FUZZ_SECONDS each on its seed corpus; prints the executions per target. The
+# folder is the one `make test`'s short run builds, so either reuses the other.
+FUZZ_BUILD ?= $(BUILD)/fuzz-build
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	FUZZ_JOBS=$(JOBS) fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
+
+# ccache when it is there: the sanitizer and fuzz builds are separate folders
+# but their objects repeat from one run to the next.
+LAUNCHER := $(if $(shell command -v ccache),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+
+# The unit and integration tests under ASan + UBSan, in their own folder (the
+# main build is untouched). -O1 -g1 keeps the build and the tests quick with
+# line numbers in reports; UBSan halts on its first finding, as ASan does. CUDA
+# is off (nvcc takes no -fsanitize) and the benchmarks are not built. The
+# Python binding is built (integration_test depends on it) but the tests that
+# load it into python3 or install packages are skipped: an ASan library cannot
+# be loaded into Debian's python3 without preloading the runtime. The fuzz
+# entry is skipped too: it builds its own clang folder (`make fuzz`). So is
+# the replay speed case, a wall-clock budget that ASan's slowdown breaks (its
+# code runs under ASan in the other cli cases and in replay_fuzz).
+SANITIZE_BUILD ?= build-sanitize
+SANITIZE_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+SANITIZE_SKIP := ^(python_|install_|readme_python|fuzz_|e2e: the example trainer|replay speed)
+sanitize: deps
+	cmake -S . -B $(SANITIZE_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DPython_EXECUTABLE=/usr/bin/python3 $(LAUNCHER) \
+	  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
+	  -DCMAKE_CXX_FLAGS="$(SANITIZE_FLAGS)" \
+	  -DCMAKE_EXE_LINKER_FLAGS="$(SANITIZE_FLAGS)" -DCMAKE_SHARED_LINKER_FLAGS="$(SANITIZE_FLAGS)" \
+	  -DTRAINWATCH_WITH_CUDA=OFF -DTRAINWATCH_BUILD_BENCH=OFF
+	cmake --build $(SANITIZE_BUILD) -j$(JOBS)
+	cd $(SANITIZE_BUILD) && \
+	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1 \
+	  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	  LSAN_OPTIONS=suppressions=$(CURDIR)/scripts/lsan.supp:print_suppressions=0 \
+	  ctest --output-on-failure -j$(JOBS) -E '$(SANITIZE_SKIP)'
 
 clean:
 	rm -rf $(BUILD)

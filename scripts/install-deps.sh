@@ -9,6 +9,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libsqlite3-dev prometheus-cpp-dev libcurl4-openssl-dev
   catch2 libbenchmark-dev
+  clang-14 libclang-rt-14-dev  # fuzz/: libFuzzer and the sanitizers
   prometheus prometheus-alertmanager openssl
   pybind11-dev python3-dev python3-numpy python3-torch python3-yaml
   python3-venv python3-pip python3-setuptools python3-wheel python3-build

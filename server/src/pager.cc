@@ -75,8 +75,23 @@ absl::StatusOr<PagerConfig> ParsePagerConfig(absl::string_view json, absl::strin
   if (!doc.ok()) return doc.status();
   PagerConfig c;
   if (const core::JsonValue* g = doc->Find("grafana_url")) c.grafana_url = g->string;
-  if (const core::JsonValue* t = doc->Find("min_tier")) c.min_tier = static_cast<int>(t->number);
+  // Range-checked before the casts: a double outside int's range (1e10,
+  // NaN) converted to int is undefined behaviour, not a clear error.
+  if (const core::JsonValue* t = doc->Find("min_tier")) {
+    if (t->type != core::JsonValue::Type::kNumber || !(t->number >= 1 && t->number <= 3) ||
+        t->number != static_cast<int>(t->number)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s:%d:%d: min_tier must be 1, 2 or 3", source, t->line, t->column));
+    }
+    c.min_tier = static_cast<int>(t->number);
+  }
   if (const core::JsonValue* t = doc->Find("resend_seconds")) {
+    if (t->type != core::JsonValue::Type::kNumber ||
+        !(t->number >= 1 && t->number <= kMaxResendSeconds)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s:%d:%d: resend_seconds must be in [1, %d]", source, t->line,
+                          t->column, kMaxResendSeconds));
+    }
     c.resend_ms = static_cast<int64_t>(t->number * 1000);
   }
   const core::JsonValue* receivers = doc->Find("receivers");

@@ -13,6 +13,10 @@
 //       "url": "https://events.pagerduty.com/v2/enqueue", "routing_key_env": "PD_KEY"},
 //      {"name": "slack", "type": "slack", "url_file": "/etc/trainwatch/slack-webhook"},
 //      {"name": "hook",  "type": "webhook", "url": "http://127.0.0.1:8080/pages"}]}
+// Optional: "min_tier" (1, 2 or 3; default 2), the lowest tier paged, and
+// "resend_seconds" (1 to kMaxResendSeconds, a day; default 60), how often a
+// firing alert is re-sent to Alertmanager. Anything else is an error naming
+// the file, line and column.
 // Secrets (PagerDuty routing keys, Slack webhook URLs) come from a file
 // (`*_file`) or the environment (`*_env`) and are never logged.
 //
@@ -43,6 +47,9 @@ struct Receiver {
   std::string url;          // for Slack, the webhook URL (a secret)
   std::string routing_key;  // PagerDuty
 };
+
+// The longest resend_seconds a config may ask for.
+inline constexpr int kMaxResendSeconds = 86'400;
 
 struct PagerConfig {
   std::string grafana_url;

@@ -581,5 +581,31 @@ TEST_CASE("pager alone: failures are logged without the Slack URL or routing key
   CHECK(J(calls["https://pd.test/v2/enqueue"].body).Find("routing_key")->string == kRoutingKey);
 }
 
+// Found by fuzz/pager_config_fuzz (fuzz/corpus/pager_config_fuzz/
+// crash-min-tier-overflow): numbers outside int's range were cast unchecked.
+TEST_CASE("pager: min_tier and resend_seconds out of range are errors naming the file",
+          "[server][pager]") {
+  const std::string receivers =
+      R"("receivers": [{"name": "am", "type": "alertmanager", "url": "u"}])";
+  for (const std::string bad : {R"("min_tier": 7777777771)", R"("min_tier": 0)",
+                                R"("min_tier": 2.5)", R"("min_tier": "2")"}) {
+    auto c = ParsePagerConfig("{" + bad + ", " + receivers + "}", "p.json");
+    REQUIRE_FALSE(c.ok());
+    CHECK(std::string(c.status().message()) == "p.json:1:14: min_tier must be 1, 2 or 3");
+  }
+  for (const std::string bad : {R"("resend_seconds": 1e300)", R"("resend_seconds": 0)",
+                                R"("resend_seconds": -Infinity)"}) {
+    auto c = ParsePagerConfig("{" + bad + ", " + receivers + "}", "p.json");
+    REQUIRE_FALSE(c.ok());
+    CHECK(std::string(c.status().message()) ==
+          "p.json:1:20: resend_seconds must be in [1, 86400]");
+  }
+  auto ok = ParsePagerConfig(R"({"min_tier": 3, "resend_seconds": 30, )" + receivers + "}",
+                             "p.json");
+  REQUIRE(ok.ok());
+  CHECK(ok->min_tier == 3);
+  CHECK(ok->resend_ms == 30'000);
+}
+
 }  // namespace
 }  // namespace trainwatch::server

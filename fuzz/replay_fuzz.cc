@@ -1,0 +1,40 @@
+// twctl replay's readers: the first byte picks the format (as --format
+// would, kAuto included, so detection is fuzzed too), the rest is the file.
+// A trace the reader accepts is replayed through the rule engine with the
+// default rules, as `twctl replay` does.
+
+#include "absl/strings/match.h"
+#include "fuzz_target.h"
+#include "trainwatch/cli/metrics_file.h"
+#include "trainwatch/cli/replay.h"
+#include "trainwatch/core/config.h"
+
+namespace {
+
+using trainwatch::cli::MetricsFormat;
+
+constexpr MetricsFormat kFormats[] = {
+    MetricsFormat::kAuto,     MetricsFormat::kCsv,      MetricsFormat::kGenericCsv,
+    MetricsFormat::kJsonLines, MetricsFormat::kLlmc,    MetricsFormat::kStepLog,
+    MetricsFormat::kMegatron, MetricsFormat::kTensorBoard,
+};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  trainwatch::cli::ReadOptions options;
+  options.format = kFormats[data[0] % (sizeof(kFormats) / sizeof(kFormats[0]))];
+  absl::StatusOr<trainwatch::cli::Trace> trace = trainwatch::cli::ParseMetrics(
+      trainwatch::fuzz::Bytes(data + 1, size - 1), "fuzz-input", options);
+  if (!trace.ok()) {
+    // Errors name the input, so an operator knows which file is wrong.
+    FUZZ_CHECK(absl::StrContains(trace.status().message(), "fuzz-input"));
+    return 0;
+  }
+  // The reader guarantees increasing steps, so the engine takes every record.
+  absl::StatusOr<trainwatch::cli::ReplayResult> result =
+      trainwatch::cli::Replay(*trace, trainwatch::core::RuleConfig());
+  FUZZ_CHECK(result.ok());
+  return 0;
+}

@@ -256,6 +256,7 @@ TEST_CASE("run bounds: the operator API reads an evicted run's status and incide
   testing::TestAgent agent(tw.channel);
   for (int i = 0; i < 6; ++i) {
     const std::string run = "op" + std::to_string(i);
+    agent.Send(Hello(run, 0, 1));
     agent.Send(Step(run, 0, 1, 0, 2.5, 1.0));
     agent.Send(Step(run, 0, 1, 1, i == 0 ? kNaN : 2.5, 1.0));
   }

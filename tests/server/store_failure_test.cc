@@ -401,7 +401,7 @@ TEST_CASE("store failure: the quota - full is a clear error - a negative one is 
                                          " --db_max_bytes=-5 --listen 127.0.0.1:0",
                                      "", &out);
   CHECK(rc == 2);
-  CHECK(out.find("--db_max_bytes must be >= 0") != std::string::npos);
+  CHECK(out.find("--db_max_bytes must be in [0, ") != std::string::npos);
 }
 
 // A decision queued while the store fails is answered with an error, and

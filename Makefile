@@ -51,12 +51,12 @@ LAUNCHER := $(if $(shell command -v ccache),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache
 # line numbers in reports; UBSan halts on its first finding, as ASan does. CUDA
 # is off (nvcc takes no -fsanitize) and the benchmarks are not built. The
 # Python binding is built (integration_test depends on it) but the tests that
-# load it into python3 (the demo's trainer among them) or install packages
-# are skipped: an ASan library cannot
-# be loaded into Debian's python3 without preloading the runtime. The fuzz
-# entry is skipped too: it builds its own clang folder (`make fuzz`). So is
-# the replay speed case, a wall-clock budget that ASan's slowdown breaks (its
-# code runs under ASan in the other cli cases and in replay_fuzz).
+# load it into python3 (the demo's trainer among them) or install packages are
+# skipped: an ASan library cannot be loaded into Debian's python3 without
+# preloading the runtime. The fuzz entry is skipped too: it builds its own
+# clang folder (`make fuzz`). So is the replay speed case, a wall-clock budget
+# that ASan's slowdown breaks (its code runs under ASan in the other cli cases
+# and in replay_fuzz).
 SANITIZE_BUILD ?= build-sanitize
 SANITIZE_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 SANITIZE_SKIP := ^(python_|install_|readme_python|demo_|fuzz_|e2e: the example trainer|replay speed)

@@ -2,13 +2,16 @@
 // the commands and their dispatch are the library's (operator_commands.h).
 
 #include <cstdio>
+#include <exception>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "trainwatch/cli/operator_commands.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int Run(int argc, char** argv) {
   std::string command, err;
   std::vector<std::string> args;
   if (!trainwatch::cli::SplitCommandLine({argv + 1, argv + argc}, &command, &args, &err)) {
@@ -32,4 +35,19 @@ int main(int argc, char** argv) {
   std::fwrite(out.data(), 1, out.size(), stdout);
   std::fwrite(err.data(), 1, err.size(), stderr);
   return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Nothing below should throw; if a library does, say so in one line
+  // rather than abort with a core dump.
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "twctl: unexpected error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "twctl: unexpected error\n");
+  }
+  return 1;
 }

@@ -246,8 +246,10 @@ namespace {
 
 // Fills an empty run id from the launcher, for an agent with a server, or
 // leaves the agent without one (so nothing streams) when no launcher names
-// the job. Says on stderr which it did. A given id is only checked.
-absl::Status ResolveRunId(AgentConfig* cfg) {
+// the job. Rank 0 says on stderr which it did: every rank reads the same
+// launcher variables, and a job of thousands of ranks needs one line, not
+// thousands. A given id is only checked.
+absl::Status ResolveRunId(AgentConfig* cfg, int rank) {
   if (!cfg->run_id.empty()) {
     absl::Status s = wire::CheckRunId(cfg->run_id);
     if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("AgentConfig: ", s.message()));
@@ -259,10 +261,12 @@ absl::Status ResolveRunId(AgentConfig* cfg) {
   if (!launcher.ok()) return launcher.status();
   if (launcher->has_value()) {
     cfg->run_id = (*launcher)->id;
-    std::fprintf(stderr, "%s\n", (*launcher)->note.c_str());
+    if (rank == 0) std::fprintf(stderr, "%s\n", (*launcher)->note.c_str());
     return absl::OkStatus();
   }
-  std::fprintf(stderr, "%s\n", internal::NoRunIdMessage(cfg->server_address).c_str());
+  if (rank == 0) {
+    std::fprintf(stderr, "%s\n", internal::NoRunIdMessage(cfg->server_address).c_str());
+  }
   cfg->server_address.clear();  // every send path checks it: nothing streams
   return absl::OkStatus();
 }
@@ -284,7 +288,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
     if (!tls.ok()) return tls;
   }
   AgentConfig cfg = config;
-  if (absl::Status s = ResolveRunId(&cfg); !s.ok()) return s;
+  if (absl::Status s = ResolveRunId(&cfg, reducer->rank()); !s.ok()) return s;
   if (cfg.host_name.empty()) {
     char host[256] = {};
     gethostname(host, sizeof host - 1);

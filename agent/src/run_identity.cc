@@ -20,9 +20,9 @@ absl::StatusOr<LauncherRunId> Derive(std::string raw, const std::string& from) {
   LauncherRunId r;
   r.id = std::move(raw);
   if (r.id.size() > wire::kMaxRunIdBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the run id from ", from, " is ", r.id.size(), " bytes long, over the ",
-                     wire::kMaxRunIdBytes, " a run id may have: set TRAINWATCH_RUN_ID"));
+    return absl::InvalidArgumentError(absl::StrCat("the run id from ", from, " is ", r.id.size(),
+                                                   " bytes long, over the ", wire::kMaxRunIdBytes,
+                                                   " a run id may have: set TRAINWATCH_RUN_ID"));
   }
   int replaced = 0;
   for (char& c : r.id) {
@@ -33,8 +33,7 @@ absl::StatusOr<LauncherRunId> Derive(std::string raw, const std::string& from) {
   }
   r.note = absl::StrCat("trainwatch agent: run id \"", r.id, "\" from ", from);
   if (replaced > 0) {
-    absl::StrAppend(&r.note, " (", replaced,
-                    " byte(s) outside [A-Za-z0-9._:-] replaced by '_')");
+    absl::StrAppend(&r.note, " (", replaced, " byte(s) outside [A-Za-z0-9._:-] replaced by '_')");
   }
   absl::StrAppend(&r.note, "; set TRAINWATCH_RUN_ID to name the run yourself");
   return r;

@@ -2,6 +2,9 @@
 // launcher's name for the job (torchrun, SLURM), and with none of them no
 // streaming at all, while the local verdicts keep working.
 
+#include "run_identity.h"
+
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -9,9 +12,6 @@
 #include <random>
 #include <string>
 
-#include <catch2/catch.hpp>
-
-#include "run_identity.h"
 #include "trainwatch/agent/agent.h"
 
 namespace trainwatch::agent {

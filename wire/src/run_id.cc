@@ -6,8 +6,8 @@
 namespace trainwatch::wire {
 
 bool IsRunIdChar(char c) {
-  return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ||
-         c == ':' || c == '-';
+  return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == ':' ||
+         c == '-';
 }
 
 absl::Status CheckRunId(absl::string_view run_id) {
@@ -20,9 +20,9 @@ absl::Status CheckRunId(absl::string_view run_id) {
   }
   for (char c : run_id) {
     if (!IsRunIdChar(c)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "run_id has the byte 0x", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2),
-          ": ", kRule));
+      return absl::InvalidArgumentError(
+          absl::StrCat("run_id has the byte 0x",
+                       absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2), ": ", kRule));
     }
   }
   return absl::OkStatus();

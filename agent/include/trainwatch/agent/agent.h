@@ -46,8 +46,8 @@ struct AgentConfig {
   // [A-Za-z0-9._:-] (an id breaking the rule is Create's error). Env:
   // TRAINWATCH_RUN_ID. Left empty with a server address, Create() takes the
   // launcher's name for the job (torchrun's TORCHELASTIC_RUN_ID unless
-  // "none", SLURM_ARRAY_JOB_ID + SLURM_ARRAY_TASK_ID, SLURM_JOB_ID) and says
-  // on stderr which; with none of those the agent does not stream (one
+  // "none", SLURM_ARRAY_JOB_ID + SLURM_ARRAY_TASK_ID, SLURM_JOB_ID) and rank
+  // 0 says on stderr which; with none of those the agent does not stream (one
   // message on stderr says what to set) and decides locally only. There is
   // no default name: jobs sharing one would overwrite each other's steps.
   std::string run_id;

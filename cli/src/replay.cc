@@ -106,42 +106,66 @@ std::string OptionalStep(int64_t step) { return step >= 0 ? absl::StrCat(step) :
 
 }  // namespace
 
+namespace {
+
+void AppendEventJson(std::string* out_ptr, const Event& e, size_t attempt) {
+  std::string& out = *out_ptr;
+  absl::StrAppend(&out, "{\"step\":", e.step, ",\"tier\":", e.tier, ",\"action\":");
+  core::AppendJsonString(&out, core::ActionName(e.action));
+  out += ",\"kind\":";
+  core::AppendJsonString(&out, core::EventKindName(e.kind));
+  absl::StrAppend(&out, ",\"episode\":", e.episode, ",\"onset_step\":", e.onset_step,
+                  ",\"shards\":[", absl::StrJoin(e.shards, ","), "]");
+  absl::StrAppend(&out, ",\"shards_truncated\":", e.shards_truncated ? "true" : "false");
+  out += ",\"recommended_checkpoint_step\":";
+  if (e.recommended_checkpoint_step >= 0) {
+    absl::StrAppend(&out, e.recommended_checkpoint_step);
+  } else {
+    out += "null";
+  }
+  out += ",\"recommended_checkpoint_uri\":";
+  if (e.recommended_checkpoint_step >= 0) {
+    core::AppendJsonString(&out, e.recommended_checkpoint_uri);
+  } else {
+    out += "null";
+  }
+  out += ",\"recommended_actions\":";
+  core::AppendRecommendedActionsJson(&out, e.recommended_actions);
+  out += ",\"reason\":";
+  core::AppendJsonString(&out, e.reason);
+  out += ",\"lacked_signals\":[";
+  const std::vector<std::string> lacked = LackedNames(e.lacked_signals);
+  for (size_t i = 0; i < lacked.size(); ++i) {
+    if (i) out += ",";
+    core::AppendJsonString(&out, lacked[i]);
+  }
+  absl::StrAppend(&out, "],\"attempt\":", attempt, "}\n");
+}
+
+void AppendEventRow(std::string* out_ptr, const Event& e) {
+  std::string& out = *out_ptr;
+  const std::string ckpt =
+      e.recommended_checkpoint_step >= 0 ? absl::StrCat(e.recommended_checkpoint_step) : "-";
+  absl::StrAppendFormat(&out, "%-9d %-4d %-11s %-20s %-9d %-9s %-22s %s\n", e.step, e.tier,
+                        core::ActionName(e.action), core::EventKindName(e.kind), e.onset_step, ckpt,
+                        ShardsText(e), e.reason);
+  for (const core::RecommendedAction& a : e.recommended_actions) {
+    absl::StrAppendFormat(&out, "%88s-> %s\n", "", a.text);
+  }
+  if (e.lacked_signals != 0) {
+    absl::StrAppendFormat(&out, "%88s(no %s in this run)\n", "",
+                          absl::StrJoin(LackedNames(e.lacked_signals), ", "));
+  }
+}
+
+}  // namespace
+
 std::string FormatEventsJson(const ReplayResult& result) {
   std::string out;
   for (size_t a = 0; a < result.attempts.size(); ++a) {
     const ReplayAttempt& t = result.attempts[a];
     for (size_t i = t.first_event; i < t.first_event + t.events; ++i) {
-      const Event& e = result.events[i];
-      absl::StrAppend(&out, "{\"step\":", e.step, ",\"tier\":", e.tier, ",\"action\":");
-      core::AppendJsonString(&out, core::ActionName(e.action));
-      out += ",\"kind\":";
-      core::AppendJsonString(&out, core::EventKindName(e.kind));
-      absl::StrAppend(&out, ",\"episode\":", e.episode, ",\"onset_step\":", e.onset_step,
-                      ",\"shards\":[", absl::StrJoin(e.shards, ","), "]");
-      absl::StrAppend(&out, ",\"shards_truncated\":", e.shards_truncated ? "true" : "false");
-      out += ",\"recommended_checkpoint_step\":";
-      if (e.recommended_checkpoint_step >= 0) {
-        absl::StrAppend(&out, e.recommended_checkpoint_step);
-      } else {
-        out += "null";
-      }
-      out += ",\"recommended_checkpoint_uri\":";
-      if (e.recommended_checkpoint_step >= 0) {
-        core::AppendJsonString(&out, e.recommended_checkpoint_uri);
-      } else {
-        out += "null";
-      }
-      out += ",\"recommended_actions\":";
-      core::AppendRecommendedActionsJson(&out, e.recommended_actions);
-      out += ",\"reason\":";
-      core::AppendJsonString(&out, e.reason);
-      out += ",\"lacked_signals\":[";
-      const std::vector<std::string> lacked = LackedNames(e.lacked_signals);
-      for (size_t l = 0; l < lacked.size(); ++l) {
-        if (l) out += ",";
-        core::AppendJsonString(&out, lacked[l]);
-      }
-      absl::StrAppend(&out, "],\"attempt\":", a, "}\n");
+      AppendEventJson(&out, result.events[i], a);
     }
   }
   return out;
@@ -158,19 +182,7 @@ std::string FormatEventsTable(const ReplayResult& result) {
     // Every attempt gets its line, with events or without: the restart is news.
     if (restarted) out += AttemptLine(result, a);
     for (size_t i = t.first_event; i < t.first_event + t.events; ++i) {
-      const Event& e = result.events[i];
-      const std::string ckpt =
-          e.recommended_checkpoint_step >= 0 ? absl::StrCat(e.recommended_checkpoint_step) : "-";
-      absl::StrAppendFormat(&out, "%-9d %-4d %-11s %-20s %-9d %-9s %-22s %s\n", e.step, e.tier,
-                            core::ActionName(e.action), core::EventKindName(e.kind), e.onset_step,
-                            ckpt, ShardsText(e), e.reason);
-      for (const core::RecommendedAction& a : e.recommended_actions) {
-        absl::StrAppendFormat(&out, "%88s-> %s\n", "", a.text);
-      }
-      if (e.lacked_signals != 0) {
-        absl::StrAppendFormat(&out, "%88s(no %s in this run)\n", "",
-                              absl::StrJoin(LackedNames(e.lacked_signals), ", "));
-      }
+      AppendEventRow(&out, result.events[i]);
     }
   }
   return out;

@@ -32,9 +32,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(absl::StrContains(trace.status().message(), "fuzz-input"));
     return 0;
   }
-  // The reader guarantees increasing steps, so the engine takes every record.
+  // The reader refuses only a repeated step; a step going back opens an
+  // attempt whose engine holds only earlier steps. So the engine takes every
+  // record, and each belongs to one attempt: nothing is dropped.
   absl::StatusOr<trainwatch::cli::ReplayResult> result =
       trainwatch::cli::Replay(*trace, trainwatch::core::RuleConfig());
   FUZZ_CHECK(result.ok());
+  FUZZ_CHECK(result->records == static_cast<int64_t>(trace->size()));
+  int64_t in_attempts = 0;
+  for (const trainwatch::cli::ReplayAttempt& a : result->attempts) in_attempts += a.records;
+  FUZZ_CHECK(in_attempts == result->records);
   return 0;
 }

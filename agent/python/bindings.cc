@@ -362,9 +362,12 @@ class PyAgent {
     d["reconnects"] = s.reconnects;
     d["durable_step"] = s.durable_step;
     d["connected"] = s.connected;
+    d["streaming"] = s.streaming;
     d["unacked"] = s.unacked;
     return d;
   }
+  bool Streaming() const { return agent_->Stats().streaming; }
+  std::string RunId() const { return agent_->run_id(); }
   void Close(int timeout_ms) {
     py::gil_scoped_release release;  // the writer may call back into Python
     agent_->Close(timeout_ms);
@@ -425,5 +428,7 @@ PYBIND11_MODULE(_trainwatch, m) {
       .def("quarantined_shards", &PyAgent::Quarantined)
       .def("resume_from", &PyAgent::ResumeFrom, py::arg("step"))
       .def("stats", &PyAgent::Stats)
+      .def_property_readonly("streaming", &PyAgent::Streaming)
+      .def_property_readonly("run_id", &PyAgent::RunId)
       .def("close", &PyAgent::Close, py::arg("timeout_ms") = 5000);
 }

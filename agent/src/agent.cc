@@ -4,17 +4,20 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "reduction_layout.h"
+#include "run_identity.h"
 #include "sender.h"
 #include "spill.h"
 #include "step_message.h"
 #include "trainwatch/v1/agent.pb.h"
 #include "trainwatch/wire/client_tls.h"
+#include "trainwatch/wire/run_id.h"
 
 namespace trainwatch::agent {
 
@@ -47,9 +50,11 @@ class Agent::Impl {
     AgentStats s;
     sender_.FillStats(&s);
     s.steps = steps_.load();
+    s.streaming = !config_.server_address.empty();
     return s;
   }
   const core::StepOutcome& outcome() const { return outcome_; }
+  const std::string& run_id() const { return config_.run_id; }
   Sender& sender() { return sender_; }
 
  private:
@@ -237,11 +242,41 @@ absl::StatusOr<AgentConfig> AgentConfig::FromEnvironment(AgentConfig c) {
 
 // ------------------------------------------------------------------- Agent
 
+namespace {
+
+// Fills an empty run id from the launcher, for an agent with a server, or
+// leaves the agent without one (so nothing streams) when no launcher names
+// the job. Rank 0 says on stderr which it did: every rank reads the same
+// launcher variables, and a job of thousands of ranks needs one line, not
+// thousands. A given id is only checked.
+absl::Status ResolveRunId(AgentConfig* cfg, int rank) {
+  if (!cfg->run_id.empty()) {
+    absl::Status s = wire::CheckRunId(cfg->run_id);
+    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("AgentConfig: ", s.message()));
+    return absl::OkStatus();
+  }
+  if (cfg->server_address.empty()) return absl::OkStatus();  // local only: no name needed
+  absl::StatusOr<std::optional<internal::LauncherRunId>> launcher =
+      internal::RunIdFromLauncher([](const char* name) { return std::getenv(name); });
+  if (!launcher.ok()) return launcher.status();
+  if (launcher->has_value()) {
+    cfg->run_id = (*launcher)->id;
+    if (rank == 0) std::fprintf(stderr, "%s\n", (*launcher)->note.c_str());
+    return absl::OkStatus();
+  }
+  if (rank == 0) {
+    std::fprintf(stderr, "%s\n", internal::NoRunIdMessage(cfg->server_address).c_str());
+  }
+  cfg->server_address.clear();  // every send path checks it: nothing streams
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
                                                      std::unique_ptr<Reducer> reducer) {
   if (reducer == nullptr) return absl::InvalidArgumentError("a reducer is required");
   if (absl::Status s = core::Validate(config.rules); !s.ok()) return s;
-  if (config.run_id.empty()) return absl::InvalidArgumentError("run_id is empty");
   if (config.memory_records == 0 || config.ring_records == 0) {
     return absl::InvalidArgumentError("memory_records and ring_records must be positive");
   }
@@ -253,13 +288,14 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
     if (!tls.ok()) return tls;
   }
   AgentConfig cfg = config;
+  if (absl::Status s = ResolveRunId(&cfg, reducer->rank()); !s.ok()) return s;
   if (cfg.host_name.empty()) {
     char host[256] = {};
     gethostname(host, sizeof host - 1);
     cfg.host_name = host;
   }
   std::unique_ptr<SpillStore> spill;
-  if (!cfg.spill_dir.empty()) {
+  if (!cfg.spill_dir.empty() && !cfg.run_id.empty()) {  // the file is named by the run
     absl::StatusOr<std::unique_ptr<SpillStore>> opened = SpillStore::Open(
         cfg.spill_dir, absl::StrCat(cfg.run_id, ".rank", reducer->rank()), cfg.spill_max_bytes);
     if (!opened.ok()) return opened.status();
@@ -294,6 +330,8 @@ void Agent::ResumeFrom(int64_t step) { impl_->ResumeFrom(step); }
 std::vector<std::pair<uint64_t, uint64_t>> Agent::QuarantinedShards() const {
   return impl_->sender().QuarantinedShards();
 }
+
+const std::string& Agent::run_id() const { return impl_->run_id(); }
 
 const core::StepOutcome& Agent::last_outcome() const { return impl_->outcome(); }
 

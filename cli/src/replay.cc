@@ -19,20 +19,59 @@ namespace trainwatch::cli {
 
 using core::Event;
 
+namespace {
+
+// The engine of an attempt resuming after `resumed_from`: `history` (rows of
+// `trace`, in step order: what the engine of the attempt before had seen)
+// cut to the steps up to it, and replayed. What is cut is the abandoned
+// tail: it stays in the earlier attempt's counts and events, and none of it
+// reaches the new engine's windows.
+std::unique_ptr<core::RuleEngine> Resume(const Trace& trace, const core::RuleConfig& config,
+                                         int64_t resumed_from, std::vector<size_t>* history) {
+  while (!history->empty() && trace.Record(history->back()).step > resumed_from) {
+    history->pop_back();
+  }
+  core::EngineRebuilder rebuild(config, resumed_from);
+  for (size_t i : *history) rebuild.Feed(trace.Record(i));
+  return std::move(rebuild).Finish();
+}
+
+}  // namespace
+
 absl::StatusOr<ReplayResult> Replay(const Trace& trace, const core::RuleConfig& config) {
-  core::RuleEngine engine(config);
+  auto engine = std::make_unique<core::RuleEngine>(config);
+  std::vector<size_t> history;  // the current attempt's engine's records, for a restart
   core::StepOutcome out;
   ReplayResult result;
   for (size_t i = 0; i < trace.size(); ++i) {
     const core::StepRecord rec = trace.Record(i);
-    if (absl::Status s = engine.Observe(rec, &out); !s.ok()) {
+    if (result.attempts.empty() || rec.step <= result.attempts.back().last_step) {
+      ReplayAttempt next;
+      if (!result.attempts.empty()) {
+        next.resumed_from = rec.step - 1;
+        engine = Resume(trace, config, next.resumed_from, &history);
+      }
+      next.first_step = rec.step;
+      next.first_event = result.events.size();
+      result.attempts.push_back(next);
+    }
+    if (absl::Status s = engine->Observe(rec, &out); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("line ", trace.line(i), ": ", s.message()));
     }
+    history.push_back(i);
+    ReplayAttempt& attempt = result.attempts.back();
+    attempt.last_step = rec.step;
+    ++attempt.records;
     ++result.records;
-    if (out.verdict.decision == core::Decision::kSkipUpdate) ++result.skipped_steps;
-    if (out.verdict.decision == core::Decision::kHalt && result.halted_at < 0) {
-      result.halted_at = rec.step;
+    if (out.verdict.decision == core::Decision::kSkipUpdate) {
+      ++attempt.skipped_steps;
+      ++result.skipped_steps;
     }
+    if (out.verdict.decision == core::Decision::kHalt) {
+      if (attempt.halted_at < 0) attempt.halted_at = rec.step;
+      if (result.halted_at < 0) result.halted_at = rec.step;
+    }
+    attempt.events += out.events.size();
     for (Event& e : out.events) result.events.push_back(std::move(e));
   }
   return result;
@@ -55,62 +94,95 @@ std::string ShardsText(const Event& e) {
                          e.shards_truncated ? "+" : "");
 }
 
+std::string AttemptLine(const ReplayResult& r, size_t a) {
+  const ReplayAttempt& t = r.attempts[a];
+  return absl::StrFormat(
+      "attempt %d: %s, steps %d..%d, %d records\n", a,
+      a == 0 ? std::string("the first start") : absl::StrCat("resumed from step ", t.resumed_from),
+      t.first_step, t.last_step, t.records);
+}
+
+std::string OptionalStep(int64_t step) { return step >= 0 ? absl::StrCat(step) : "null"; }
+
 }  // namespace
 
-std::string FormatEventsJson(const std::vector<Event>& events) {
+namespace {
+
+void AppendEventJson(std::string* out_ptr, const Event& e, size_t attempt) {
+  std::string& out = *out_ptr;
+  absl::StrAppend(&out, "{\"step\":", e.step, ",\"tier\":", e.tier, ",\"action\":");
+  core::AppendJsonString(&out, core::ActionName(e.action));
+  out += ",\"kind\":";
+  core::AppendJsonString(&out, core::EventKindName(e.kind));
+  absl::StrAppend(&out, ",\"episode\":", e.episode, ",\"onset_step\":", e.onset_step,
+                  ",\"shards\":[", absl::StrJoin(e.shards, ","), "]");
+  absl::StrAppend(&out, ",\"shards_truncated\":", e.shards_truncated ? "true" : "false");
+  out += ",\"recommended_checkpoint_step\":";
+  if (e.recommended_checkpoint_step >= 0) {
+    absl::StrAppend(&out, e.recommended_checkpoint_step);
+  } else {
+    out += "null";
+  }
+  out += ",\"recommended_checkpoint_uri\":";
+  if (e.recommended_checkpoint_step >= 0) {
+    core::AppendJsonString(&out, e.recommended_checkpoint_uri);
+  } else {
+    out += "null";
+  }
+  out += ",\"recommended_actions\":";
+  core::AppendRecommendedActionsJson(&out, e.recommended_actions);
+  out += ",\"reason\":";
+  core::AppendJsonString(&out, e.reason);
+  out += ",\"lacked_signals\":[";
+  const std::vector<std::string> lacked = LackedNames(e.lacked_signals);
+  for (size_t i = 0; i < lacked.size(); ++i) {
+    if (i) out += ",";
+    core::AppendJsonString(&out, lacked[i]);
+  }
+  absl::StrAppend(&out, "],\"attempt\":", attempt, "}\n");
+}
+
+void AppendEventRow(std::string* out_ptr, const Event& e) {
+  std::string& out = *out_ptr;
+  const std::string ckpt =
+      e.recommended_checkpoint_step >= 0 ? absl::StrCat(e.recommended_checkpoint_step) : "-";
+  absl::StrAppendFormat(&out, "%-9d %-4d %-11s %-20s %-9d %-9s %-22s %s\n", e.step, e.tier,
+                        core::ActionName(e.action), core::EventKindName(e.kind), e.onset_step, ckpt,
+                        ShardsText(e), e.reason);
+  for (const core::RecommendedAction& a : e.recommended_actions) {
+    absl::StrAppendFormat(&out, "%88s-> %s\n", "", a.text);
+  }
+  if (e.lacked_signals != 0) {
+    absl::StrAppendFormat(&out, "%88s(no %s in this run)\n", "",
+                          absl::StrJoin(LackedNames(e.lacked_signals), ", "));
+  }
+}
+
+}  // namespace
+
+std::string FormatEventsJson(const ReplayResult& result) {
   std::string out;
-  for (const Event& e : events) {
-    absl::StrAppend(&out, "{\"step\":", e.step, ",\"tier\":", e.tier, ",\"action\":");
-    core::AppendJsonString(&out, core::ActionName(e.action));
-    out += ",\"kind\":";
-    core::AppendJsonString(&out, core::EventKindName(e.kind));
-    absl::StrAppend(&out, ",\"episode\":", e.episode, ",\"onset_step\":", e.onset_step,
-                    ",\"shards\":[", absl::StrJoin(e.shards, ","), "]");
-    absl::StrAppend(&out, ",\"shards_truncated\":", e.shards_truncated ? "true" : "false");
-    out += ",\"recommended_checkpoint_step\":";
-    if (e.recommended_checkpoint_step >= 0) {
-      absl::StrAppend(&out, e.recommended_checkpoint_step);
-    } else {
-      out += "null";
+  for (size_t a = 0; a < result.attempts.size(); ++a) {
+    const ReplayAttempt& t = result.attempts[a];
+    for (size_t i = t.first_event; i < t.first_event + t.events; ++i) {
+      AppendEventJson(&out, result.events[i], a);
     }
-    out += ",\"recommended_checkpoint_uri\":";
-    if (e.recommended_checkpoint_step >= 0) {
-      core::AppendJsonString(&out, e.recommended_checkpoint_uri);
-    } else {
-      out += "null";
-    }
-    out += ",\"recommended_actions\":";
-    core::AppendRecommendedActionsJson(&out, e.recommended_actions);
-    out += ",\"reason\":";
-    core::AppendJsonString(&out, e.reason);
-    out += ",\"lacked_signals\":[";
-    const std::vector<std::string> lacked = LackedNames(e.lacked_signals);
-    for (size_t i = 0; i < lacked.size(); ++i) {
-      if (i) out += ",";
-      core::AppendJsonString(&out, lacked[i]);
-    }
-    out += "]}\n";
   }
   return out;
 }
 
-std::string FormatEventsTable(const std::vector<Event>& events) {
-  if (events.empty()) return "no events\n";
-  std::string out = absl::StrFormat("%-9s %-4s %-11s %-20s %-9s %-9s %-22s %s\n", "STEP", "TIER",
-                                    "ACTION", "KIND", "ONSET", "CKPT", "SHARDS",
-                                    "REASON / RECOMMENDED");
-  for (const Event& e : events) {
-    const std::string ckpt =
-        e.recommended_checkpoint_step >= 0 ? absl::StrCat(e.recommended_checkpoint_step) : "-";
-    absl::StrAppendFormat(&out, "%-9d %-4d %-11s %-20s %-9d %-9s %-22s %s\n", e.step, e.tier,
-                          core::ActionName(e.action), core::EventKindName(e.kind),
-                          e.onset_step, ckpt, ShardsText(e), e.reason);
-    for (const core::RecommendedAction& a : e.recommended_actions) {
-      absl::StrAppendFormat(&out, "%88s-> %s\n", "", a.text);
-    }
-    if (e.lacked_signals != 0) {
-      absl::StrAppendFormat(&out, "%88s(no %s in this run)\n", "",
-                            absl::StrJoin(LackedNames(e.lacked_signals), ", "));
+std::string FormatEventsTable(const ReplayResult& result) {
+  const bool restarted = result.attempts.size() > 1;
+  if (result.events.empty() && !restarted) return "no events\n";
+  std::string out =
+      absl::StrFormat("%-9s %-4s %-11s %-20s %-9s %-9s %-22s %s\n", "STEP", "TIER", "ACTION",
+                      "KIND", "ONSET", "CKPT", "SHARDS", "REASON / RECOMMENDED");
+  for (size_t a = 0; a < result.attempts.size(); ++a) {
+    const ReplayAttempt& t = result.attempts[a];
+    // Every attempt gets its line, with events or without: the restart is news.
+    if (restarted) out += AttemptLine(result, a);
+    for (size_t i = t.first_event; i < t.first_event + t.events; ++i) {
+      AppendEventRow(&out, result.events[i]);
     }
   }
   return out;
@@ -119,7 +191,10 @@ std::string FormatEventsTable(const std::vector<Event>& events) {
 namespace {
 
 struct TierSummary {
-  std::set<uint64_t> incidents;
+  // An episode by number and onset: a rebuilt engine numbers episodes anew
+  // after a restart, so one number may name an abandoned tail's episode and
+  // a different one of the new attempt; one that spans the restart keeps both.
+  std::set<std::pair<uint64_t, int64_t>> incidents;
   int64_t events = 0;
   int64_t first = -1;
   int64_t last = -1;
@@ -132,7 +207,7 @@ std::map<int, TierSummary> Summarise(const ReplayResult& r) {
     // Recovery notes close episodes; they are not incidents of their own.
     if (e.action == core::Action::kNone) continue;
     TierSummary& s = tiers[e.tier];
-    s.incidents.insert(e.episode);
+    s.incidents.insert({e.episode, e.onset_step});
     ++s.events;
     if (s.first < 0) s.first = e.step;
     s.last = e.step;
@@ -146,14 +221,25 @@ std::string FormatSummaryTable(const ReplayResult& r) {
   std::string out = absl::StrFormat("%-5s %-10s %-8s %-10s %-10s %s\n", "TIER", "INCIDENTS",
                                     "EVENTS", "FIRST", "LAST", "SKIPPED");
   for (const auto& [tier, s] : Summarise(r)) {
-    absl::StrAppendFormat(
-        &out, "%-5d %-10d %-8d %-10s %-10s %s\n", tier, s.incidents.size(), s.events,
-        s.first >= 0 ? absl::StrCat(s.first) : "-", s.last >= 0 ? absl::StrCat(s.last) : "-",
-        tier == 1 ? absl::StrCat(r.skipped_steps) : "-");
+    absl::StrAppendFormat(&out, "%-5d %-10d %-8d %-10s %-10s %s\n", tier, s.incidents.size(),
+                          s.events, s.first >= 0 ? absl::StrCat(s.first) : "-",
+                          s.last >= 0 ? absl::StrCat(s.last) : "-",
+                          tier == 1 ? absl::StrCat(r.skipped_steps) : "-");
   }
   absl::StrAppendFormat(&out, "records %d, skipped steps %d, halted at %s\n", r.records,
                         r.skipped_steps,
                         r.halted_at >= 0 ? absl::StrCat("step ", r.halted_at) : "no step");
+  if (r.attempts.size() > 1) {
+    absl::StrAppendFormat(&out, "%-8s %-8s %-16s %-8s %-8s %-8s %s\n", "ATTEMPT", "RESUMED",
+                          "STEPS", "RECORDS", "EVENTS", "SKIPPED", "HALTED");
+    for (size_t a = 0; a < r.attempts.size(); ++a) {
+      const ReplayAttempt& t = r.attempts[a];
+      absl::StrAppendFormat(&out, "%-8d %-8s %-16s %-8d %-8d %-8d %s\n", a,
+                            a == 0 ? "-" : absl::StrCat(t.resumed_from),
+                            absl::StrCat(t.first_step, "..", t.last_step), t.records, t.events,
+                            t.skipped_steps, t.halted_at >= 0 ? absl::StrCat(t.halted_at) : "-");
+    }
+  }
   return out;
 }
 
@@ -161,10 +247,19 @@ std::string FormatSummaryJson(const ReplayResult& r) {
   std::string out;
   for (const auto& [tier, s] : Summarise(r)) {
     absl::StrAppend(&out, "{\"tier\":", tier, ",\"incidents\":", s.incidents.size(),
-                    ",\"events\":", s.events, ",\"first_step\":",
-                    s.first >= 0 ? absl::StrCat(s.first) : "null", ",\"last_step\":",
-                    s.last >= 0 ? absl::StrCat(s.last) : "null", ",\"skipped_steps\":",
-                    tier == 1 ? r.skipped_steps : 0, "}\n");
+                    ",\"events\":", s.events,
+                    ",\"first_step\":", s.first >= 0 ? absl::StrCat(s.first) : "null",
+                    ",\"last_step\":", s.last >= 0 ? absl::StrCat(s.last) : "null",
+                    ",\"skipped_steps\":", tier == 1 ? r.skipped_steps : 0, "}\n");
+  }
+  for (size_t a = 0; a < r.attempts.size(); ++a) {
+    const ReplayAttempt& t = r.attempts[a];
+    absl::StrAppend(&out, "{\"attempt\":", a,
+                    ",\"resumed_from\":", a == 0 ? "null" : absl::StrCat(t.resumed_from),
+                    ",\"first_step\":", t.first_step, ",\"last_step\":", t.last_step,
+                    ",\"records\":", t.records, ",\"events\":", t.events,
+                    ",\"skipped_steps\":", t.skipped_steps,
+                    ",\"halted_at\":", OptionalStep(t.halted_at), "}\n");
   }
   return out;
 }
@@ -193,7 +288,13 @@ constexpr char kReplayUsage[] =
     "Metrics a log never reports are unknown: the rules that need them stay silent and\n"
     "each event lists them under lacked_signals.\n"
     "--config FILE   JSON object of rule thresholds (see --print-config)\n"
-    "--summary       per tier: incidents, first and last step, skipped steps\n"
+    "A log whose steps go back (a job restarted from a checkpoint, writing to the same\n"
+    "file) is replayed as a new attempt resuming after the step before the jump: its\n"
+    "engine is rebuilt from the history up to there, the abandoned tail stays the\n"
+    "earlier attempt's, and every event says its attempt. A step repeated on the next\n"
+    "line is an error (a duplicated line, not a restart).\n"
+    "--summary       per tier: incidents, first and last step, skipped steps; then the\n"
+    "                attempts (resumed from, steps, records, events, skipped, halted)\n"
     "Exit codes: 0 ok, 1 error, 2 usage or malformed input (nothing printed on stdout).\n";
 
 bool ReadAll(const std::string& path, std::string* content) {
@@ -299,9 +400,8 @@ int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::s
   }
   std::error_code ec;
   absl::StatusOr<Trace> trace = absl::UnknownError("unread");
-  if (file != "-" &&
-      (std::filesystem::is_directory(file, ec) ||
-       (read.format == MetricsFormat::kAuto && IsEventFileName(file)))) {
+  if (file != "-" && (std::filesystem::is_directory(file, ec) ||
+                      (read.format == MetricsFormat::kAuto && IsEventFileName(file)))) {
     // Folders and event files by name: their own reader, whose messages name
     // the file and byte offset.
     trace = ReadMetricsFile(file, read);
@@ -332,8 +432,7 @@ int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::s
   if (summary) {
     *out = output == "json" ? FormatSummaryJson(*result) : FormatSummaryTable(*result);
   } else {
-    *out = output == "json" ? FormatEventsJson(result->events)
-                            : FormatEventsTable(result->events);
+    *out = output == "json" ? FormatEventsJson(*result) : FormatEventsTable(*result);
   }
   return 0;
 }

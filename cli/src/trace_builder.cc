@@ -91,11 +91,15 @@ TraceBuilder::Row& TraceBuilder::NewRow(int line) {
 
 absl::Status TraceBuilder::SetStep(Row& r, int64_t step, int column) {
   if (step < 0) return At(source_, r.line, column, "step must be >= 0");
-  if (have_last_ && step <= last_step_) {
+  // A step before the last one is a restart from a checkpoint logging into
+  // the same file: Replay() opens a new attempt there. The same step on the
+  // next record is not: a restart resumes from a step it has finished, so
+  // it is a line written twice (every rank printing, a logger's retry).
+  if (have_last_ && step == last_step_) {
     return At(source_, r.line, column,
-              absl::StrFormat("step %d %s step %d on line %d: steps must strictly increase",
-                              step, step == last_step_ ? "repeats" : "comes after",
-                              last_step_, last_line_));
+              absl::StrFormat("step %d repeats step %d on line %d: a step may go back (a "
+                              "restart) but not repeat the one before",
+                              step, last_step_, last_line_));
   }
   r.step = step;
   have_last_ = true;

@@ -38,7 +38,8 @@ class TraceBuilder {
   explicit TraceBuilder(absl::string_view source) : source_(source) {}
 
   Row& NewRow(int line);
-  // Enforces strictly increasing steps; `column` locates the step in errors.
+  // Refuses a negative step and one equal to the last; a step below the last
+  // is a restart (see Replay()). `column` locates the step in errors.
   absl::Status SetStep(Row& r, int64_t step, int column);
   void SetValue(Row& r, core::Signal s, double v);
   absl::Status AddShards(Row& r, absl::string_view text, int column);

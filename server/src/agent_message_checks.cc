@@ -2,7 +2,6 @@
 
 #include <string>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
 namespace trainwatch::server {
@@ -10,11 +9,6 @@ namespace trainwatch::server {
 namespace v1 = trainwatch::v1;
 
 namespace {
-
-bool RunIdChar(char c) {
-  return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ||
-         c == ':' || c == '-';
-}
 
 // rank in [0, world_size), world_size in [1, max]; `what` names the message.
 absl::Status CheckRank(absl::string_view what, int32_t rank, int32_t world_size,
@@ -37,25 +31,6 @@ absl::Status NonNegative(absl::string_view what, absl::string_view field, int64_
 }
 
 }  // namespace
-
-absl::Status CheckRunId(absl::string_view run_id) {
-  constexpr char kRule[] = "a run id is 1 to 128 characters of [A-Za-z0-9._:-]";
-  static_assert(kMaxRunIdBytes == 128, "kRule names the limit");
-  if (run_id.empty()) return absl::InvalidArgumentError(absl::StrCat("run_id is empty: ", kRule));
-  if (run_id.size() > kMaxRunIdBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("run_id is ", run_id.size(), " bytes long: ", kRule));
-  }
-  for (char c : run_id) {
-    if (!RunIdChar(c)) {
-      // The offending byte in hex: the id itself may not be printable.
-      return absl::InvalidArgumentError(absl::StrCat(
-          "run_id has the byte 0x", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2),
-          ": ", kRule));
-    }
-  }
-  return absl::OkStatus();
-}
 
 absl::Status CheckAgentMessage(const v1::AgentMessage& m, const AgentStreamProgress& progress,
                                const AgentStreamLimits& limits) {

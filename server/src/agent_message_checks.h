@@ -21,14 +21,14 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "trainwatch/v1/agent.pb.h"
+#include "trainwatch/wire/run_id.h"
 
 namespace trainwatch::server {
 
-inline constexpr size_t kMaxRunIdBytes = 128;
-
-// OK for a run id that follows the rule above; otherwise INVALID_ARGUMENT
-// naming it. Also used by every operator RPC that takes a run id.
-absl::Status CheckRunId(absl::string_view run_id);
+// The run id rule lives in wire/ since the agent checks its own id too.
+// Also used by every operator RPC that takes a run id.
+using wire::CheckRunId;
+using wire::kMaxRunIdBytes;
 
 struct AgentStreamLimits {
   // Largest world_size a Hello or StepReport may claim: a bound on what one

@@ -74,9 +74,15 @@ TEST_CASE("CSV: malformed input names file - line and column", "[cli][csv][error
   CHECK(ErrorOf("step,loss,grad_norm,log_z,nan_frac\n1,2.5,1.0,8,0\n2,2.5x,1.0,8,0\n") ==
         "run.csv:3:3: loss \"2.5x\" is not a number");
   CHECK(ErrorOf("step,loss,grad_norm,log_z,nan_frac\n1,2.5,1.0,8,0\n1,2.5,1.0,8,0\n") ==
-        "run.csv:3:1: step 1 repeats step 1 on line 2: steps must strictly increase");
-  CHECK(ErrorOf("step,loss,grad_norm,log_z,nan_frac\n5,2.5,1.0,8,0\n4,2.5,1.0,8,0\n") ==
-        "run.csv:3:1: step 4 comes after step 5 on line 2: steps must strictly increase");
+        "run.csv:3:1: step 1 repeats step 1 on line 2: a step may go back (a restart) but not "
+        "repeat the one before");
+  // A step going back is a restart logging into the same file: kept, in file
+  // order, for Replay() to open a new attempt.
+  auto back = ParseMetrics("step,loss,grad_norm,log_z,nan_frac\n5,2.5,1.0,8,0\n4,2.5,1.0,8,0\n",
+                           "run.csv");
+  REQUIRE(back.ok());
+  REQUIRE(back->size() == 2);
+  CHECK(back->Record(1).step == 4);
   CHECK(ErrorOf("step,loss,grad_norm,log_z,nan_frac\n1.5,2.5,1.0,8,0\n") ==
         "run.csv:2:1: step \"1.5\" is not an integer");
   CHECK(ErrorOf("step,loss,grad_norm,log_z,nan_frac\n1,2.5,1.0,8\n") ==
@@ -121,7 +127,8 @@ TEST_CASE("JSON lines: malformed input names file - line and column", "[cli][jso
   CHECK(ErrorOf(ok + "\n{\"step\": 2, \"loss\": \"abc\"}\n") ==
         "run.csv:2:21: loss \"abc\" is not a number");
   CHECK(ErrorOf(ok + "\n" + ok + "\n") ==
-        "run.csv:2:10: step 1 repeats step 1 on line 1: steps must strictly increase");
+        "run.csv:2:10: step 1 repeats step 1 on line 1: a step may go back (a restart) but not "
+        "repeat the one before");
   CHECK(ErrorOf("{\"step\": 1, \"loss\": 2}\n") ==
         "run.csv:1:1: no line has the keys grad_norm, log_z, nan_frac (expected step, loss, "
         "grad_norm, log_z, nan_frac)");

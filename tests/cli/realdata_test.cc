@@ -35,7 +35,7 @@ Replayed Load(const std::string& name, MetricsFormat expect) {
   return {*std::move(trace), *std::move(result)};
 }
 
-std::string Dump(const ReplayResult& r) { return FormatEventsTable(r.events); }
+std::string Dump(const ReplayResult& r) { return FormatEventsTable(r); }
 
 size_t CountTierAtLeast(const ReplayResult& r, int tier) {
   size_t n = 0;

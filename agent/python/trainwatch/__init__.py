@@ -18,7 +18,9 @@ or let trainwatch.torch.watch() wrap the optimizer. The verdict is decided
 locally (tier 1 skip, tier 3 halt) by the same rule engine the server runs,
 on statistics reduced across ranks, so every rank reaches the same verdict.
 Configuration not given here comes from TRAINWATCH_SERVER, TRAINWATCH_RUN_ID,
-TRAINWATCH_TOKEN and TRAINWATCH_SPILL_DIR.
+TRAINWATCH_TOKEN and TRAINWATCH_SPILL_DIR. Without a run id the launcher's
+name for the job is taken (torchrun --rdzv-id, SLURM's job id), and with no
+name at all the agent does not stream: agent.streaming says which.
 """
 
 import json as _json
@@ -42,7 +44,15 @@ class Agent(_NativeAgent):
     """The in-process agent.
 
     server: trainwatchd's address ("" for local decisions only).
-    run_id: the run's name; rank/world_size: this process in the job.
+    run_id: the run's name, 1 to 128 characters of [A-Za-z0-9._:-] (else
+        ValueError); "" takes TRAINWATCH_RUN_ID, then torchrun's
+        TORCHELASTIC_RUN_ID (unless "none"), then SLURM_ARRAY_JOB_ID +
+        SLURM_ARRAY_TASK_ID or SLURM_JOB_ID, saying on stderr which. With a
+        server and none of these the agent does not stream (one message on
+        stderr says what to set) and still decides skip and halt locally.
+        agent.run_id is the id used, agent.streaming whether records go to
+        the server.
+    rank/world_size: this process in the job.
     reduce: for world_size > 1, a callable (sums, maxes) -> (sums, maxes)
         running the job's all-reduce (see trainwatch.torch.distributed_reduce).
     rules: thresholds overriding the defaults, e.g. {"warmup_steps": 100}.

@@ -42,7 +42,15 @@ struct AgentConfig {
   // trainwatchd's address ("127.0.0.1:7070"); empty: no server, local
   // decisions only. Env: TRAINWATCH_SERVER.
   std::string server_address;
-  std::string run_id = "default";  // Env: TRAINWATCH_RUN_ID
+  // The run this job's records belong to: 1 to 128 bytes of
+  // [A-Za-z0-9._:-] (an id breaking the rule is Create's error). Env:
+  // TRAINWATCH_RUN_ID. Left empty with a server address, Create() takes the
+  // launcher's name for the job (torchrun's TORCHELASTIC_RUN_ID unless
+  // "none", SLURM_ARRAY_JOB_ID + SLURM_ARRAY_TASK_ID, SLURM_JOB_ID) and rank
+  // 0 says on stderr which; with none of those the agent does not stream (one
+  // message on stderr says what to set) and decides locally only. There is
+  // no default name: jobs sharing one would overwrite each other's steps.
+  std::string run_id;
   std::string token;               // Env: TRAINWATCH_TOKEN
   std::string ca_file;             // TLS to the server; Env: TRAINWATCH_CA_FILE
   // Mutual TLS, for a trainwatchd started with --tls_client_ca: this
@@ -145,6 +153,9 @@ struct AgentStats {
   int64_t reconnects = 0;
   int64_t durable_step = -1;
   bool connected = false;
+  // Records go to a server: false without a server address, or with one but
+  // no run id to stream under (see AgentConfig::run_id).
+  bool streaming = false;
   size_t unacked = 0;
   size_t spill_bytes = 0;
 };
@@ -183,6 +194,9 @@ class Agent {
   // it before acknowledging the rollback command. Training thread only.
   void ResumeFrom(int64_t step);
 
+  // The run id records are streamed under (given, or the launcher's); empty
+  // when there was none.
+  const std::string& run_id() const;
   // The last step's derived numbers (what was reported).
   const core::StepOutcome& last_outcome() const;
   AgentStats Stats() const;

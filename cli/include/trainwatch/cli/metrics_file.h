@@ -16,9 +16,11 @@
 //             ... | learning rate: ... | number of nan iterations: ... |";
 //   tensorboard  TensorBoard event files (tensorboard.h), one or a folder.
 //
-// Reading is all or nothing: malformed input (a garbage number, a step out
-// of order) is an error naming the file, line and column, and no record is
-// returned, so a replay never prints a partial answer. A metric the run
+// Reading is all or nothing: malformed input (a garbage number, a step
+// repeated on the next record) is an error naming the file, line and column,
+// and no record is returned, so a replay never prints a partial answer. Steps
+// that go back are kept in file order: a job restarted from a checkpoint
+// that logged into the same file, which Replay() reads as a new attempt. A metric the run
 // never reports with a finite value is "unknown" for the whole run (not
 // zero); a NaN in a metric the run does report is kept, since it is a signal.
 

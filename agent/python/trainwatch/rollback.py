@@ -144,9 +144,9 @@ def apply_rollback(cmd, agent, model, optimizer, load, guard=None, scheduler=Non
     if done.lr_scale is not None:
         parts.append(f"learning rate x{done.lr_scale:g}")
     if done.z_loss_alpha is not None:
-        parts.append(f"z-loss alpha {done.z_loss_alpha:g}")
+        parts.append(f"z-loss {done.z_loss_alpha:g}")
     if done.skip_steps:
-        parts.append(f"skipping the batches of steps {done.skip_steps[0]}..{done.skip_steps[1]}")
+        parts.append(f"skipped the batches of steps {done.skip_steps[0]}..{done.skip_steps[1]}")
     done.message = ", ".join(parts)
     agent.acknowledge(cmd.command_id, "applied", done.message, step)
     return done

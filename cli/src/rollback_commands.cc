@@ -50,10 +50,8 @@ class ApproveCommand : public Command {
                         {{"to-step", "N", "roll back to this retained checkpoint instead"},
                          {"quarantine-shards", "A..B[,C..D]", "shards to quarantine, e.g. 1..4,9"},
                          {"z-loss-alpha", "X", "turn z-loss on with this alpha (0 to 1)"},
-                         {"precision", "MODULE=fp32|bf16|fp16",
-                          "run this module in this precision (repeatable), e.g. "
-                          "blocks.0.norm=fp32"},
-                         {"lr-scale", "X", "multiply every learning rate by X (finite, > 0)"},
+                         {"precision", "MODULE=PREC", "MODULE in fp32, bf16 or fp16 (repeatable)"},
+                         {"lr-scale", "X", "multiply every learning rate by X (X > 0)"},
                          {"skip-steps", "A..B|none", "the steps whose batches every rank skips"},
                          {"comment", "TEXT", "why, for the audit log (not for --dry-run)"},
                          {"yes", "", "do not ask for confirmation"},

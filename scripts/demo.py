@@ -2,6 +2,9 @@
 """make demo: a real PyTorch trainer with trainwatch attached, through a bad
 batch, a logit drift and a NaN, with trainwatchd, Debian's Prometheus and
 Alertmanager on loopback and a webhook receiver standing in for the pager.
+The NaN halts the job; the on-call engineer approves a rollback that runs the
+failing module in fp32, the job is restarted as a scheduler would, and the
+rollback reaches it at hello, before its first step.
 
 Everything runs in a temporary folder on free loopback ports and is stopped
 on exit, also on Ctrl-C or failure.
@@ -28,7 +31,11 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = "demo-lm"
 # The injected failures (steps of the example trainer) and the run's length.
+# NAN_AT is an activation outlier (--outlier-at) that the final norm's naive
+# variance turns into NaN in bf16 and not in fp32.
 CORRUPT_AT, DRIFT_FROM, NAN_AT, STEPS = 400, 600, 1300, 1400
+# The module the reconfiguring rollback runs in fp32 (train_lm.py's NaiveNorm).
+FAILING_MODULE = "norm"
 
 
 def free_port():
@@ -178,7 +185,8 @@ def run(build, work, stack, hook):
     say("== trainwatch demo: a byte-level transformer trained on this machine's CPU, watched")
     say("   by trainwatch; trainwatchd, Prometheus and Alertmanager run on loopback.")
     say(f"   Injected: a corrupted batch at step {CORRUPT_AT}, a logit drift from step "
-        f"{DRIFT_FROM} (z-loss off), a NaN gradient at step {NAN_AT}.")
+        f"{DRIFT_FROM} (z-loss off), an activation outlier at step {NAN_AT}")
+    say("   that the bf16 final norm turns into NaN.")
     say("   The rule windows are scaled down (examples/torch/demo_rules.json): this run is")
     say(f"   {STEPS:,} steps, not 100,000.\n")
 
@@ -218,11 +226,12 @@ def run(build, work, stack, hook):
                PYTHONDONTWRITEBYTECODE="1")
     with open(rules) as f:
         agent_rules = json.dumps(json.load(f))
-    trainer = stack.start("trainer", [
-        "/usr/bin/python3", "-u", os.path.join(ROOT, "examples/torch/train_lm.py"),
-        "--steps", str(STEPS), "--corrupt-at", str(CORRUPT_AT), "--drift-from", str(DRIFT_FROM),
-        "--nan-at", str(NAN_AT), "--server", server, "--run-id", RUN, "--rules", agent_rules,
-        "--checkpoint-dir", f"{work}/checkpoints"], stdout=subprocess.PIPE, env=env, text=True)
+    # The job, as the scheduler starts it (and restarts it, unchanged).
+    job = ["/usr/bin/python3", "-u", os.path.join(ROOT, "examples/torch/train_lm.py"),
+           "--steps", str(STEPS), "--corrupt-at", str(CORRUPT_AT), "--drift-from", str(DRIFT_FROM),
+           "--outlier-at", str(NAN_AT), "--server", server, "--run-id", RUN, "--rules",
+           agent_rules, "--checkpoint-dir", f"{work}/checkpoints"]
+    trainer = stack.start("trainer", job, stdout=subprocess.PIPE, env=env, text=True)
     lines = []
     threading.Thread(target=lambda: lines.extend(trainer.stdout), daemon=True).start()
     twctl = Twctl(f"{build}/bin/twctl", server)
@@ -234,19 +243,13 @@ def run(build, work, stack, hook):
 
     say("== training (every 100th step and every decision the agent took), with `twctl watch`")
     say("   showing incident changes as they happen:")
-    shown, approved = 0, None
-    while True:
-        while shown < len(lines):
-            say("  " + lines[shown].rstrip())
-            shown += 1
-        if trainer.poll() is not None:
-            break
-        if approved is None:
-            approved = maybe_approve(twctl, hook)
-        time.sleep(0.3)
-    time.sleep(0.2)
-    for line in lines[shown:]:
-        say("  " + line.rstrip())
+    approved = []
+
+    def approve_tier2():
+        if not approved:
+            approved.extend(filter(None, [maybe_approve(twctl, hook)]))
+    shown = follow(trainer, lines, 0, approve_tier2)
+    approved = approved[0] if approved else None
     say(f"  (trainer exited with status {trainer.returncode}: "
         f"{'halted by trainwatch' if trainer.returncode == 3 else 'unexpected'})\n")
 
@@ -260,6 +263,9 @@ def run(build, work, stack, hook):
         summary = twctl.json("incident", "show", halted[0])["incident"].get("summary", {})
         tensors = [f"{t['name']} (rank {','.join(str(r) for r in t.get('ranks', []))})"
                    for t in summary.get("tensor_breakdown", [])]
+    reconfigured = None
+    if halted and trainer.returncode == 3:
+        reconfigured = reconfigure(twctl, halted[0], stack, job, env, lines, shown)
     twctl("incidents")
     twctl("shards", RUN)
     twctl("status", RUN)
@@ -274,10 +280,53 @@ def run(build, work, stack, hook):
                          + r["value"][1] for r in res)
         say(f"    {expr} -> {vals or 'no data'}")
     say("")
-    code = narrate(work, approved, hook, trainer.returncode, tensors)
+    code = narrate(work, approved, hook, trainer.returncode, tensors, reconfigured)
     say(f"\n  The whole run as one page (charts with every incident marked, the drift the "
         f"rollback undid in dashed grey):\n    {report}")
     return code
+
+
+def follow(trainer, lines, shown, on_poll=None):
+    """Prints the output lines as they come until the trainer exits, calling
+    on_poll() between looks; returns how many lines were shown."""
+    while True:
+        while shown < len(lines):
+            say("  " + lines[shown].rstrip())
+            shown += 1
+        if trainer.poll() is not None:
+            break
+        if on_poll is not None:
+            on_poll()
+        time.sleep(0.3)
+    time.sleep(0.2)
+    for line in lines[shown:]:
+        say("  " + line.rstrip())
+    return len(lines)
+
+
+def reconfigure(twctl, incident, stack, job, env, lines, shown):
+    """Halt, roll back and reconfigure: approve a rollback that runs the
+    failing module in fp32, restart the job with the same command line, and
+    follow it past the old failing step. Returns (incident, exit status,
+    the incident's state afterwards)."""
+    say("\n== halt, roll back and reconfigure: the NaN came from the final norm, whose variance")
+    say("   (E[x^2] - E[x]^2) cancels to a negative number in bf16. The engineer approves a")
+    say("   rollback that runs that module in fp32, while the job is down:")
+    twctl("rollback", "approve", incident, "--precision", f"{FAILING_MODULE}=fp32", "--yes",
+          "--comment", "bf16 cancellation in the final norm: run it in fp32")
+    say("== the scheduler restarts the job (same command line, same run id); the pending")
+    say("   rollback reaches it at hello, before its first step:")
+    restarted = stack.start("trainer-restarted", job, stdout=subprocess.PIPE, env=env, text=True)
+    threading.Thread(target=lambda: lines.extend(restarted.stdout), daemon=True).start()
+    follow(restarted, lines, shown)
+    say(f"  (restarted trainer exited with status {restarted.returncode})\n")
+    # It resolves once the run has passed the old detection step (stored).
+    deadline, state = time.time() + 15, ""
+    while time.time() < deadline and state != "INCIDENT_STATE_RESOLVED":
+        state = twctl.json("incident", "show", incident)["incident"].get("state", "")
+        time.sleep(0.3)
+    twctl("incident", "show", incident)
+    return incident, restarted.returncode, state
 
 
 def maybe_approve(twctl, hook):
@@ -305,7 +354,7 @@ def maybe_approve(twctl, hook):
     return inc
 
 
-def narrate(work, incident, hook, trainer_code, nan_tensors):
+def narrate(work, incident, hook, trainer_code, nan_tensors, reconfigured):
     db = sqlite3.connect(os.path.join(work, "trainwatch.db"))
     q = lambda sql, *a: db.execute(sql, a).fetchall()
     say("== what happened")
@@ -364,11 +413,34 @@ def narrate(work, incident, hook, trainer_code, nan_tensors):
         say("  - the logit drift was NOT paged")
     halt = q("SELECT step, reason FROM events WHERE run_id=? AND action=4", RUN)
     if halt and trainer_code == 3:
-        where = f"; the NaN was in {', '.join(nan_tensors)}" if nan_tensors else ""
+        # A NaN in the forward pass reaches every gradient: name a few.
+        shown = ", ".join(nan_tensors[:3]) + (f" and {len(nan_tensors) - 3} more"
+                                               if len(nan_tensors) > 3 else "")
+        where = f"; the NaN was in {shown}" if nan_tensors else ""
         say(f"  - step {halt[0][0]}: tier 3, {halt[0][1]}: the run halted on every rank{where}.")
     else:
         ok = False
         say("  - the NaN did NOT halt the run")
+    if reconfigured is None:
+        ok = False
+        say("  - the halted run was NOT rolled back and reconfigured")
+    else:
+        inc, code, state = reconfigured
+        iid = int(inc.split("-")[1])
+        ack = q("SELECT a.resumed_step, a.message FROM command_acks a JOIN commands c ON "
+                "c.id = a.command_id WHERE c.incident_id=? AND a.status=2", iid)
+        (last,) = q("SELECT max(attempt) FROM steps WHERE run_id=?", RUN)[0]
+        passed = q("SELECT loss FROM steps WHERE run_id=? AND attempt=? AND step=?",
+                   RUN, last, NAN_AT)
+        if ack and code == 0 and passed and state == "INCIDENT_STATE_RESOLVED":
+            say(f"  - halt, roll back, reconfigure: approved with --precision "
+                f"{FAILING_MODULE}=fp32 while the job was down; the restarted job got the "
+                f"rollback at hello and, before its first step, {ack[0][1]}. It passed step "
+                f"{NAN_AT} (loss {passed[0][0]:.3f}) and {inc} resolved.")
+        else:
+            ok = False
+            say(f"  - the reconfigured restart did NOT pass step {NAN_AT} "
+                f"(exit {code}, {inc} {state}, acks {ack})")
     return 0 if ok else 1
 
 

@@ -9,6 +9,7 @@
 
 #include <tuple>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -127,6 +128,8 @@ py::dict CommandToDict(const agent::Command& c) {
   d["quarantine"] = c.quarantine;
   d["skip_steps"] = c.skip_steps.has_value() ? py::cast(*c.skip_steps) : py::none();
   d["z_loss_alpha"] = c.z_loss_alpha.has_value() ? py::cast(*c.z_loss_alpha) : py::none();
+  d["precision"] = c.precision;
+  d["lr_scale"] = c.lr_scale.has_value() ? py::cast(*c.lr_scale) : py::none();
   d["reason"] = c.reason;
   return d;
 }
@@ -348,6 +351,13 @@ class PyAgent {
     agent_->Acknowledge(id, s, message, resumed_step);
   }
   void ResumeFrom(int64_t step) { agent_->ResumeFrom(step); }
+  bool WaitForServer(double timeout_s) {
+    if (!std::isfinite(timeout_s) || timeout_s < 0) {
+      throw py::value_error("timeout_s must be a finite number >= 0");
+    }
+    py::gil_scoped_release release;  // the command callback takes the GIL
+    return agent_->WaitForServer(static_cast<int>(std::min(timeout_s, 86400.0) * 1000));
+  }
   std::vector<std::pair<uint64_t, uint64_t>> Quarantined() const {
     return agent_->QuarantinedShards();
   }
@@ -427,6 +437,7 @@ PYBIND11_MODULE(_trainwatch, m) {
            py::arg("message") = "", py::arg("resumed_step") = -1)
       .def("quarantined_shards", &PyAgent::Quarantined)
       .def("resume_from", &PyAgent::ResumeFrom, py::arg("step"))
+      .def("wait_for_server", &PyAgent::WaitForServer, py::arg("timeout_s") = 10.0)
       .def("stats", &PyAgent::Stats)
       .def_property_readonly("streaming", &PyAgent::Streaming)
       .def_property_readonly("run_id", &PyAgent::RunId)

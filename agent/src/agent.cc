@@ -320,6 +320,8 @@ void Agent::SetCommandCallback(std::function<void(const Command&)> callback) {
 
 std::optional<Command> Agent::PollCommand() { return impl_->sender().PollCommand(); }
 
+bool Agent::WaitForServer(int timeout_ms) { return impl_->sender().WaitForServer(timeout_ms); }
+
 void Agent::Acknowledge(const std::string& command_id, AckStatus status,
                         const std::string& message, int64_t resumed_step) {
   impl_->Acknowledge(command_id, status, message, resumed_step);

@@ -31,6 +31,17 @@ Command CommandOf(const v1::Command& c) {
     if (p.has_skip_steps()) cmd.skip_steps = {p.skip_steps().first(), p.skip_steps().last()};
     for (const auto& s : p.settings()) {
       if (s.has_z_loss_alpha()) cmd.z_loss_alpha = s.z_loss_alpha();
+      if (s.has_lr_scale()) cmd.lr_scale = s.lr_scale();
+      if (s.has_layer_precision()) {
+        const v1::Precision p = s.layer_precision().precision();
+        // The server sends no other (rollback.h); an unknown one reaches the
+        // trainer as its enum name, for it to fail the command naming it.
+        cmd.precision.emplace_back(s.layer_precision().layer(),
+                                   p == v1::PRECISION_FP32   ? "fp32"
+                                   : p == v1::PRECISION_BF16 ? "bf16"
+                                   : p == v1::PRECISION_FP16 ? "fp16"
+                                                             : v1::Precision_Name(p));
+      }
     }
   } else if (c.has_halt()) {
     cmd.kind = Command::Kind::kHalt;
@@ -88,6 +99,14 @@ std::optional<Command> Sender::PollCommand() {
   Command c = std::move(commands_.front());
   commands_.pop_front();
   return c;
+}
+
+bool Sender::WaitForServer(int timeout_ms) {
+  if (config_.server_address.empty()) return false;
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(this, &Sender::Answered),
+                       absl::Milliseconds(std::max(timeout_ms, 0)));
+  return answered_ && awaited_command_.empty();
 }
 
 std::vector<std::pair<uint64_t, uint64_t>> Sender::QuarantinedShards() const {
@@ -211,9 +230,20 @@ void Sender::PumpLoop() {
 
 void Sender::HandleServerMessage(const v1::ServerMessage& m) {
   if (m.has_durability_ack()) {
-    auto it = m.durability_ack().durable_step().find(origin_.rank);
-    if (it == m.durability_ack().durable_step().end()) return;
+    const v1::DurabilityAck& a = m.durability_ack();
+    for (const std::string& id : a.undecided_incidents()) {
+      std::fprintf(stderr,
+                   "trainwatch agent: run %s: tier 3 incident %s still awaits a decision; this "
+                   "job trains on without the rollback (twctl incident show %s)\n",
+                   origin_.run_id.c_str(), id.c_str(), id.c_str());
+    }
     absl::MutexLock lock(&mu_);
+    if (!answered_) {
+      answered_ = true;
+      awaited_command_ = a.pending_command_id();
+    }
+    auto it = a.durable_step().find(origin_.rank);
+    if (it == a.durable_step().end()) return;
     if (it->second <= durable_) return;
     durable_ = it->second;
     while (!memory_.empty() && memory_.front().step <= durable_) {
@@ -243,6 +273,8 @@ void Sender::HandleServerMessage(const v1::ServerMessage& m) {
       if (!cb) commands_.push_back(cmd);
     }
     if (cb) cb(cmd);
+    absl::MutexLock lock(&mu_);
+    if (cmd.command_id == awaited_command_) awaited_command_.clear();
   }
 }
 

@@ -55,6 +55,8 @@ class Sender {
   void SetCommandCallback(std::function<void(const Command&)> callback)
       ABSL_LOCKS_EXCLUDED(mu_);
   std::optional<Command> PollCommand() ABSL_LOCKS_EXCLUDED(mu_);
+  // Agent::WaitForServer.
+  bool WaitForServer(int timeout_ms) ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<std::pair<uint64_t, uint64_t>> QuarantinedShards() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // A rollback to `step`: the records of later steps, queued or spilled,
@@ -119,6 +121,13 @@ class Sender {
   std::deque<Command> commands_ ABSL_GUARDED_BY(mu_);
   std::function<void(const Command&)> callback_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<uint64_t, uint64_t>> quarantine_ ABSL_GUARDED_BY(mu_);
+  // The first answer to a hello arrived, and the command it said follows
+  // (empty: none, or delivered): what WaitForServer() waits for.
+  bool answered_ ABSL_GUARDED_BY(mu_) = false;
+  std::string awaited_command_ ABSL_GUARDED_BY(mu_);
+  bool Answered() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || (answered_ && awaited_command_.empty());
+  }
   // The writer's blocking call, watched by the pump (0: none in progress).
   std::atomic<int64_t> write_started_ms_{0};
   std::unique_ptr<grpc::ClientContext> ctx_ ABSL_GUARDED_BY(mu_);

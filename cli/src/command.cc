@@ -172,6 +172,7 @@ absl::StatusOr<Args> Command::Parse(const std::vector<std::string>& argv,
       return absl::InvalidArgumentError(absl::StrCat("twctl: --", name, " needs a value\n"));
     }
     a.flags[name] = value;
+    a.all_values[name].push_back(value);
   }
   if (!spec_.raw_arguments && a.output != "table" && a.output != "json") {
     return absl::InvalidArgumentError("twctl: -o must be table or json\n");

@@ -78,13 +78,21 @@ struct CommandSpec {
 // A command line parsed against a CommandSpec.
 struct Args {
   std::vector<std::string> operands;
-  std::map<std::string, std::string> flags;  // those given; "" for switches
+  std::map<std::string, std::string> flags;  // those given, the last value; "" for switches
+  // Every value of each flag given, in order: what a repeatable flag
+  // (--precision A=fp32 --precision B=fp32) reads through GetAll.
+  std::map<std::string, std::vector<std::string>> all_values;
   std::string server, token, ca_file, cert_file, key_file, output = "table";
   bool help = false;  // --help or -h: nothing else was parsed
 
   bool Has(const std::string& flag) const { return flags.count(flag) > 0; }
   // The flag's value, `fallback` when not given.
   std::string Get(const std::string& flag, const std::string& fallback = "") const;
+  // Every value the flag was given, in order; empty when not given.
+  std::vector<std::string> GetAll(const std::string& flag) const {
+    auto it = all_values.find(flag);
+    return it == all_values.end() ? std::vector<std::string>() : it->second;
+  }
   // The flag's value as a whole number in [min, max], `fallback` when not
   // given; else InvalidArgument "--points must be a whole number from 1 to
   // 100000, not -3", for the command to print as a usage error.

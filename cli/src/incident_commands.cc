@@ -114,6 +114,10 @@ class IncidentShowCommand : public Command {
       absl::StrAppendFormat(&out, "recommended: %s\n", a.description());
     }
     for (const auto& d : i.decisions()) {
+      if (d.kind() == v1::DECISION_KIND_RESTARTED_UNDECIDED) {
+        absl::StrAppendFormat(&out, "note %s: %s\n", d.decision_id(), d.comment());
+        continue;
+      }
       if (d.actor().kind() != v1::ACTOR_KIND_HUMAN) {
         absl::StrAppendFormat(&out, "decision %s: taken by %s on every rank\n", d.decision_id(),
                               d.actor().id());

@@ -6,7 +6,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "command_output.h"
 #include "commands.h"
 #include "operator_client.h"
@@ -48,6 +50,8 @@ class ApproveCommand : public Command {
                         {{"to-step", "N", "roll back to this retained checkpoint instead"},
                          {"quarantine-shards", "A..B[,C..D]", "shards to quarantine, e.g. 1..4,9"},
                          {"z-loss-alpha", "X", "turn z-loss on with this alpha (0 to 1)"},
+                         {"precision", "MODULE=PREC", "MODULE in fp32, bf16 or fp16 (repeatable)"},
+                         {"lr-scale", "X", "multiply every learning rate by X (X > 0)"},
                          {"skip-steps", "A..B|none", "the steps whose batches every rank skips"},
                          {"comment", "TEXT", "why, for the audit log (not for --dry-run)"},
                          {"yes", "", "do not ask for confirmation"},
@@ -140,7 +144,37 @@ class ApproveCommand : public Command {
       }
       req->set_z_loss_alpha(a);
     }
+    for (const std::string& p : args.GetAll("precision")) {
+      const size_t eq = p.rfind('=');
+      const v1::Precision precision =
+          eq == std::string::npos ? v1::PRECISION_UNSPECIFIED : PrecisionOf(p.substr(eq + 1));
+      if (eq == 0 || precision == v1::PRECISION_UNSPECIFIED) {
+        *err = absl::StrCat("twctl rollback approve: --precision takes MODULE=fp32|bf16|fp16 "
+                            "(e.g. blocks.0.norm=fp32), not '", p, "'\n");
+        return kUsage;
+      }
+      auto* lp = req->add_settings()->mutable_layer_precision();
+      lp->set_layer(p.substr(0, eq));
+      lp->set_precision(precision);
+    }
+    if (args.Has("lr-scale")) {
+      double x;
+      if (!absl::SimpleAtod(args.Get("lr-scale"), &x) || !std::isfinite(x) || x <= 0) {
+        *err = "twctl rollback approve: --lr-scale needs a finite number > 0 (e.g. 0.5)\n";
+        return kUsage;
+      }
+      req->add_settings()->set_lr_scale(x);
+    }
     return kOk;
+  }
+
+  // "fp32" -> PRECISION_FP32; anything else (fp8 too: no precision to
+  // widen a failing module to) -> PRECISION_UNSPECIFIED.
+  static v1::Precision PrecisionOf(const std::string& name) {
+    if (name == "fp32") return v1::PRECISION_FP32;
+    if (name == "bf16") return v1::PRECISION_BF16;
+    if (name == "fp16") return v1::PRECISION_FP16;
+    return v1::PRECISION_UNSPECIFIED;
   }
 
   // "roll back run R to step N (URI), quarantine shards A..B, ...".
@@ -158,6 +192,13 @@ class ApproveCommand : public Command {
     for (const auto& st : p.settings()) {
       if (st.has_z_loss_alpha()) {
         absl::StrAppendFormat(&what, ", z-loss alpha %g", st.z_loss_alpha());
+      } else if (st.has_layer_precision()) {
+        absl::StrAppendFormat(&what, ", run %s in %s", st.layer_precision().layer(),
+                              absl::AsciiStrToLower(absl::StripPrefix(
+                                  v1::Precision_Name(st.layer_precision().precision()),
+                                  "PRECISION_")));
+      } else if (st.has_lr_scale()) {
+        absl::StrAppendFormat(&what, ", learning rate x%g", st.lr_scale());
       }
     }
     return what;

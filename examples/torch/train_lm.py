@@ -11,11 +11,19 @@ Failures can be injected to watch trainwatch react:
   --corrupt-at N   batch N is random bytes           -> tier 1: update skipped
   --drift-from N   the output logits grow while z-loss is off -> tier 2: page
   --nan-at N       a NaN in one gradient at step N   -> tier 3: halt
+  --outlier-at N   an activation outlier at step N: the final norm's
+                   activations get a common offset, and its naive variance
+                   (E[x^2] - E[x]^2) cancels to a negative number in bf16
+                   (NaN under rsqrt), not in fp32 -> tier 3: halt; after a
+                   rollback with --precision norm=fp32 the step passes
   --z-loss ALPHA   z-loss alpha * (log Z)^2 from the start
 
-A rollback command from the server (after a human approved it) loads the
-checkpoint, quarantines the shards and the batches of the steps to skip,
-applies z-loss and acknowledges.
+The model trains under CPU bf16 autocast (--autocast off: fp32). A rollback
+command from the server (after a human approved it), received while running
+or, for a restarted job, at hello before step 0, goes through
+trainwatch.rollback.apply_rollback: it loads the checkpoint, applies the
+settings (lr scale, per-module precision, z-loss) and acknowledges; the
+loader quarantines the shards and the batches of the steps to skip.
 """
 
 import argparse
@@ -32,10 +40,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import trainwatch
+import trainwatch.rollback as twr
 import trainwatch.torch as twt
 
 SHARD_BYTES = 1024     # the corpus is cut into shards of this many bytes
 SHARDS_PER_STEP = 2    # each batch reads from this many consecutive shards
+# --outlier-at's offset: large enough that bf16 (8 significant bits) loses
+# the variance of activations of size ~1 to cancellation, small enough that
+# fp32 keeps it to a few percent.
+OUTLIER_OFFSET = 64.0
 
 
 def load_corpus():
@@ -106,6 +119,29 @@ class ShardLoader:
         return torch.stack(xs), torch.stack(ys), ids
 
 
+class NaiveNorm(nn.Module):
+    """A projection, then a layer norm computed the naive way: the variance
+    as E[x^2] - E[x]^2. Under autocast the projection's output is bf16, and
+    so is the arithmetic on it: with a large common offset in the
+    activations (`offset`, an outlier), E[x^2] and E[x]^2 agree in their 8
+    significant bits and their difference is rounding noise, often
+    negative, whose rsqrt is NaN. In fp32 the same input normalizes fine."""
+
+    def __init__(self, d, eps=1e-5):
+        super().__init__()
+        self.proj = nn.Linear(d, d)
+        self.weight = nn.Parameter(torch.ones(d))
+        self.bias = nn.Parameter(torch.zeros(d))
+        self.eps = eps
+        self.offset = 0.0
+
+    def forward(self, x):
+        y = self.proj(x) + self.offset
+        mean = y.mean(-1, keepdim=True)
+        var = (y * y).mean(-1, keepdim=True) - mean * mean
+        return (y - mean) * torch.rsqrt(var + self.eps) * self.weight + self.bias
+
+
 class Model(nn.Module):
     def __init__(self, d=96, layers=2, heads=4, context=64):
         super().__init__()
@@ -114,7 +150,7 @@ class Model(nn.Module):
         layer = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, batch_first=True,
                                            norm_first=True)
         self.blocks = nn.TransformerEncoder(layer, layers)
-        self.norm = nn.LayerNorm(d)
+        self.norm = NaiveNorm(d)
         self.head = nn.Linear(d, 256)
         mask = torch.triu(torch.full((context, context), float("-inf")), diagonal=1)
         self.register_buffer("mask", mask)
@@ -138,6 +174,13 @@ def main():
     ap.add_argument("--drift-from", type=int, default=-1)
     ap.add_argument("--drift-rate", type=float, default=0.02)
     ap.add_argument("--nan-at", type=int, default=-1)
+    ap.add_argument("--outlier-at", type=int, default=-1)
+    ap.add_argument("--autocast", choices=("bf16", "off"), default="bf16",
+                    help="CPU autocast dtype for the forward pass (default bf16)")
+    ap.add_argument("--wait-for-server", type=float, default=10.0, metavar="S",
+                    help="at startup, wait up to S seconds for the server's answer to hello\n"
+                         "and a pending rollback, so a restarted job loads its checkpoint\n"
+                         "before step 0 (0: do not wait; default 10)")
     ap.add_argument("--z-loss", type=float, default=0.0)
     ap.add_argument("--rules", default="", help="JSON thresholds for the agent")
     ap.add_argument("--server", default="", help="trainwatchd address (or TRAINWATCH_SERVER)")
@@ -155,6 +198,19 @@ def main():
     os.makedirs(ckpt_dir, exist_ok=True)
     z_loss = args.z_loss
 
+    def load_checkpoint(uri, model, opt):
+        """What apply_rollback calls: restores the model, the optimizer and
+        the trainer's own state at the checkpoint (z-loss, the loader's
+        quarantine), which a restarted job has not got otherwise; returns the
+        checkpoint's step."""
+        nonlocal z_loss
+        state = torch.load(uri.replace("file://", ""))
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        z_loss = state.get("z_loss", z_loss)
+        loader.quarantine = [tuple(r) for r in state.get("quarantine", [])]
+        return state["step"]
+
     # --- trainwatch: the few lines a user writes
     agent = trainwatch.Agent(server=args.server, run_id=args.run_id,
                              rules=json.loads(args.rules) if args.rules else None)
@@ -163,30 +219,30 @@ def main():
 
     print(f"train_lm: {len(data):,} bytes in {loader.shards} shards, checkpoints in {ckpt_dir}",
           flush=True)
+    if args.server and args.wait_for_server > 0 and not agent.wait_for_server(args.wait_for_server):
+        print(f"train_lm: no answer from {args.server} within {args.wait_for_server:g} s; "
+              "starting anyway", flush=True)
     kept = []
     step = 0
     started = time.time()
     while step < args.steps:
         cmd = agent.poll_command()
-        if cmd is not None and cmd["kind"] == "rollback":
-            state = torch.load(cmd["checkpoint_uri"].replace("file://", ""))
-            model.load_state_dict(state["model"])
-            opt.load_state_dict(state["opt"])
+        if cmd is not None and cmd.kind == "rollback":
+            try:
+                done = twr.apply_rollback(cmd, agent, model, opt, load_checkpoint, guard=guard)
+            except twr.RollbackFailed as e:
+                print(f"train_lm: {e}", flush=True)
+                agent.close()
+                return 4
             # The batches of the skipped steps as this loader served them
-            # (before this quarantine), then everything quarantined so far.
-            skipped = loader.served(*cmd["skip_steps"]) if cmd["skip_steps"] else []
-            loader.quarantine = merge_ranges(loader.quarantine + skipped +
-                                             [tuple(r) for r in cmd["quarantine"]])
-            if cmd["z_loss_alpha"] is not None:
-                z_loss = cmd["z_loss_alpha"]
-            step = state["step"]
-            guard.resume_from(step)
-            skip_text = (f", skipped the batches of steps {cmd['skip_steps'][0]}.."
-                         f"{cmd['skip_steps'][1]}" if cmd["skip_steps"] else "")
-            agent.acknowledge(cmd["command_id"], "applied",
-                              f"loaded {cmd['checkpoint_uri']}, z-loss {z_loss}{skip_text}", step)
-            print(f"train_lm: rollback {cmd['command_id']} to step {step}: quarantined "
-                  f"{loader.quarantine}{skip_text}, z-loss alpha {z_loss}", flush=True)
+            # (with the checkpoint's quarantine, before this one's).
+            skipped = loader.served(*done.skip_steps) if done.skip_steps else []
+            loader.quarantine = merge_ranges(loader.quarantine + skipped + done.quarantine)
+            if done.z_loss_alpha is not None:
+                z_loss = done.z_loss_alpha
+            step = done.step
+            print(f"train_lm: rollback {cmd.command_id} to step {step}: {done.message}; "
+                  f"quarantined {loader.quarantine}", flush=True)
             step += 1
             continue
 
@@ -194,7 +250,9 @@ def main():
         if step == args.corrupt_at:
             x = torch.randint(0, 256, x.shape)
             y = torch.randint(0, 256, y.shape)
-        logits = model(x)
+        model.norm.offset = OUTLIER_OFFSET if step == args.outlier_at else 0.0
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast == "bf16"):
+            logits = model(x).float()
         if args.drift_from >= 0 and step >= args.drift_from and z_loss == 0.0:
             logits = logits * min(6.0, 1.0 + args.drift_rate * (step - args.drift_from))
         flat = logits.reshape(-1, 256)
@@ -221,7 +279,8 @@ def main():
                   + (f" ({v.rule})" if v.rule else ""), flush=True)
         if step > 0 and step % args.checkpoint_every == 0:
             path = os.path.join(ckpt_dir, f"step-{step:07d}.pt")
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, path)
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                        "z_loss": z_loss, "quarantine": loader.quarantine}, path)
             agent.report_checkpoint(step, "file://" + path)
             kept.append(path)
             while len(kept) > 10:

@@ -196,6 +196,7 @@ void Ingestor::Handle(IngestItem& item, int64_t now) {
       if (m.hello().rank() == 0 && !run->rank_mode && run->row.last_step >= 0) {
         (*ack.mutable_durability_ack()->mutable_durable_step())[0] = run->row.last_step;
       }
+      AnswerHello(*run, m.hello(), now, ack.mutable_durability_ack());
       outgoing_.emplace_back(run->row.run_id, item.stream_id, ack.SerializeAsString());
       // A (re)connected rank gets what it has not applied yet.
       if (!run->quarantined.empty()) {

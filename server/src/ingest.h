@@ -286,6 +286,12 @@ class Ingestor {
   void HandleCommandAck(RunState* run, const trainwatch::v1::CommandAck& a, int64_t now);
   void CompleteRollback(RunState& run, int64_t now);
   void SendPendingCommand(RunState& run, uint64_t stream, int32_t rank);
+  // Fills the answer to a hello with what a restarted job must know before
+  // its first step: the id of the command that follows (SendPendingCommand)
+  // and the tier 3 incidents still awaiting a decision. Rank 0's hello
+  // with such an incident is recorded with it (the job runs on undecided).
+  void AnswerHello(RunState& run, const trainwatch::v1::Hello& hello, int64_t now,
+                   trainwatch::v1::DurabilityAck* ack);
 
   Store* store_;
   IngestOptions options_;

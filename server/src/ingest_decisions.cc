@@ -226,6 +226,42 @@ void Ingestor::CompleteRollback(RunState& run, int64_t now) {
             << target << " (" << fed << " steps of history)";
 }
 
+void Ingestor::AnswerHello(RunState& run, const trainwatch::v1::Hello& hello, int64_t now,
+                           trainwatch::v1::DurabilityAck* ack) {
+  namespace v1 = trainwatch::v1;
+  if (run.command && run.command->applied.count(hello.rank()) == 0) {
+    ack->set_pending_command_id(run.command->id);
+  }
+  for (const auto& [key, inc] : run.incidents.open()) {
+    // Tier 2 keeps training (a page, no halt); a tier 3 job that comes back
+    // undecided trains on into the failure that halted it.
+    if (inc.tier < 3 || IsClosed(inc.state) || inc.state == IncidentState::kRollingBack) continue;
+    ack->add_undecided_incidents(inc.public_id());
+    if (hello.rank() != 0) continue;  // one record per job, not per rank
+    // The server cannot tell a restart from a reconnect of the same
+    // process (both say hello); the record says which it saw.
+    const std::string comment = absl::StrCat(
+        "the job said hello again (restarted or reconnected; rank 0 on ",
+        hello.host_name().empty() ? "an unnamed host" : hello.host_name(), ", world size ",
+        hello.world_size(), ") while ", inc.public_id(),
+        " awaited a decision: it trains on without a rollback");
+    const int64_t did = ids_.next_decision++;
+    v1::Decision d;
+    d.set_decision_id(absl::StrCat("D-", did));
+    d.set_incident_id(inc.public_id());
+    d.set_run_id(run.row.run_id);
+    d.set_kind(v1::DECISION_KIND_RESTARTED_UNDECIDED);
+    d.mutable_actor()->set_kind(v1::ACTOR_KIND_SERVER);
+    d.mutable_actor()->set_id("trainwatchd");
+    d.mutable_actor()->set_via("hello");
+    d.mutable_decided_at()->set_seconds(now / 1000);
+    d.set_comment(comment);
+    batch_.decisions.push_back({did, inc.id, run.row.run_id, "trainwatchd", "restarted_undecided",
+                                comment, d.SerializeAsString(), "", now});
+    LOG(WARNING) << "run " << run.row.run_id << ": " << comment;
+  }
+}
+
 void Ingestor::SendPendingCommand(RunState& run, uint64_t stream, int32_t rank) {
   if (!run.command || run.command->applied.count(rank) > 0) return;
   outgoing_.emplace_back(run.row.run_id, stream, run.command->message);

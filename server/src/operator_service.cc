@@ -281,6 +281,10 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
     }
     for (const auto& s : req->settings()) {
       if (s.has_z_loss_alpha()) d.z_loss_alpha = s.z_loss_alpha();
+      if (s.has_layer_precision()) {
+        d.precision.emplace_back(s.layer_precision().layer(), s.layer_precision().precision());
+      }
+      if (s.has_lr_scale()) d.lr_scale = s.lr_scale();
     }
     d.comment = req->comment();
     d.dry_run = req->dry_run();

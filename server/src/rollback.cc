@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -49,6 +50,27 @@ absl::Status CheckDecisionRequest(const DecisionRequest& r) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "z_loss_alpha must be a finite number in [0, %g], not %g", kMaxZLossAlpha,
         *r.z_loss_alpha));
+  }
+  if (r.lr_scale && !(std::isfinite(*r.lr_scale) && *r.lr_scale > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("lr_scale must be a finite number > 0, not %g", *r.lr_scale));
+  }
+  std::set<std::string> modules;
+  for (const auto& [module, precision] : r.precision) {
+    if (module.empty()) {
+      return absl::InvalidArgumentError("layer_precision: the module name is empty");
+    }
+    if (precision != trainwatch::v1::PRECISION_FP32 &&
+        precision != trainwatch::v1::PRECISION_BF16 &&
+        precision != trainwatch::v1::PRECISION_FP16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layer_precision: module '", module, "' needs fp32, bf16 or fp16, not ",
+          trainwatch::v1::Precision_Name(precision)));
+    }
+    if (!modules.insert(module).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer_precision: module '", module, "' is given twice"));
+    }
   }
   if (r.quarantine) {
     for (const auto& [first, last] : *r.quarantine) {
@@ -156,6 +178,12 @@ absl::StatusOr<trainwatch::v1::RollbackPlan> PlanRollback(
     range->set_last(last);
   }
   if (z_loss) plan.add_settings()->set_z_loss_alpha(*z_loss);
+  for (const auto& [module, precision] : r.precision) {
+    auto* lp = plan.add_settings()->mutable_layer_precision();
+    lp->set_layer(module);
+    lp->set_precision(precision);
+  }
+  if (r.lr_scale) plan.add_settings()->set_lr_scale(*r.lr_scale);
   return plan;
 }
 

@@ -34,6 +34,11 @@ struct DecisionRequest {
   // Ranges to quarantine; unset: the incident's recommendation.
   std::optional<ShardRanges> quarantine;
   std::optional<double> z_loss_alpha;
+  // Modules to run in another precision after loading, in order (the
+  // reconfiguring fix of a numerical failure, tier 3).
+  std::vector<std::pair<std::string, trainwatch::v1::Precision>> precision;
+  // Factor on every parameter group's learning rate after loading.
+  std::optional<double> lr_scale;
   // Steps whose batches every rank skips; unset: the recommendation; a
   // range with last < first: none.
   std::optional<std::pair<int64_t, int64_t>> skip_steps;
@@ -53,7 +58,10 @@ inline constexpr double kMaxZLossAlpha = 1.0;
 //   - a comment is required, to approve as to reject (the audit log), but
 //     in a dry run, which records nothing;
 //   - a z-loss alpha is a finite number in [0, kMaxZLossAlpha];
-//   - a quarantine range has first <= last.
+//   - a quarantine range has first <= last;
+//   - a precision change names a module (non-empty, each module once) and
+//     fp32, bf16 or fp16 (fp8 is no precision to widen a failing module to);
+//   - an lr scale is a finite number > 0.
 // INVALID_ARGUMENT naming the field and the rule.
 absl::Status CheckDecisionRequest(const DecisionRequest& request);
 

@@ -482,6 +482,65 @@ TEST_CASE("rollback approve against a fake: the dry run then the approval", "[cl
   CHECK(fake.rejections.empty());
 }
 
+TEST_CASE("rollback approve against a fake: precision and lr-scale settings and their refusals",
+          "[cli][commands]") {
+  auto approve = MakeRollbackApproveCommand();
+  FakeClient fake;
+  v1::Decision* d = fake.approve.mutable_decision();
+  d->set_run_id("run-a");
+  d->set_decision_id("D-2");
+  d->set_command_id("C-2");
+  d->mutable_plan()->set_target_step(40);
+  d->mutable_plan()->set_checkpoint_uri("ckpt://40");
+  auto* lp = d->mutable_plan()->add_settings()->mutable_layer_precision();
+  lp->set_layer("blocks.0.norm");
+  lp->set_precision(v1::PRECISION_FP32);
+  d->mutable_plan()->add_settings()->set_lr_scale(0.5);
+
+  Result yes = RunAlone(*approve,
+                        {"I-4", "--precision", "blocks.0.norm=fp32", "--precision=head=bf16",
+                         "--lr-scale", "0.5", "--yes", "--comment", "bf16 cancels"},
+                        &fake);
+  CHECK(yes.code == kOk);
+  CHECK(yes.out ==
+        "I-4 approved (D-2): roll back run run-a to step 40 (ckpt://40), run blocks.0.norm in "
+        "fp32, learning rate x0.5; command C-2 sent to every rank\n");
+  REQUIRE(fake.approvals.size() == 2);  // the dry run, then the approval
+  const v1::ApproveRollbackRequest& req = fake.approvals[1];
+  REQUIRE(req.settings_size() == 3);
+  CHECK(req.settings(0).layer_precision().layer() == "blocks.0.norm");
+  CHECK(req.settings(0).layer_precision().precision() == v1::PRECISION_FP32);
+  CHECK(req.settings(1).layer_precision().layer() == "head");
+  CHECK(req.settings(1).layer_precision().precision() == v1::PRECISION_BF16);
+  CHECK(req.settings(2).lr_scale() == 0.5);
+
+  fake.approvals.clear();
+  const std::string kPrecisionError =
+      "twctl rollback approve: --precision takes MODULE=fp32|bf16|fp16 (e.g. blocks.0.norm=fp32), "
+      "not '";
+  const std::string kLrError =
+      "twctl rollback approve: --lr-scale needs a finite number > 0 (e.g. 0.5)\n";
+  struct Bad {
+    std::vector<std::string> argv;
+    std::string err;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {{"I-4", "--precision", "norm=fp8"}, kPrecisionError + "norm=fp8'\n"},
+           {{"I-4", "--precision", "norm"}, kPrecisionError + "norm'\n"},
+           {{"I-4", "--precision", "=fp32"}, kPrecisionError + "=fp32'\n"},
+           {{"I-4", "--precision", "norm=FP32"}, kPrecisionError + "norm=FP32'\n"},
+           {{"I-4", "--lr-scale", "0"}, kLrError},
+           {{"I-4", "--lr-scale", "-2"}, kLrError},
+           {{"I-4", "--lr-scale", "inf"}, kLrError},
+           {{"I-4", "--lr-scale", "half"}, kLrError}}) {
+    Result r = RunAlone(*approve, b.argv, &fake);
+    INFO(b.argv[1] << " " << b.argv[2]);
+    CHECK(r.code == kUsage);
+    CHECK(r.err == b.err);
+  }
+  CHECK(fake.approvals.empty());
+}
+
 TEST_CASE("watch against a fake: a line per event until --count", "[cli][commands]") {
   auto watch = MakeWatchCommand();
   FakeClient fake;

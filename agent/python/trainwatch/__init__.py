@@ -28,8 +28,9 @@ import json as _json
 from ._trainwatch import Verdict  # noqa: F401
 from ._trainwatch import __version__  # noqa: F401  (the C++ build's, one source)
 from ._trainwatch import Agent as _NativeAgent
+from .command import Command
 
-__all__ = ["Agent", "Verdict", "TrainingHalted", "__version__"]
+__all__ = ["Agent", "Command", "Verdict", "TrainingHalted", "__version__"]
 
 
 class TrainingHalted(RuntimeError):
@@ -69,6 +70,25 @@ class Agent(_NativeAgent):
                          rules_json=None if rules is None else _json.dumps(rules),
                          reduce=reduce, ca_file=ca_file, cert_file=cert_file,
                          key_file=key_file)
+
+    def poll_command(self):
+        """The next command from the server (a Command), or None."""
+        c = super().poll_command()
+        return None if c is None else Command(c)
+
+    def on_command(self, callback):
+        """Calls callback(Command) on the agent's thread for each command."""
+        super().on_command(lambda c: callback(Command(c)))
+
+    def wait_for_server(self, timeout_s=10.0):
+        """At startup, before step 0: waits up to timeout_s for the server's
+        answer to this rank's hello and the command it says follows (a
+        restarted job's pending rollback, then ready for poll_command()), so
+        that the job loads its checkpoint before its first step. True once
+        both arrived; False on timeout or without a server. The answer also
+        names the tier 3 incidents still awaiting a decision, with a warning
+        on stderr for each."""
+        return super().wait_for_server(timeout_s)
 
     def __enter__(self):
         return self

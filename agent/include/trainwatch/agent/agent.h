@@ -137,6 +137,11 @@ struct Command {
   // whatever data this rank read at those steps, quarantined by the trainer.
   std::optional<std::pair<int64_t, int64_t>> skip_steps;
   std::optional<double> z_loss_alpha;
+  // Modules to run in another precision after loading, in order: (module
+  // name as the trainer knows it, "fp32" | "bf16" | "fp16").
+  std::vector<std::pair<std::string, std::string>> precision;
+  // Factor on every parameter group's learning rate after loading.
+  std::optional<double> lr_scale;
   std::string reason;
 };
 
@@ -181,6 +186,17 @@ class Agent {
   // and by poll. Each command is delivered once either way.
   void SetCommandCallback(std::function<void(const Command&)> callback);
   std::optional<Command> PollCommand();
+  // At startup, before the first Step(): waits up to `timeout_ms` for the
+  // server's answer to this rank's hello and for the command that answer
+  // says follows (the pending rollback of a restarted job), so that the
+  // trainer loads the checkpoint before step 0 instead of training a step
+  // of the abandoned attempt. True once both arrived (the command is then
+  // waiting for PollCommand() or went to the callback); false on timeout,
+  // without a server, or after Close(): the trainer may start anyway, and a
+  // command arrives later as usual. The answer also names the tier 3
+  // incidents still awaiting a decision; the agent warns about each on
+  // stderr.
+  bool WaitForServer(int timeout_ms);
   void Acknowledge(const std::string& command_id, AckStatus status,
                    const std::string& message = "", int64_t resumed_step = -1);
   // The run's quarantined shard ranges, for the data loader.

@@ -25,14 +25,22 @@ namespace trainwatch::server {
 
 using ShardRanges = std::vector<std::pair<uint64_t, uint64_t>>;
 
+// Shards to skip: integer id ranges, kept compact, and named shards
+// (agent.proto's shard names), matched exactly.
+struct ShardQuarantine {
+  ShardRanges ranges;
+  std::vector<std::string> names;
+  bool empty() const { return ranges.empty() && names.empty(); }
+};
+
 // An operator's decision on an incident, carried out on the writer thread
 // so that decisions and ingest never race.
 struct DecisionRequest {
   bool approve = true;
   int64_t incident_id = 0;
   std::optional<int64_t> to_step;
-  // Ranges to quarantine; unset: the incident's recommendation.
-  std::optional<ShardRanges> quarantine;
+  // Shards to quarantine; unset: the incident's recommendation.
+  std::optional<ShardQuarantine> quarantine;
   std::optional<double> z_loss_alpha;
   // Steps whose batches every rank skips; unset: the recommendation; a
   // range with last < first: none.
@@ -53,7 +61,9 @@ inline constexpr double kMaxZLossAlpha = 1.0;
 //   - a comment is required, to approve as to reject (the audit log), but
 //     in a dry run, which records nothing;
 //   - a z-loss alpha is a finite number in [0, kMaxZLossAlpha];
-//   - a quarantine range has first <= last.
+//   - a quarantine range has first <= last;
+//   - quarantine names are at most core::kMaxShardNamesPerRecord, each 1 to
+//     core::kMaxShardNameBytes bytes (shard_names.h), as an agent's are.
 // INVALID_ARGUMENT naming the field and the rule.
 absl::Status CheckDecisionRequest(const DecisionRequest& request);
 
@@ -79,7 +89,7 @@ absl::StatusOr<trainwatch::v1::RollbackPlan> PlanRollback(
     absl::Span<const CheckpointRow> retained, int64_t steps_before_onset);
 
 // The ServerMessage that gives a run's agents its whole quarantine list.
-std::string QuarantineMessage(const std::string& run_id, const ShardRanges& ranges);
+std::string QuarantineMessage(const std::string& run_id, const ShardQuarantine& quarantine);
 
 // An approved rollback being carried out, until every rank applied it.
 struct RollbackCommand {

@@ -271,6 +271,15 @@ TEST_CASE("transport: commands reach the trainer by callback and poll - acks go 
   REQUIRE(cmd->quarantine.size() == 1);
   CHECK(cmd->quarantine[0] == std::make_pair<uint64_t, uint64_t>(10, 20));
   CHECK(cmd->quarantine_names == std::vector<std::string>{"train-00012-of-01024.parquet"});
+  // The loader's query: the run's list, which follows the command.
+  WaitUntil([&] { return (*agent)->IsQuarantined("train-00012-of-01024.parquet"); },
+            std::chrono::seconds(3));
+  CHECK((*agent)->IsQuarantined("train-00012-of-01024.parquet"));
+  CHECK_FALSE((*agent)->IsQuarantined("train-00012-of-01024.parquet:0"));  // exact match
+  CHECK((*agent)->IsQuarantined(uint64_t{15}));
+  CHECK_FALSE((*agent)->IsQuarantined(uint64_t{21}));
+  CHECK((*agent)->QuarantinedShardNames() ==
+        std::vector<std::string>{"train-00012-of-01024.parquet"});
   REQUIRE(cmd->skip_steps.has_value());
   CHECK(*cmd->skip_steps == std::make_pair<int64_t, int64_t>(3001, 3050));
   CHECK(cmd->z_loss_alpha.value_or(0) == 1e-4);
@@ -288,11 +297,9 @@ TEST_CASE("transport: commands reach the trainer by callback and poll - acks go 
 namespace trainwatch::agent {
 namespace {
 
-TEST_CASE("transport: shard names go out with the step - the loader's query answers names",
-          "[agent][transport][shards]") {
+TEST_CASE("transport: shard names go out with the step as given", "[agent][transport][shards]") {
   const int port = FreePort();
   FakeServer fake;
-  fake.send_command = true;
   Running server(&fake, port);
   auto agent = Agent::Create(Config(port), std::make_unique<SingleProcessReducer>());
   REQUIRE(agent.ok());
@@ -307,14 +314,6 @@ TEST_CASE("transport: shard names go out with the step - the loader's query answ
   REQUIRE(WaitDurable(**agent, 0));
   CHECK(fake.shard_names(0) == names);
   CHECK(fake.shards(0) == ids);
-  WaitUntil([&] { return (*agent)->IsQuarantined("train-00012-of-01024.parquet"); },
-            std::chrono::seconds(3));
-  CHECK((*agent)->IsQuarantined("train-00012-of-01024.parquet"));
-  CHECK_FALSE((*agent)->IsQuarantined("train-00012-of-01024.parquet:0"));  // exact match
-  CHECK((*agent)->IsQuarantined(uint64_t{15}));
-  CHECK_FALSE((*agent)->IsQuarantined(uint64_t{21}));
-  CHECK((*agent)->QuarantinedShardNames() ==
-        std::vector<std::string>{"train-00012-of-01024.parquet"});
   (*agent)->Close();
 }
 

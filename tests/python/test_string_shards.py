@@ -9,7 +9,6 @@ import copy
 import json
 import os
 import subprocess
-import tempfile
 import time
 import unittest
 
@@ -61,15 +60,10 @@ class Loader:
 
 class StringShardsTest(unittest.TestCase):
     def setUp(self):
-        self.work = tempfile.TemporaryDirectory()
-        rules = os.path.join(self.work.name, "rules.json")
-        with open(rules, "w") as f:
-            json.dump(RULES, f)
-        self.daemon = Trainwatchd("--rules", rules)
+        self.daemon = Trainwatchd(rules=RULES)
 
     def tearDown(self):
         self.daemon.stop()
-        self.work.cleanup()
 
     def twctl(self, *args):
         out = subprocess.run([os.environ["TWCTL"], "--server", self.daemon.address, *args],

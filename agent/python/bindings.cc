@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "dlpack_view.h"
+#include "trainwatch/core/shard_names.h"
 #include "trainwatch/agent/agent.h"
 #include "trainwatch/core/config.h"
 #include "trainwatch/core/event.h"
@@ -126,12 +128,24 @@ py::dict CommandToDict(const agent::Command& c) {
   d["target_step"] = c.target_step;
   d["checkpoint_uri"] = c.checkpoint_uri;
   d["quarantine"] = c.quarantine;
+  d["quarantine_names"] = c.quarantine_names;
   d["skip_steps"] = c.skip_steps.has_value() ? py::cast(*c.skip_steps) : py::none();
   d["z_loss_alpha"] = c.z_loss_alpha.has_value() ? py::cast(*c.z_loss_alpha) : py::none();
   d["precision"] = c.precision;
   d["lr_scale"] = c.lr_scale.has_value() ? py::cast(*c.lr_scale) : py::none();
   d["reason"] = c.reason;
   return d;
+}
+
+// An int in [0, 2^64) as a shard id; nullopt for anything else (a bool is
+// an int to Python, but no shard id).
+std::optional<uint64_t> ShardId(py::handle h) {
+  if (!py::isinstance<py::int_>(h) || py::isinstance<py::bool_>(h)) return std::nullopt;
+  try {
+    return h.cast<uint64_t>();
+  } catch (const py::cast_error&) {
+    return std::nullopt;
+  }
 }
 
 class PyAgent {
@@ -190,7 +204,7 @@ class PyAgent {
 
   PyVerdict Step(int64_t step, std::optional<double> loss, py::object grads, py::object logits,
                  py::object labels, std::optional<double> log_z,
-                 std::optional<std::vector<uint64_t>> shards, std::optional<double> lr,
+                 py::object shards, std::optional<double> lr,
                  std::optional<double> z_loss_alpha, py::object grad_stats,
                  py::object grad_tensors) {
     agent::StepInput in;
@@ -289,7 +303,28 @@ class PyAgent {
       in.log_z_sum = *log_z;
       in.log_z_rows = 1;
     }
-    if (shards) in.shards = *shards;
+    // Ints are shard ids, strings shard names; a list may mix them.
+    std::vector<uint64_t> shard_ids;
+    std::vector<std::string> shard_names;
+    if (!shards.is_none()) {
+      for (py::handle item : shards) {
+        if (py::isinstance<py::str>(item)) {
+          shard_names.push_back(item.cast<std::string>());
+        } else if (std::optional<uint64_t> id = ShardId(item)) {
+          shard_ids.push_back(*id);
+        } else {
+          throw py::value_error(absl::StrCat(
+              "shards: ", py::repr(item).cast<std::string>(),
+              " is neither a non-negative int (a shard id) nor a str (a shard name)"));
+        }
+      }
+    }
+    // A bad name is the caller's error, not the run's: raised, not a halt.
+    if (absl::Status s = core::CheckShardNames("shards", shard_names); !s.ok()) {
+      throw py::value_error(std::string(s.message()));
+    }
+    in.shards = shard_ids;
+    in.shard_names = shard_names;
     const absl::StatusOr<core::Verdict> result = agent_->Step(in);
     // A step the ranks could not agree on halts, with the error as the
     // reason, as a halt verdict rather than an exception: the trainer's loop
@@ -316,6 +351,7 @@ class PyAgent {
       d["onset_step"] = e.onset_step;
       d["reason"] = e.reason;
       d["shards"] = e.shards;
+      d["shard_names"] = e.shard_names;
       d["recommended_checkpoint_step"] = e.recommended_checkpoint_step;
       out.events.push_back(d);
       if (out.reason.empty() && e.action != core::Action::kNone) out.reason = e.reason;
@@ -360,6 +396,12 @@ class PyAgent {
   }
   std::vector<std::pair<uint64_t, uint64_t>> Quarantined() const {
     return agent_->QuarantinedShards();
+  }
+  std::vector<std::string> QuarantinedNames() const { return agent_->QuarantinedShardNames(); }
+  bool IsQuarantined(py::handle shard) const {
+    if (py::isinstance<py::str>(shard)) return agent_->IsQuarantined(shard.cast<std::string>());
+    if (std::optional<uint64_t> id = ShardId(shard)) return agent_->IsQuarantined(*id);
+    throw py::value_error("is_quarantined takes a shard id (a non-negative int) or a name (a str)");
   }
   py::dict Stats() const {
     const agent::AgentStats s = agent_->Stats();
@@ -436,6 +478,8 @@ PYBIND11_MODULE(_trainwatch, m) {
       .def("acknowledge", &PyAgent::Acknowledge, py::arg("command_id"), py::arg("status"),
            py::arg("message") = "", py::arg("resumed_step") = -1)
       .def("quarantined_shards", &PyAgent::Quarantined)
+      .def("quarantined_shard_names", &PyAgent::QuarantinedNames)
+      .def("is_quarantined", &PyAgent::IsQuarantined, py::arg("shard"))
       .def("resume_from", &PyAgent::ResumeFrom, py::arg("step"))
       .def("wait_for_server", &PyAgent::WaitForServer, py::arg("timeout_s") = 10.0)
       .def("stats", &PyAgent::Stats)

@@ -101,6 +101,8 @@ absl::Status Agent::Impl::GatherShards(absl::Span<const uint64_t> mine,
 }
 
 absl::StatusOr<Verdict> Agent::Impl::Step(const StepInput& in) {
+  // Checked first, so that nothing is reduced or queued for a step refused.
+  if (absl::Status s = core::CheckShardNames("step", in.shard_names); !s.ok()) return s;
   steps_.fetch_add(1, std::memory_order_relaxed);
   internal::StepReduction reduced(in);
   if (absl::Status s = reducer_->AllReduce(reduced.sums(), reduced.maxes()); !s.ok()) {
@@ -108,6 +110,7 @@ absl::StatusOr<Verdict> Agent::Impl::Step(const StepInput& in) {
   }
   core::StepRecord rec(in.step, reduced.Values());
   rec.shards = in.shards;
+  rec.shard_names = in.shard_names;
   Keep(rec);
   if (absl::Status s = engine_->Observe(rec, &outcome_); !s.ok()) return s;
   // A skipped or halted step: the bad batch may sit on any rank, so rank 0's
@@ -147,6 +150,7 @@ void Agent::Impl::Queue(const StepInput& in, const core::StepRecord& rec,
   slot->verdict = outcome_.verdict;
   slot->shard_count = static_cast<uint16_t>(std::min(in.shards.size(), Slot::kMaxShards));
   std::copy_n(in.shards.begin(), slot->shard_count, slot->shards);
+  slot->shard_names.assign(in.shard_names.begin(), in.shard_names.end());
   slot->gathered_shards.clear();
   if (!slot->rank_scope && !gathered.empty()) slot->gathered_shards = std::move(gathered);
   slot->tensor_report.reset();
@@ -334,6 +338,21 @@ std::vector<std::pair<uint64_t, uint64_t>> Agent::QuarantinedShards() const {
 }
 
 const std::string& Agent::run_id() const { return impl_->run_id(); }
+
+std::vector<std::string> Agent::QuarantinedShardNames() const {
+  return impl_->sender().QuarantinedShardNames();
+}
+
+bool Agent::IsQuarantined(uint64_t shard) const {
+  for (const auto& [first, last] : impl_->sender().QuarantinedShards()) {
+    if (first <= shard && shard <= last) return true;
+  }
+  return false;
+}
+
+bool Agent::IsQuarantined(absl::string_view shard_name) const {
+  return impl_->sender().IsQuarantined(shard_name);
+}
 
 const core::StepOutcome& Agent::last_outcome() const { return impl_->outcome(); }
 

@@ -28,6 +28,7 @@ Command CommandOf(const v1::Command& c) {
     cmd.checkpoint_uri = p.checkpoint_uri();
     for (const auto& r : p.quarantine().ranges()) cmd.quarantine.emplace_back(r.first(), r.last());
     for (uint64_t id : p.quarantine().shard_ids()) cmd.quarantine.emplace_back(id, id);
+    cmd.quarantine_names.assign(p.quarantine().names().begin(), p.quarantine().names().end());
     if (p.has_skip_steps()) cmd.skip_steps = {p.skip_steps().first(), p.skip_steps().last()};
     for (const auto& s : p.settings()) {
       if (s.has_z_loss_alpha()) cmd.z_loss_alpha = s.z_loss_alpha();
@@ -112,6 +113,16 @@ bool Sender::WaitForServer(int timeout_ms) {
 std::vector<std::pair<uint64_t, uint64_t>> Sender::QuarantinedShards() const {
   absl::MutexLock lock(&mu_);
   return quarantine_;
+}
+
+std::vector<std::string> Sender::QuarantinedShardNames() const {
+  absl::MutexLock lock(&mu_);
+  return {quarantine_names_.begin(), quarantine_names_.end()};
+}
+
+bool Sender::IsQuarantined(absl::string_view shard_name) const {
+  absl::MutexLock lock(&mu_);
+  return quarantine_names_.find(shard_name) != quarantine_names_.end();
 }
 
 void Sender::AbandonAfter(int64_t step) {
@@ -262,6 +273,9 @@ void Sender::HandleServerMessage(const v1::ServerMessage& m) {
     for (uint64_t id : m.quarantined_shards().shards().shard_ids()) {
       quarantine_.emplace_back(id, id);
     }
+    quarantine_names_.clear();
+    quarantine_names_.insert(m.quarantined_shards().shards().names().begin(),
+                             m.quarantined_shards().shards().names().end());
     return;
   }
   if (m.has_command()) {

@@ -15,6 +15,8 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -58,6 +60,8 @@ class Sender {
   // Agent::WaitForServer.
   bool WaitForServer(int timeout_ms) ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<std::pair<uint64_t, uint64_t>> QuarantinedShards() const ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<std::string> QuarantinedShardNames() const ABSL_LOCKS_EXCLUDED(mu_);
+  bool IsQuarantined(absl::string_view shard_name) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // A rollback to `step`: the records of later steps, queued or spilled,
   // are never sent. Training thread only.
@@ -128,6 +132,8 @@ class Sender {
   bool Answered() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stop_ || (answered_ && awaited_command_.empty());
   }
+  // A set, since the loader asks about each name it is about to serve.
+  std::set<std::string, std::less<>> quarantine_names_ ABSL_GUARDED_BY(mu_);
   // The writer's blocking call, watched by the pump (0: none in progress).
   std::atomic<int64_t> write_started_ms_{0};
   std::unique_ptr<grpc::ClientContext> ctx_ ABSL_GUARDED_BY(mu_);

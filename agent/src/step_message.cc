@@ -33,6 +33,7 @@ v1::AgentMessage StepMessage(const Origin& origin, const Slot& s) {
   rep.elements = s.elements;
   rep.shards = !s.gathered_shards.empty() ? absl::MakeConstSpan(s.gathered_shards)
                                           : absl::MakeConstSpan(s.shards, s.shard_count);
+  rep.shard_names = s.shard_names;
   rep.update_skipped = s.verdict.decision == Decision::kSkipUpdate;
   wire::StepToProto(rep, r);
   wire::VerdictToProto(s.verdict, r);

@@ -37,6 +37,9 @@ struct Slot {
   uint16_t shard_count = 0;
   uint64_t shards[kMaxShards];
   std::vector<uint64_t> gathered_shards;  // every rank's, when not empty
+  // This rank's shard names, bounded by Step() (shard_names.h); assigned in
+  // place, so a slot reuses its strings' storage from one lap to the next.
+  std::vector<std::string> shard_names;
   // This rank's own report naming the tensors that held nonfinite values,
   // sent right after the step's record. It shares the record's (run, rank,
   // step) acknowledgement, so it must not overtake records of earlier

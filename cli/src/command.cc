@@ -84,6 +84,7 @@ std::string Command::Help() const {
     absl::StrAppendFormat(&h, "  %-*s  %s\n", static_cast<int>(width), names[i],
                           spec_.flags[i].help);
   }
+  h += spec_.notes;
   if (spec_.connects) {
     h += "Connection and output (also before the command): --server ADDR, --token TOKEN,\n"
          "--ca-file PEM, --cert PEM --key PEM, -o table|json; see 'twctl help'.\n";

@@ -59,6 +59,12 @@ struct CommandSpec {
     raw_arguments = true;
     return std::move(*this);
   }
+  // Lines printed after the flags in --help, for what a flag's one line
+  // cannot hold (a value's syntax); each line at most 80 columns.
+  CommandSpec WithNotes(std::string text) && {
+    notes = std::move(text);
+    return std::move(*this);
+  }
   // What is printed when the operands are wrong; Usage() unless set.
   CommandSpec WithMisuse(std::string text) && {
     misuse = std::move(text);
@@ -70,6 +76,7 @@ struct CommandSpec {
   std::string operands;
   std::string summary;  // one line, for the command list and --help
   std::vector<Flag> flags;
+  std::string notes;  // "" or lines ending in '\n'
   bool connects = false;
   bool raw_arguments = false;
   std::string misuse;

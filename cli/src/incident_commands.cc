@@ -106,6 +106,10 @@ class IncidentShowCommand : public Command {
       absl::StrAppendFormat(&out, "shards onset..detection: %d..%d (%d ids)\n", r.first(), r.last(),
                             s.suspect_shards().shard_ids_size());
     }
+    if (s.suspect_shards().names_size() > 0) {
+      absl::StrAppendFormat(&out, "named shards onset..detection: %s\n",
+                            absl::StrJoin(s.suspect_shards().names(), ", "));
+    }
     if (s.has_recommended_checkpoint()) {
       absl::StrAppendFormat(&out, "recommended checkpoint: step %d %s\n",
                             s.recommended_checkpoint().step(), s.recommended_checkpoint().uri());

@@ -30,6 +30,7 @@ core::StepRecord Trace::Record(size_t i) const {
     if (r.present & (1u << s)) rec.Set(static_cast<Signal>(s), r.values[s]);
   }
   rec.shards = absl::MakeConstSpan(shards_.data() + r.shard_begin, r.shard_count);
+  rec.shard_names = absl::MakeConstSpan(shard_names_.data() + r.name_begin, r.name_count);
   if (r.checkpoint >= 0) rec.checkpoint_uri = checkpoints_[static_cast<size_t>(r.checkpoint)];
   return rec;
 }
@@ -298,16 +299,23 @@ absl::StatusOr<Trace> ParseJsonLines(absl::string_view content, absl::string_vie
               val.type == core::JsonValue::Type::kNumber ? std::vector<core::JsonValue>{val}
                                                         : std::vector<core::JsonValue>{};
           for (const core::JsonValue& id : val.array.empty() ? single : val.array) {
+            if (id.type == core::JsonValue::Type::kString) {
+              if (absl::Status s = b.AddShardName(row, id.string, id.column); !s.ok()) return s;
+              continue;
+            }
             if (id.type != core::JsonValue::Type::kNumber || id.number < 0 ||
                 id.number != std::floor(id.number)) {
               return At(source, line_no, id.column,
-                        "shard ids must be non-negative integers");
+                        "shard ids must be non-negative integers or names (strings)");
             }
-            b.AddShard(row, static_cast<uint64_t>(id.number));
+            // The literal, not the double: ids beyond 2^53 stay exact.
+            uint64_t exact;
+            if (!ParseUint64(id.string, &exact)) exact = static_cast<uint64_t>(id.number);
+            b.AddShard(row, exact);
           }
         } else if (val.type != core::JsonValue::Type::kNull) {
           return At(source, line_no, val.column,
-                    "shard must be an id, a list of ids or a string \"a;b\"");
+                    "shard must be an id, a list of ids and names or a string \"a;b\"");
         }
       } else if (key == "checkpoint") {
         if (val.type == core::JsonValue::Type::kString) {

@@ -87,11 +87,24 @@ std::vector<std::string> LackedNames(uint32_t mask) {
   return names;
 }
 
+// Ids then names, ';' between them as in the CSV's shard column; a long
+// list of either is summarised.
 std::string ShardsText(const Event& e) {
-  if (e.shards.empty()) return "-";
-  if (e.shards.size() <= 3) return absl::StrJoin(e.shards, ";");
-  return absl::StrFormat("%d..%d (%d)%s", e.shards.front(), e.shards.back(), e.shards.size(),
-                         e.shards_truncated ? "+" : "");
+  if (e.shards.empty() && e.shard_names.empty()) return "-";
+  std::vector<std::string> parts;
+  if (e.shards.size() <= 3) {
+    for (uint64_t id : e.shards) parts.push_back(absl::StrCat(id));
+  } else {
+    parts.push_back(absl::StrFormat("%d..%d (%d)", e.shards.front(), e.shards.back(),
+                                    e.shards.size()));
+  }
+  if (e.shard_names.size() <= 3) {
+    parts.insert(parts.end(), e.shard_names.begin(), e.shard_names.end());
+  } else {
+    parts.push_back(absl::StrFormat("%s..%s (%d names)", e.shard_names.front(),
+                                    e.shard_names.back(), e.shard_names.size()));
+  }
+  return absl::StrCat(absl::StrJoin(parts, ";"), e.shards_truncated ? "+" : "");
 }
 
 std::string AttemptLine(const ReplayResult& r, size_t a) {
@@ -116,6 +129,8 @@ void AppendEventJson(std::string* out_ptr, const Event& e, size_t attempt) {
   core::AppendJsonString(&out, core::EventKindName(e.kind));
   absl::StrAppend(&out, ",\"episode\":", e.episode, ",\"onset_step\":", e.onset_step,
                   ",\"shards\":[", absl::StrJoin(e.shards, ","), "]");
+  out += ",\"shard_names\":";
+  core::AppendJsonStrings(&out, e.shard_names);
   absl::StrAppend(&out, ",\"shards_truncated\":", e.shards_truncated ? "true" : "false");
   out += ",\"recommended_checkpoint_step\":";
   if (e.recommended_checkpoint_step >= 0) {

@@ -270,6 +270,7 @@ std::string RenderReportHtml(const v1::GetRunStatusResponse& status,
       std::vector<std::string> ranges;
       for (const auto& r : e.shards().ranges())
         ranges.push_back(absl::StrCat(r.first(), "..", r.last()));
+      for (const std::string& name : e.shards().names()) ranges.push_back(name);
       absl::StrAppendFormat(&h, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>\n",
                             HtmlEscape(absl::StrJoin(ranges, ", ")), HtmlEscape(e.incident_id()),
                             HtmlEscape(e.decision_id()), UtcTime(e.added_at().seconds()));

@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "command_output.h"
+#include "trainwatch/core/shard_names.h"
 #include "commands.h"
 #include "operator_client.h"
 
@@ -19,27 +20,27 @@ namespace {
 // Both subcommands answer a wrong operand count alike, as the group does.
 constexpr char kRollbackMisuse[] = "usage: twctl rollback approve|reject ID ...\n";
 
-// "A..B" ranges and single shard ids, comma-separated: "1,2" is shards 1
-// and 2, "1..4,9" shards 1 to 4 and 9. Empty, or a range with B < A, is
-// an error (quarantining nothing is not what an empty value should mean).
-bool ParseShardRanges(const std::string& text, v1::ShardSet* out) {
-  if (text.empty()) return false;
-  for (absl::string_view part : absl::StrSplit(text, ',')) {
-    const size_t dots = part.find("..");
-    uint64_t a, b;
-    if (dots == absl::string_view::npos) {
-      if (!absl::SimpleAtoi(part, &a)) return false;
-      b = a;
-    } else if (!absl::SimpleAtoi(part.substr(0, dots), &a) ||
-               !absl::SimpleAtoi(part.substr(dots + 2), &b) || b < a) {
-      return false;
-    }
+// The shard list of --quarantine-shards, as core::ParseShardList reads it
+// (ids, A..B ranges and names, comma-separated) into `out`. Empty is an
+// error: quarantining nothing is not what an empty value should mean.
+absl::Status ParseQuarantineShards(absl::string_view text, v1::ShardSet* out) {
+  absl::StatusOr<core::ShardList> list = core::ParseShardList(text);
+  if (!list.ok()) return list.status();
+  for (const auto& [first, last] : list->ranges) {
     auto* r = out->add_ranges();
-    r->set_first(a);
-    r->set_last(b);
+    r->set_first(first);
+    r->set_last(last);
   }
-  return true;
+  for (const std::string& name : list->names) out->add_names(name);
+  return absl::OkStatus();
 }
+
+// core::ParseShardList's syntax, for --help.
+constexpr char kQuarantineShardsNotes[] =
+    "--quarantine-shards LIST: comma-separated entries, each an id (digits), a\n"
+    "range A..B of ids, or a shard name, e.g. 1..4,9,train-00012-of-01024.parquet.\n"
+    "In a name write \\, for a comma and \\\\ for a backslash; a name that reads as\n"
+    "an id or a range takes a leading \\ (\\7, \\1..4). Quote LIST for the shell.\n";
 
 class ApproveCommand : public Command {
  public:
@@ -48,7 +49,7 @@ class ApproveCommand : public Command {
             CommandSpec("rollback approve", "ID",
                         "approve the recommended rollback (a dry run is shown first)",
                         {{"to-step", "N", "roll back to this retained checkpoint instead"},
-                         {"quarantine-shards", "A..B[,C..D]", "shards to quarantine, e.g. 1..4,9"},
+                         {"quarantine-shards", "LIST", "shards to quarantine (ids, ranges, names)"},
                          {"z-loss-alpha", "X", "turn z-loss on with this alpha (0 to 1)"},
                          {"precision", "MODULE=PREC", "MODULE in fp32, bf16 or fp16 (repeatable)"},
                          {"lr-scale", "X", "multiply every learning rate by X (X > 0)"},
@@ -56,6 +57,7 @@ class ApproveCommand : public Command {
                          {"comment", "TEXT", "why, for the audit log (not for --dry-run)"},
                          {"yes", "", "do not ask for confirmation"},
                          {"dry-run", "", "only show what would happen"}})
+                .WithNotes(kQuarantineShardsNotes)
                 .Connecting()
                 .WithMisuse(kRollbackMisuse)) {}
 
@@ -116,11 +118,16 @@ class ApproveCommand : public Command {
       }
       req->set_to_step(step);
     }
-    if (args.Has("quarantine-shards") &&
-        !ParseShardRanges(args.Get("quarantine-shards"), req->mutable_quarantine_shards())) {
-      *err = "twctl rollback approve: --quarantine-shards takes shard ids and A..B ranges with "
-             "A <= B, comma-separated (e.g. 1..4,9)\n";
-      return kUsage;
+    if (args.Has("quarantine-shards")) {
+      if (absl::Status s = ParseQuarantineShards(args.Get("quarantine-shards"),
+                                                 req->mutable_quarantine_shards());
+          !s.ok()) {
+        *err = absl::StrCat("twctl rollback approve: --quarantine-shards: ", s.message(),
+                            " (it takes shard ids, A..B ranges with A <= B and shard names, "
+                            "comma-separated, e.g. 1..4,9,train-00012-of-01024.parquet; in a "
+                            "name, write \\, for a comma and \\\\ for a backslash)\n");
+        return kUsage;
+      }
     }
     if (args.Has("skip-steps")) {
       // A..B, or "none" (sent as the empty range 0..-1).
@@ -184,6 +191,9 @@ class ApproveCommand : public Command {
                                        p.target_step(), p.checkpoint_uri());
     for (const auto& r : p.quarantine().ranges()) {
       absl::StrAppendFormat(&what, ", quarantine shards %d..%d", r.first(), r.last());
+    }
+    for (const std::string& name : p.quarantine().names()) {
+      absl::StrAppend(&what, ", quarantine shard ", name);
     }
     if (p.has_skip_steps()) {
       absl::StrAppendFormat(&what, ", skip the batches of steps %d..%d on every rank",

@@ -14,6 +14,7 @@
 #include "operator_client.h"
 #include "proto_text.h"
 #include "report.h"
+#include "trainwatch/core/shard_names.h"
 
 namespace trainwatch::cli {
 namespace {
@@ -105,7 +106,7 @@ class StatusCommand : public Command {
 class ShardsCommand : public Command {
  public:
   ShardsCommand()
-      : Command(CommandSpec("shards", "RUN", "the run's quarantined shard ranges", {})
+      : Command(CommandSpec("shards", "RUN", "the run's quarantined shards: id ranges and names", {})
                     .Connecting()
                     .WithMisuse("twctl shards: RUN is required\n")) {}
 
@@ -122,9 +123,13 @@ class ShardsCommand : public Command {
     }
     *ctx.out = absl::StrFormat("%-24s %-8s %-8s %s\n", "SHARDS", "INCIDENT", "DECISION", "SINCE");
     for (const auto& e : resp.entries()) {
-      const auto& r = e.shards().ranges(0);
-      absl::StrAppendFormat(ctx.out, "%-24s %-8s %-8s %s\n",
-                            absl::StrCat(r.first(), "..", r.last()), e.incident_id(),
+      // An entry is an id range or a name; a name is written as
+      // --quarantine-shards would take it, so it can be pasted back.
+      const std::string shards =
+          e.shards().ranges_size() > 0
+              ? absl::StrCat(e.shards().ranges(0).first(), "..", e.shards().ranges(0).last())
+              : core::ShardListEntry(e.shards().names_size() > 0 ? e.shards().names(0) : "");
+      absl::StrAppendFormat(ctx.out, "%-24s %-8s %-8s %s\n", shards, e.incident_id(),
                             e.decision_id(), UtcTime(e.added_at().seconds()));
     }
     if (resp.entries_size() == 0) *ctx.out += "(none quarantined)\n";

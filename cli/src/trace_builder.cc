@@ -5,9 +5,11 @@
 #include <cstdlib>
 #include <string>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "trainwatch/core/shard_names.h"
 
 namespace trainwatch::cli {
 
@@ -49,24 +51,23 @@ bool ParseInt(absl::string_view text, Int* out) {
   return res.ec == std::errc() && res.ptr == text.data() + text.size();
 }
 
-// Shard ids separated by ';' (spaces allowed around them).
-absl::Status ParseShards(absl::string_view text, absl::string_view source, int line,
-                         int column, std::vector<uint64_t>* out) {
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    size_t end = text.find(';', pos);
-    if (end == absl::string_view::npos) end = text.size();
-    const absl::string_view id = absl::StripAsciiWhitespace(text.substr(pos, end - pos));
+// An entry of digits only is an id (which must fit in 64 bits); anything
+// else is a name ("shard-00500:0"), bounded as agent.proto bounds names.
+absl::Status ParseShard(absl::string_view id, absl::string_view source, int line, int column,
+                        std::vector<uint64_t>* ids, std::vector<std::string>* names) {
+  if (absl::c_all_of(id, [](char ch) { return absl::ascii_isdigit(static_cast<unsigned char>(ch)); })) {
     uint64_t v;
-    if (!id.empty()) {
-      if (!ParseInt(id, &v)) {
-        return At(source, line, column + static_cast<int>(pos),
-                  absl::StrCat("shard id \"", id, "\" is not a non-negative integer"));
-      }
-      out->push_back(v);
+    if (!ParseInt(id, &v)) {
+      return At(source, line, column,
+                absl::StrCat("shard id \"", id, "\" does not fit in 64 bits"));
     }
-    pos = end + 1;
+    ids->push_back(v);
+    return absl::OkStatus();
   }
+  if (absl::Status s = core::CheckShardName("shard", id); !s.ok()) {
+    return At(source, line, column, s.message());
+  }
+  names->emplace_back(id);
   return absl::OkStatus();
 }
 
@@ -76,6 +77,43 @@ bool ParseInt64(absl::string_view text, int64_t* out) { return ParseInt(text, ou
 bool ParseUint64(absl::string_view text, uint64_t* out) { return ParseInt(text, out); }
 
 
+absl::Status TraceBuilder::AddShards(Row& r, absl::string_view text, int column) {
+  // Entries separated by ';' (spaces allowed around them), ids or names.
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t end = text.find(';', pos);
+    if (end == absl::string_view::npos) end = text.size();
+    const absl::string_view id = absl::StripAsciiWhitespace(text.substr(pos, end - pos));
+    if (!id.empty()) {
+      if (absl::Status s = AddShard(r, id, column + static_cast<int>(pos)); !s.ok()) return s;
+    }
+    pos = end + 1;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TraceBuilder::AddShard(Row& r, absl::string_view text, int column) {
+  absl::Status s = ParseShard(text, source_, r.line, column, &trace_.shards_, &trace_.shard_names_);
+  r.shard_count = static_cast<uint32_t>(trace_.shards_.size() - r.shard_begin);
+  r.name_count = static_cast<uint32_t>(trace_.shard_names_.size() - r.name_begin);
+  if (s.ok() && r.name_count > core::kMaxShardNamesPerRecord) {
+    return At(source_, r.line, column, core::CheckShardNameCount("shard", r.name_count).message());
+  }
+  return s;
+}
+
+absl::Status TraceBuilder::AddShardName(Row& r, absl::string_view name, int column) {
+  if (absl::Status s = core::CheckShardName("shard", name); !s.ok()) {
+    return At(source_, r.line, column, s.message());
+  }
+  trace_.shard_names_.emplace_back(name);
+  r.name_count = static_cast<uint32_t>(trace_.shard_names_.size() - r.name_begin);
+  if (r.name_count > core::kMaxShardNamesPerRecord) {
+    return At(source_, r.line, column, core::CheckShardNameCount("shard", r.name_count).message());
+  }
+  return absl::OkStatus();
+}
+
 TraceBuilder::Row& TraceBuilder::NewRow(int line) {
   trace_.rows_.emplace_back();
   Trace::Row& r = trace_.rows_.back();
@@ -84,6 +122,8 @@ TraceBuilder::Row& TraceBuilder::NewRow(int line) {
   r.present = 0;
   r.shard_begin = static_cast<uint32_t>(trace_.shards_.size());
   r.shard_count = 0;
+  r.name_begin = static_cast<uint32_t>(trace_.shard_names_.size());
+  r.name_count = 0;
   r.checkpoint = -1;
   r.line = line;
   return r;
@@ -114,11 +154,6 @@ void TraceBuilder::SetValue(Row& r, Signal s, double v) {
   if (std::isfinite(v)) trace_.reported_ |= core::Bit(s);
 }
 
-absl::Status TraceBuilder::AddShards(Row& r, absl::string_view text, int column) {
-  absl::Status s = ParseShards(text, source_, r.line, column, &trace_.shards_);
-  r.shard_count = static_cast<uint32_t>(trace_.shards_.size() - r.shard_begin);
-  return s;
-}
 void TraceBuilder::AddShard(Row& r, uint64_t id) {
   trace_.shards_.push_back(id);
   r.shard_count = static_cast<uint32_t>(trace_.shards_.size() - r.shard_begin);

@@ -42,8 +42,13 @@ class TraceBuilder {
   // is a restart (see Replay()). `column` locates the step in errors.
   absl::Status SetStep(Row& r, int64_t step, int column);
   void SetValue(Row& r, core::Signal s, double v);
+  // Shards separated by ';', each an id (digits only) or a name.
   absl::Status AddShards(Row& r, absl::string_view text, int column);
+  // One shard of such a list: an id when all digits, else a name.
+  absl::Status AddShard(Row& r, absl::string_view text, int column);
   void AddShard(Row& r, uint64_t id);
+  // A name as it is (a JSON string in a shard list), whatever its bytes.
+  absl::Status AddShardName(Row& r, absl::string_view name, int column);
   void SetCheckpoint(Row& r, absl::string_view uri);
   void AddWarning(std::string message) { trace_.warnings_.push_back(std::move(message)); }
   // Step of the last row, -1 when none.

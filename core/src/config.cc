@@ -82,6 +82,7 @@ const Field kFields[] = {
     TW_I(shard_history_steps, 100'000),
     TW_I(max_shards_per_step, 65'536),
     TW_I(max_event_shards, 65'536),
+    TW_I(shard_name_history_bytes, 8'388'608),
     TW_I(shard_steps_before_onset, 100'000),
 };
 

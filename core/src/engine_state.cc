@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace trainwatch::core {
@@ -48,6 +49,41 @@ void EngineState::AddCheckpoint(int64_t step, absl::string_view uri) {
   }
 }
 
+namespace {
+
+// What one kept name costs, as config.h's bounds count it.
+size_t NameCost(absl::string_view name) { return name.size() + sizeof(std::string); }
+
+}  // namespace
+
+void EngineState::RecordShardNames(const StepRecord& r) {
+  const size_t per = static_cast<size_t>(c.max_shards_per_step);
+  const size_t budget = static_cast<size_t>(c.shard_name_history_bytes);
+  NamedShardEntry entry{r.step, {}, r.shard_names.size() > per};
+  size_t bytes = sizeof(NamedShardEntry);
+  // Exact, so that the vector's own storage is what the bound counts.
+  entry.names.reserve(std::min(per, r.shard_names.size()));
+  for (size_t i = 0; i < r.shard_names.size() && i < per; ++i) {
+    if (bytes + NameCost(r.shard_names[i]) > budget) {
+      entry.truncated = true;  // this step alone is over the budget
+      break;
+    }
+    bytes += NameCost(r.shard_names[i]);
+    entry.names.emplace_back(r.shard_names[i]);
+  }
+  while (!shard_name_steps.empty() &&
+         (shard_name_bytes + bytes > budget ||
+          shard_name_steps.size() >= static_cast<size_t>(c.shard_history_steps))) {
+    const NamedShardEntry& old = shard_name_steps.front();
+    shard_name_bytes -= sizeof(NamedShardEntry);
+    for (const std::string& n : old.names) shard_name_bytes -= NameCost(n);
+    shard_name_steps.pop_front();
+  }
+  if (entry.names.empty() || bytes > budget) return;
+  shard_name_bytes += bytes;
+  shard_name_steps.push_back(std::move(entry));
+}
+
 Event& EngineState::NewEvent(StepOutcome* out, const StepRecord& r, int tier, Action action,
                              EventKind kind, uint64_t episode, int64_t onset) const {
   out->events.emplace_back();
@@ -79,17 +115,25 @@ void EngineState::CollectShards(int64_t from, int64_t to, Event* e) const {
                      shard_ids.begin() + slot * per + se.count);
     if (se.truncated) e->shards_truncated = true;
   }
-  std::sort(e->shards.begin(), e->shards.end());
-  e->shards.erase(std::unique(e->shards.begin(), e->shards.end()), e->shards.end());
+  for (const NamedShardEntry& ne : shard_name_steps) {
+    if (ne.step < from || ne.step > to) continue;
+    e->shard_names.insert(e->shard_names.end(), ne.names.begin(), ne.names.end());
+    if (ne.truncated) e->shards_truncated = true;
+  }
   const size_t cap = static_cast<size_t>(c.max_event_shards);
-  if (e->shards.size() > cap) {
+  auto sort_and_cap = [&](auto* v) {
+    std::sort(v->begin(), v->end());
+    v->erase(std::unique(v->begin(), v->end()), v->end());
+    if (v->size() <= cap) return;
     // Keep both ends, so that front() and back() still bound the range a
     // quarantine covers.
     const size_t head = cap / 2, tail = cap - head;
-    e->shards.erase(e->shards.begin() + static_cast<std::ptrdiff_t>(head),
-                    e->shards.end() - static_cast<std::ptrdiff_t>(tail));
+    v->erase(v->begin() + static_cast<std::ptrdiff_t>(head),
+             v->end() - static_cast<std::ptrdiff_t>(tail));
     e->shards_truncated = true;
-  }
+  };
+  sort_and_cap(&e->shards);
+  sort_and_cap(&e->shard_names);
 }
 
 // The last retained checkpoint at or before the onset. A numerical failure
@@ -107,16 +151,26 @@ void EngineState::RecommendCheckpoint(Event* e) const {
 }
 
 void EngineState::AddShardAction(RecommendedAction::Kind kind, Event* e) const {
-  if (e->shards.empty()) return;
+  if (e->shards.empty() && e->shard_names.empty()) return;
   RecommendedAction a;
   a.kind = kind;
-  a.shard_first = e->shards.front();
-  a.shard_last = e->shards.back();
-  a.text = absl::StrFormat(
-      "%s shards %d..%d", kind == RecommendedAction::Kind::kQuarantineShards
-                              ? "quarantine"
-                              : "inspect",
-      a.shard_first, a.shard_last);
+  a.text = kind == RecommendedAction::Kind::kQuarantineShards ? "quarantine shards" : "inspect shards";
+  a.has_shard_range = !e->shards.empty();
+  if (a.has_shard_range) {
+    a.shard_first = e->shards.front();
+    a.shard_last = e->shards.back();
+    absl::StrAppendFormat(&a.text, " %d..%d", a.shard_first, a.shard_last);
+  }
+  a.shard_names = e->shard_names;
+  // A few names in words; the action itself carries them all.
+  constexpr size_t kNamesInText = 3;
+  for (size_t i = 0; i < a.shard_names.size() && i < kNamesInText; ++i) {
+    absl::StrAppend(&a.text, i == 0 && !e->shards.empty() ? " and " : i == 0 ? " " : ", ",
+                    a.shard_names[i]);
+  }
+  if (a.shard_names.size() > kNamesInText) {
+    absl::StrAppend(&a.text, " and ", a.shard_names.size() - kNamesInText, " more names");
+  }
   e->recommended_actions.push_back(std::move(a));
 }
 
@@ -151,6 +205,7 @@ size_t EngineState::MemoryBytes() const {
                  transient_base.MemoryBytes() + transient_dev.MemoryBytes() +
                  transient_short.capacity() * sizeof(std::pair<int64_t, double>);
   for (const auto& ck : checkpoints) bytes += ck.uri.capacity();
+  bytes += shard_name_bytes;
   return bytes;
 }
 

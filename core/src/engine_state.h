@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <string>
 #include <utility>
@@ -43,6 +44,12 @@ struct Checkpoint {
 struct ShardEntry {
   int64_t step;
   uint32_t count;
+  bool truncated;
+};
+
+struct NamedShardEntry {
+  int64_t step;
+  std::vector<std::string> names;
   bool truncated;
 };
 
@@ -97,6 +104,12 @@ struct EngineState {
   std::vector<ShardEntry> shard_steps;
   size_t shard_head = 0;
   size_t shard_count = 0;
+  // Named shards of recent steps, oldest first: a deque of owned strings,
+  // not a preallocated ring like the ids, since names vary in length;
+  // shard_name_bytes (as config.h counts them) stays within
+  // shard_name_history_bytes.
+  std::deque<NamedShardEntry> shard_name_steps;
+  size_t shard_name_bytes = 0;
   std::vector<Checkpoint> checkpoints;
 
   int64_t first_step = -1;
@@ -131,6 +144,7 @@ struct EngineState {
   // ---- per step: inline, they run on every record
 
   void RecordShards(const StepRecord& r) {
+    if (!r.shard_names.empty()) RecordShardNames(r);
     if (r.shards.empty() || shard_steps.empty()) return;
     const size_t cap = shard_steps.size();
     size_t slot;
@@ -164,6 +178,8 @@ struct EngineState {
   // ---- when an event is written (engine_state.cc)
 
   void AddCheckpoint(int64_t step, absl::string_view uri);
+  // Keeps the record's shard names, dropping the oldest within the bounds.
+  void RecordShardNames(const StepRecord& r);
   // An event of this step, carrying the step's numbers; the caller sets the
   // reason and the recommendations.
   Event& NewEvent(StepOutcome* out, const StepRecord& r, int tier, Action action,

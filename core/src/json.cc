@@ -295,6 +295,15 @@ absl::StatusOr<JsonValue> ParseJson(absl::string_view text, absl::string_view so
   return Parser(text, source, first_line).Document();
 }
 
+void AppendJsonStrings(std::string* out, const std::vector<std::string>& strings) {
+  out->push_back('[');
+  for (size_t i = 0; i < strings.size(); ++i) {
+    if (i) out->push_back(',');
+    AppendJsonString(out, strings[i]);
+  }
+  out->push_back(']');
+}
+
 void AppendJsonString(std::string* out, absl::string_view s) {
   out->push_back('"');
   for (const char ch : s) {
@@ -341,8 +350,17 @@ void AppendRecommendedActionsJson(std::string* out,
     switch (a.kind) {
       case RecommendedAction::Kind::kQuarantineShards:
       case RecommendedAction::Kind::kInspectShards:
-        absl::StrAppend(out, ",\"shard_first\":", a.shard_first,
-                        ",\"shard_last\":", a.shard_last);
+        // A names-only action has no range; rows from before names always do.
+        if (a.has_shard_range) {
+          absl::StrAppend(out, ",\"shard_first\":", a.shard_first,
+                          ",\"shard_last\":", a.shard_last);
+        }
+        // Only when there are names, so that rows written before names
+        // existed and rows without names read the same.
+        if (!a.shard_names.empty()) {
+          out->append(",\"shard_names\":");
+          AppendJsonStrings(out, a.shard_names);
+        }
         break;
       case RecommendedAction::Kind::kSetZLossAlpha:
         out->append(",\"z_loss_alpha\":");
@@ -401,6 +419,19 @@ absl::StatusOr<std::vector<RecommendedAction>> ParseRecommendedActionsJson(
     switch (r.kind) {
       case RecommendedAction::Kind::kQuarantineShards:
       case RecommendedAction::Kind::kInspectShards: {
+        r.has_shard_range = a.Find("shard_first") != nullptr || a.Find("shard_names") == nullptr;
+        if (const JsonValue* names = a.Find("shard_names"); names != nullptr) {
+          if (names->type != JsonValue::Type::kArray) {
+            return error(*names, "shard_names must be an array of strings");
+          }
+          for (const JsonValue& n : names->array) {
+            if (n.type != JsonValue::Type::kString) {
+              return error(n, "shard_names must be an array of strings");
+            }
+            r.shard_names.push_back(n.string);
+          }
+        }
+        if (!r.has_shard_range) break;
         absl::StatusOr<const JsonValue*> first = field(a, "shard_first", JsonValue::Type::kNumber);
         absl::StatusOr<const JsonValue*> last = field(a, "shard_last", JsonValue::Type::kNumber);
         if (!first.ok()) return first.status();

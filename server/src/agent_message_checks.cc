@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "trainwatch/core/shard_names.h"
 
 namespace trainwatch::server {
 
@@ -51,6 +52,16 @@ absl::Status CheckAgentMessage(const v1::AgentMessage& m, const AgentStreamProgr
       const v1::StepReport& r = m.step_report();
       if (absl::Status s = CheckRunId(r.run_id()); !s.ok()) return s;
       if (absl::Status s = NonNegative("step_report", "step", r.step()); !s.ok()) return s;
+      // Shard names are bounded in count and length (shard_names.h: 1,024
+      // names of 1 to 256 bytes), so that one report cannot make the
+      // server hold an unbounded batch of strings.
+      if (absl::Status s = core::CheckShardNameCount("step_report", r.shard_names_size());
+          !s.ok()) {
+        return s;
+      }
+      for (const std::string& name : r.shard_names()) {
+        if (absl::Status s = core::CheckShardName("step_report", name); !s.ok()) return s;
+      }
       return CheckRank("step_report", r.rank(), r.world_size(), limits);
     }
     case v1::AgentMessage::kHeartbeat:

@@ -10,6 +10,9 @@
 //     (INVALID_ARGUMENT, naming the rule).
 //   - world_size is in [1, max_world_size] (the --max_world_size flag,
 //     default 65,536) and rank in [0, world_size); a step is >= 0.
+//   - A step report's shard_names: at most core::kMaxShardNamesPerRecord
+//     (1,024), each 1 to core::kMaxShardNameBytes (256) bytes
+//     (INVALID_ARGUMENT naming the bound; core/.../shard_names.h).
 //   - An empty AgentMessage (no kind set) is INVALID_ARGUMENT.
 
 #ifndef TRAINWATCH_SERVER_AGENT_MESSAGE_CHECKS_H_

@@ -6,8 +6,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "trainwatch/core/shard_names.h"
 #include "convert.h"
 #include "rollback.h"
 #include "trainwatch/v1/agent.pb.h"
@@ -92,10 +97,11 @@ void BuildSummary(const SummaryInputs& in, v1::DiagnosticSummary* s) {
       window.clear();
       window_first = -1;
     }
-    if (st.step >= inc.onset_step && !st.shards.empty()) {
+    if (st.step >= inc.onset_step && (!st.shards.empty() || !st.shard_names.empty())) {
       auto* ss = s->add_shards_onset_to_detection();
       ss->set_step(st.step);
       for (uint64_t id : st.shards) ss->add_shard_ids(id);
+      for (const std::string& name : st.shard_names) ss->add_names(name);
     }
   }
   if (inc.tier == 3) {
@@ -123,6 +129,7 @@ void BuildSummary(const SummaryInputs& in, v1::DiagnosticSummary* s) {
     range->set_first(inc.shards.front());
     range->set_last(inc.shards.back());
   }
+  for (const std::string& name : inc.shard_names) s->mutable_suspect_shards()->add_names(name);
   if (inc.recommended_checkpoint_step >= 0) {
     s->mutable_recommended_checkpoint()->set_step(inc.recommended_checkpoint_step);
     s->mutable_recommended_checkpoint()->set_uri(inc.recommended_checkpoint_uri);
@@ -131,7 +138,19 @@ void BuildSummary(const SummaryInputs& in, v1::DiagnosticSummary* s) {
   for (const core::RecommendedAction& a : inc.actions) {
     wire::ActionToProto(a, s->add_recommended_actions());
     if (a.kind == core::RecommendedAction::Kind::kQuarantineShards) {
-      absl::StrAppend(&flags, " --quarantine-shards ", a.shard_first, "..", a.shard_last);
+      // The list as twctl reads it, quoted for the shell when a name holds
+      // more than [A-Za-z0-9._:/=+,-] (' is closed, escaped and reopened).
+      std::vector<std::string> entries;
+      if (a.has_shard_range) entries.push_back(absl::StrCat(a.shard_first, "..", a.shard_last));
+      for (const std::string& name : a.shard_names) entries.push_back(core::ShardListEntry(name));
+      const std::string list = absl::StrJoin(entries, ",");
+      const bool plain = absl::c_all_of(list, [](char c) {
+        return absl::ascii_isalnum(static_cast<unsigned char>(c)) ||
+               absl::string_view("._:/=+,-").find(c) != absl::string_view::npos;
+      });
+      absl::StrAppend(&flags, " --quarantine-shards ",
+                      plain ? list
+                            : absl::StrCat("'", absl::StrReplaceAll(list, {{"'", "'\\''"}}), "'"));
     } else if (a.kind == core::RecommendedAction::Kind::kSetZLossAlpha) {
       absl::StrAppendFormat(&flags, " --z-loss-alpha %g", a.z_loss_alpha);
     }

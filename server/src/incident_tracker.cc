@@ -142,6 +142,7 @@ void IncidentTracker::OnEvents(int64_t attempt, const std::vector<core::Event>& 
       inc.recommended_checkpoint_step = e.recommended_checkpoint_step;
       inc.recommended_checkpoint_uri = e.recommended_checkpoint_uri;
       if (!e.shards.empty()) inc.shards = e.shards;
+      if (!e.shard_names.empty()) inc.shard_names = e.shard_names;
       inc.actions = e.recommended_actions;
       if (!opened && (e.action == core::Action::kPage || e.action == core::Action::kHalt) &&
           !IsClosed(inc.state) && inc.state != IncidentState::kRollingBack) {

@@ -232,7 +232,7 @@ class Ingestor {
     int64_t missing_rank_steps_total = 0;
     // The approved rollback being carried out, until every rank applied it.
     std::optional<RollbackCommand> command;
-    ShardRanges quarantined;
+    ShardQuarantine quarantined;
     // A step refused as too far ahead, which the next record may confirm.
     std::optional<int64_t> far_step;
     uint64_t last_batch = 0;  // the batch that last touched it, for eviction

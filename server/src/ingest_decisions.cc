@@ -131,7 +131,11 @@ DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
     for (const auto& range : d.plan().quarantine().ranges()) {
       batch_.quarantines.push_back(
           {inc.run_id, range.first(), range.last(), inc.id, decision_id, now});
-      run->quarantined.emplace_back(range.first(), range.last());
+      run->quarantined.ranges.emplace_back(range.first(), range.last());
+    }
+    for (const std::string& name : d.plan().quarantine().names()) {
+      batch_.quarantines.push_back({inc.run_id, 0, 0, inc.id, decision_id, now, name});
+      run->quarantined.names.push_back(name);
     }
     RollbackCommand ac;
     ac.id = d.command_id();
@@ -141,7 +145,7 @@ DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
     ac.world_size = run->row.world_size;
     run->command = ac;
     outgoing_.emplace_back(inc.run_id, 0, ac.message);
-    if (d.plan().quarantine().ranges_size() > 0) {
+    if (d.plan().quarantine().ranges_size() > 0 || d.plan().quarantine().names_size() > 0) {
       outgoing_.emplace_back(inc.run_id, 0, QuarantineMessage(inc.run_id, run->quarantined));
     }
   } else {

@@ -230,7 +230,13 @@ absl::StatusOr<Ingestor::RunState*> Ingestor::RecoverRun(const RunRow& row) {
   }
   absl::StatusOr<std::vector<QuarantineRow>> q = store_->Quarantines(row.run_id);
   if (!q.ok()) return q.status();
-  for (const QuarantineRow& qr : *q) r.quarantined.emplace_back(qr.first, qr.last);
+  for (const QuarantineRow& qr : *q) {
+    if (qr.name.empty()) {
+      r.quarantined.ranges.emplace_back(qr.first, qr.last);
+    } else {
+      r.quarantined.names.push_back(qr.name);
+    }
+  }
   // Per-rank records of steps not yet completed; one too far ahead was
   // refused when it came and stays so.
   absl::StatusOr<std::vector<RankStepRow>> ranks =

@@ -270,9 +270,13 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
     d.approve = true;
     if (req->has_to_step()) d.to_step = req->to_step();
     if (req->has_quarantine_shards()) {
-      std::vector<std::pair<uint64_t, uint64_t>> q;
-      for (const auto& r : req->quarantine_shards().ranges()) q.emplace_back(r.first(), r.last());
-      for (uint64_t id : req->quarantine_shards().shard_ids()) q.emplace_back(id, id);
+      ShardQuarantine q;
+      for (const auto& r : req->quarantine_shards().ranges()) {
+        q.ranges.emplace_back(r.first(), r.last());
+      }
+      for (uint64_t id : req->quarantine_shards().shard_ids()) q.ranges.emplace_back(id, id);
+      q.names.assign(req->quarantine_shards().names().begin(),
+                     req->quarantine_shards().names().end());
       d.quarantine = std::move(q);
     }
     if (req->has_z_loss_alpha()) d.z_loss_alpha = req->z_loss_alpha();
@@ -311,13 +315,18 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
       absl::StatusOr<std::vector<QuarantineRow>> rows = state_->store()->Quarantines(req->run_id());
       if (!rows.ok()) return rows.status();
       for (const QuarantineRow& q : *rows) {
-        auto* r = resp->mutable_shards()->add_ranges();
-        r->set_first(q.first);
-        r->set_last(q.last);
         v1::QuarantineEntry* e = resp->add_entries();
-        auto* er = e->mutable_shards()->add_ranges();
-        er->set_first(q.first);
-        er->set_last(q.last);
+        if (!q.name.empty()) {
+          resp->mutable_shards()->add_names(q.name);
+          e->mutable_shards()->add_names(q.name);
+        } else {
+          auto* r = resp->mutable_shards()->add_ranges();
+          r->set_first(q.first);
+          r->set_last(q.last);
+          auto* er = e->mutable_shards()->add_ranges();
+          er->set_first(q.first);
+          er->set_last(q.last);
+        }
         e->set_incident_id(absl::StrCat("I-", q.incident_id));
         e->set_decision_id(absl::StrCat("D-", q.decision_id));
         wire::SetTime(q.created_ms, e->mutable_added_at());

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "trainwatch/core/shard_names.h"
 
 namespace trainwatch::server {
 
@@ -25,12 +26,14 @@ const char* StateWord(IncidentState s) {
   return "?";
 }
 
-// The recommendation's quarantine ranges and z-loss.
-void RecommendedSettings(const IncidentRow& incident, ShardRanges* quarantine,
+// The recommendation's quarantine and z-loss.
+void RecommendedSettings(const IncidentRow& incident, ShardQuarantine* quarantine,
                          std::optional<double>* z_loss) {
   for (const core::RecommendedAction& a : incident.actions) {
     if (a.kind == core::RecommendedAction::Kind::kQuarantineShards) {
-      quarantine->emplace_back(a.shard_first, a.shard_last);
+      if (a.has_shard_range) quarantine->ranges.emplace_back(a.shard_first, a.shard_last);
+      quarantine->names.insert(quarantine->names.end(), a.shard_names.begin(),
+                               a.shard_names.end());
     } else if (a.kind == core::RecommendedAction::Kind::kSetZLossAlpha) {
       *z_loss = a.z_loss_alpha;
     }
@@ -73,11 +76,15 @@ absl::Status CheckDecisionRequest(const DecisionRequest& r) {
     }
   }
   if (r.quarantine) {
-    for (const auto& [first, last] : *r.quarantine) {
+    for (const auto& [first, last] : r.quarantine->ranges) {
       if (first > last) {
         return absl::InvalidArgumentError(absl::StrCat(
             "quarantine_shards: the range ", first, "..", last, " has first > last"));
       }
+    }
+    if (absl::Status s = core::CheckShardNames("quarantine_shards", r.quarantine->names);
+        !s.ok()) {
+      return s;
     }
   }
   return absl::OkStatus();
@@ -148,10 +155,10 @@ absl::StatusOr<trainwatch::v1::RollbackPlan> PlanRollback(
     return r.to_step ? absl::InvalidArgumentError(message)
                      : absl::FailedPreconditionError(message);
   }
-  ShardRanges recommended_quarantine;
+  ShardQuarantine recommended_quarantine;
   std::optional<double> recommended_z_loss;
   RecommendedSettings(inc, &recommended_quarantine, &recommended_z_loss);
-  const ShardRanges& quarantine = r.quarantine ? *r.quarantine : recommended_quarantine;
+  const ShardQuarantine& quarantine = r.quarantine ? *r.quarantine : recommended_quarantine;
   const std::optional<double> z_loss = r.z_loss_alpha ? r.z_loss_alpha : recommended_z_loss;
   // The batches every rank skips: the operator's steps, or the default.
   std::optional<std::pair<int64_t, int64_t>> skip;
@@ -172,11 +179,12 @@ absl::StatusOr<trainwatch::v1::RollbackPlan> PlanRollback(
     plan.mutable_skip_steps()->set_first(skip->first);
     plan.mutable_skip_steps()->set_last(skip->second);
   }
-  for (const auto& [first, last] : quarantine) {
+  for (const auto& [first, last] : quarantine.ranges) {
     auto* range = plan.mutable_quarantine()->add_ranges();
     range->set_first(first);
     range->set_last(last);
   }
+  for (const std::string& name : quarantine.names) plan.mutable_quarantine()->add_names(name);
   if (z_loss) plan.add_settings()->set_z_loss_alpha(*z_loss);
   for (const auto& [module, precision] : r.precision) {
     auto* lp = plan.add_settings()->mutable_layer_precision();
@@ -187,16 +195,18 @@ absl::StatusOr<trainwatch::v1::RollbackPlan> PlanRollback(
   return plan;
 }
 
-std::string QuarantineMessage(const std::string& run_id, const ShardRanges& ranges) {
+std::string QuarantineMessage(const std::string& run_id, const ShardQuarantine& quarantine) {
   trainwatch::v1::ServerMessage m;
   auto* q = m.mutable_quarantined_shards();
   q->set_run_id(run_id);
-  q->set_version(static_cast<int64_t>(ranges.size()));
-  for (const auto& [first, last] : ranges) {
+  // The list only grows, so its length orders the versions.
+  q->set_version(static_cast<int64_t>(quarantine.ranges.size() + quarantine.names.size()));
+  for (const auto& [first, last] : quarantine.ranges) {
     auto* r = q->mutable_shards()->add_ranges();
     r->set_first(first);
     r->set_last(last);
   }
+  for (const std::string& name : quarantine.names) q->mutable_shards()->add_names(name);
   return m.SerializeAsString();
 }
 

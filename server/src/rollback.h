@@ -25,14 +25,22 @@ namespace trainwatch::server {
 
 using ShardRanges = std::vector<std::pair<uint64_t, uint64_t>>;
 
+// Shards to skip: integer id ranges, kept compact, and named shards
+// (agent.proto's shard names), matched exactly.
+struct ShardQuarantine {
+  ShardRanges ranges;
+  std::vector<std::string> names;
+  bool empty() const { return ranges.empty() && names.empty(); }
+};
+
 // An operator's decision on an incident, carried out on the writer thread
 // so that decisions and ingest never race.
 struct DecisionRequest {
   bool approve = true;
   int64_t incident_id = 0;
   std::optional<int64_t> to_step;
-  // Ranges to quarantine; unset: the incident's recommendation.
-  std::optional<ShardRanges> quarantine;
+  // Shards to quarantine; unset: the incident's recommendation.
+  std::optional<ShardQuarantine> quarantine;
   std::optional<double> z_loss_alpha;
   // Modules to run in another precision after loading, in order (the
   // reconfiguring fix of a numerical failure, tier 3).
@@ -61,7 +69,9 @@ inline constexpr double kMaxZLossAlpha = 1.0;
 //   - a quarantine range has first <= last;
 //   - a precision change names a module (non-empty, each module once) and
 //     fp32, bf16 or fp16 (fp8 is no precision to widen a failing module to);
-//   - an lr scale is a finite number > 0.
+//   - an lr scale is a finite number > 0;
+//   - quarantine names are at most core::kMaxShardNamesPerRecord, each 1 to
+//     core::kMaxShardNameBytes bytes (shard_names.h), as an agent's are.
 // INVALID_ARGUMENT naming the field and the rule.
 absl::Status CheckDecisionRequest(const DecisionRequest& request);
 
@@ -87,7 +97,7 @@ absl::StatusOr<trainwatch::v1::RollbackPlan> PlanRollback(
     absl::Span<const CheckpointRow> retained, int64_t steps_before_onset);
 
 // The ServerMessage that gives a run's agents its whole quarantine list.
-std::string QuarantineMessage(const std::string& run_id, const ShardRanges& ranges);
+std::string QuarantineMessage(const std::string& run_id, const ShardQuarantine& quarantine);
 
 // An approved rollback being carried out, until every rank applied it.
 struct RollbackCommand {

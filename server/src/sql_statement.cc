@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "trainwatch/core/json.h"
 
 namespace trainwatch::server {
 
@@ -72,6 +73,13 @@ SqlStatement& SqlStatement::BindShards(int i, const std::vector<uint64_t>& shard
   return Bind(i, absl::StrJoin(shards, ";"));
 }
 
+SqlStatement& SqlStatement::BindShardNames(int i, const std::vector<std::string>& names) {
+  if (names.empty()) return BindNull(i);
+  std::string json;
+  core::AppendJsonStrings(&json, names);
+  return Bind(i, json);
+}
+
 absl::Status SqlStatement::Run() {
   if (!status_.ok()) return status_;
   const int rc = sqlite3_step(stmt_);
@@ -121,6 +129,17 @@ std::vector<uint64_t> SqlStatement::Shards(int col) const {
   for (absl::string_view part : absl::StrSplit(text, ';', absl::SkipEmpty())) {
     uint64_t v;
     if (absl::SimpleAtoi(part, &v)) out.push_back(v);
+  }
+  return out;
+}
+
+std::vector<std::string> SqlStatement::ShardNames(int col) const {
+  std::vector<std::string> out;
+  if (IsNull(col)) return out;
+  absl::StatusOr<core::JsonValue> doc = core::ParseJson(Text(col), "shard_names");
+  if (!doc.ok() || doc->type != core::JsonValue::Type::kArray) return out;
+  for (const core::JsonValue& v : doc->array) {
+    if (v.type == core::JsonValue::Type::kString) out.push_back(v.string);
   }
   return out;
 }

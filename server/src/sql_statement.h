@@ -53,6 +53,8 @@ class SqlStatement {
   SqlStatement& BindNull(int i);
   // A shard list, as the TEXT "3;7;9".
   SqlStatement& BindShards(int i, const std::vector<uint64_t>& shards);
+  // Shard names, as a JSON array of strings; NULL when there are none.
+  SqlStatement& BindShardNames(int i, const std::vector<std::string>& names);
 
   // Steps once and resets (for writes; a row, if any, is dropped).
   absl::Status Run();
@@ -69,6 +71,9 @@ class SqlStatement {
   std::string Text(int col) const;
   std::string Blob(int col) const;
   std::vector<uint64_t> Shards(int col) const;
+  // What BindShardNames wrote; NULL (rows from before names) reads as none,
+  // and so, like Shards, does a column that is not such an array.
+  std::vector<std::string> ShardNames(int col) const;
 
   // Every row, each made by read(*this).
   template <typename Read>

@@ -68,6 +68,12 @@ void StepAggregate::Merge(const wire::ReportedStep& r) {
     if (r.Has(s)) max_of(s, r.Get(s));
   }
   shards_.insert(r.shards.begin(), r.shards.end());
+  // Each report is bounded (agent_message_checks.h); their union is held to
+  // the same bound, so that a step of many ranks does not multiply it.
+  for (const std::string& name : r.shard_names) {
+    if (shard_names_.size() >= core::kMaxShardNamesPerRecord) break;
+    shard_names_.insert(name);
+  }
 }
 
 StepRow StepAggregate::Finish(int64_t step, int32_t world_size, size_t max_text) const {
@@ -95,6 +101,7 @@ StepRow StepAggregate::Finish(int64_t step, int32_t world_size, size_t max_text)
     s.Set(Signal::kNanFrac, nan_frac_max_);
   }
   s.shards.assign(shards_.begin(), shards_.end());
+  s.shard_names.assign(shard_names_.begin(), shard_names_.end());
   s.missing_ranks = MissingRanksText(seen_, world_size, max_text);
   return s;
 }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "store.h"
+#include "trainwatch/core/shard_names.h"
 #include "trainwatch/wire/step_report.h"
 
 namespace trainwatch::server {
@@ -64,6 +65,7 @@ class StepAggregate {
   double nan_frac_max_ = -1;
   core::StepValues extras_;  // lr, z-loss, activation max, attention p99
   std::set<uint64_t> shards_;
+  std::set<std::string> shard_names_;  // at most core::kMaxShardNamesPerRecord
 };
 
 // The ranks below `world_size` that `seen` does not mark, as ranges

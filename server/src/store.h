@@ -44,6 +44,7 @@ struct StepRow : core::StepValues {
   int64_t elements = -1;
   int decision = 0;             // core::Decision
   std::vector<uint64_t> shards;
+  std::vector<std::string> shard_names;  // sorted, unique (migration 4)
   std::string missing_ranks;    // "3,7-9" when a step completed by timeout (bounded)
   bool late = false;            // arrived after later steps: stored, not evaluated
   int64_t received_ms = 0;
@@ -52,6 +53,7 @@ struct StepRow : core::StepValues {
   core::StepRecord View() const {
     core::StepRecord r(step, *this);
     r.shards = shards;
+    r.shard_names = shard_names;
     return r;
   }
 };
@@ -87,6 +89,7 @@ struct IncidentRow {
   int64_t recommended_checkpoint_step = -1;
   std::string recommended_checkpoint_uri;
   std::vector<uint64_t> shards;
+  std::vector<std::string> shard_names;  // the named shards, like `shards`
   std::vector<core::RecommendedAction> actions;  // what the rules recommend
   int64_t opened_ms = 0;
   int64_t updated_ms = 0;
@@ -149,6 +152,8 @@ struct CommandRow {
   int64_t created_ms = 0;
 };
 
+// An id range [first, last], or, when `name` is not empty, one named shard
+// (first and last unused).
 struct QuarantineRow {
   std::string run_id;
   uint64_t first = 0;
@@ -156,6 +161,7 @@ struct QuarantineRow {
   int64_t incident_id = 0;
   int64_t decision_id = 0;
   int64_t created_ms = 0;
+  std::string name;
 };
 
 // Starts a new attempt of a run after a rollback: its steps up to the

@@ -113,17 +113,23 @@ absl::Status InsertQuarantines(sqlite3* db, const std::vector<QuarantineRow>& qu
   if (quarantines.empty()) return absl::OkStatus();
   SqlStatement q(db,
                  "INSERT INTO quarantined_shards (run_id, first_shard, last_shard, incident_id, "
-                 "decision_id, created_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
+                 "decision_id, created_ms, name) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
   return q.RunEach(quarantines, [](SqlStatement& q, const QuarantineRow& r) {
     q.Bind(1, r.run_id).Bind(2, static_cast<int64_t>(r.first));
     q.Bind(3, static_cast<int64_t>(r.last)).Bind(4, r.incident_id).Bind(5, r.decision_id);
     q.Bind(6, r.created_ms);
+    // NULL for a range, as in the rows from before names (migration 4).
+    if (r.name.empty()) {
+      q.BindNull(7);
+    } else {
+      q.Bind(7, r.name);
+    }
   });
 }
 
 absl::StatusOr<std::vector<QuarantineRow>> Quarantines(sqlite3* db, const std::string& run_id) {
   SqlStatement q(db,
-                 "SELECT first_shard, last_shard, incident_id, decision_id, created_ms FROM "
+                 "SELECT first_shard, last_shard, incident_id, decision_id, created_ms, name FROM "
                  "quarantined_shards WHERE run_id = ?1 ORDER BY id");
   q.Bind(1, run_id);
   return q.All([&](const SqlStatement& r) {
@@ -132,7 +138,8 @@ absl::StatusOr<std::vector<QuarantineRow>> Quarantines(sqlite3* db, const std::s
                          static_cast<uint64_t>(r.Int(1)),
                          r.Int(2),
                          r.Int(3),
-                         r.Int(4)};
+                         r.Int(4),
+                         r.IsNull(5) ? std::string() : r.Text(5)};
   });
 }
 

@@ -10,7 +10,8 @@ namespace {
 
 constexpr char kIncidentColumns[] =
     "id, run_id, episode, tier, state, kind, title, onset_step, detection_step, "
-    "checkpoint_step, checkpoint_uri, shards, actions, opened_ms, updated_ms, closed_ms";
+    "checkpoint_step, checkpoint_uri, shards, actions, opened_ms, updated_ms, closed_ms, "
+    "shard_names";
 
 // The recommended actions are stored as the JSON replay prints; a column
 // that does not parse whole fails the read (`error`) rather than giving half
@@ -39,6 +40,7 @@ IncidentRow ReadIncident(const SqlStatement& q, absl::Status* error) {
   r.opened_ms = q.Int(13);
   r.updated_ms = q.Int(14);
   r.closed_ms = q.Int(15);
+  r.shard_names = q.ShardNames(16);
   return r;
 }
 
@@ -48,7 +50,7 @@ absl::Status UpsertIncidents(sqlite3* db, const std::vector<IncidentRow>& incide
   if (incidents.empty()) return absl::OkStatus();
   SqlStatement q(db, absl::StrCat("INSERT OR REPLACE INTO incidents (", kIncidentColumns,
                                   ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
-                                  "?13, ?14, ?15, ?16)"));
+                                  "?13, ?14, ?15, ?16, ?17)"));
   SqlStatement flag(db,
                     "INSERT OR IGNORE INTO flagged_shards (run_id, shard, incident_id) "
                     "VALUES (?1, ?2, ?3)");
@@ -63,7 +65,7 @@ absl::Status UpsertIncidents(sqlite3* db, const std::vector<IncidentRow>& incide
     std::string actions;
     core::AppendRecommendedActionsJson(&actions, r.actions);
     q.Bind(13, actions).Bind(14, r.opened_ms).Bind(15, r.updated_ms);
-    q.Bind(16, r.closed_ms);
+    q.Bind(16, r.closed_ms).BindShardNames(17, r.shard_names);
     if (absl::Status s = q.Run(); !s.ok()) return s;
     absl::Status s = flag.RunEach(r.shards, [&](SqlStatement& f, uint64_t shard) {
       f.Bind(1, r.run_id).Bind(2, static_cast<int64_t>(shard)).Bind(3, r.id);

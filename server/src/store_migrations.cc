@@ -169,6 +169,16 @@ INSERT INTO command_acks_by_run
 DROP TABLE command_acks;
 ALTER TABLE command_acks_by_run RENAME TO command_acks;
 )sql",
+    // 4: shard names beside the integer ids (agent.proto, StepReport.
+    // shard_names). A step's and an incident's names are a JSON array of
+    // strings (names may hold any character, so no separator would do),
+    // NULL where there are none, as in every row from before; a quarantine
+    // row is an id range or, with `name` set, one named shard.
+    R"sql(
+ALTER TABLE steps ADD COLUMN shard_names TEXT;
+ALTER TABLE incidents ADD COLUMN shard_names TEXT;
+ALTER TABLE quarantined_shards ADD COLUMN name TEXT;
+)sql",
 };
 
 }  // namespace

@@ -15,7 +15,9 @@ namespace {
 constexpr char kStepColumns[] =
     "step, loss, grad_norm, log_z, nan_frac, lr, z_loss_alpha, activation_max, attention_p99, "
     "present, loss_ema_ratio, nonfinite, elements, decision, shards, missing_ranks, late, "
-    "received_ms";
+    "received_ms, shard_names";
+// How many: a query selecting more after them reads those from this index.
+constexpr int kStepColumnCount = 19;
 
 // -1 (not reported) is stored as NULL.
 void BindCount(SqlStatement& q, int i, int64_t v) {
@@ -44,6 +46,7 @@ StepRow ReadStep(const SqlStatement& q) {
   s.missing_ranks = q.Text(15);
   s.late = q.Int(16) != 0;
   s.received_ms = q.Int(17);
+  s.shard_names = q.ShardNames(18);
   return s;
 }
 
@@ -100,7 +103,7 @@ absl::Status InsertSteps(sqlite3* db, const std::vector<WriteBatch::Step>& steps
   if (steps.empty()) return absl::OkStatus();
   SqlStatement q(db, absl::StrCat("INSERT OR IGNORE INTO steps (run_id, attempt, ", kStepColumns,
                                   ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
-                                  "?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)"));
+                                  "?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)"));
   return q.RunEach(steps, [](SqlStatement& q, const WriteBatch::Step& w) {
     const StepRow& s = w.step;
     q.Bind(1, w.run_id).Bind(2, w.attempt).Bind(3, s.step);
@@ -117,6 +120,7 @@ absl::Status InsertSteps(sqlite3* db, const std::vector<WriteBatch::Step>& steps
     BindCount(q, 15, s.elements);
     q.Bind(16, int64_t{s.decision}).BindShards(17, s.shards);
     q.Bind(18, s.missing_ranks).Bind(19, int64_t{s.late}).Bind(20, s.received_ms);
+    q.BindShardNames(21, s.shard_names);
   });
 }
 
@@ -138,7 +142,7 @@ absl::Status ForEachStep(sqlite3* db, const std::string& run_id, int64_t attempt
                                   "attempt = ?2 AND late = 0 ORDER BY step"));
   q.Bind(1, run_id).Bind(2, attempt);
   absl::Status st;
-  while (q.Next(&st)) fn(ReadStep(q), q.Text(18));
+  while (q.Next(&st)) fn(ReadStep(q), q.Text(kStepColumnCount));
   return st;
 }
 

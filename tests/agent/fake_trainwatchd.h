@@ -54,7 +54,17 @@ class FakeServer final : public v1::AgentService::Service {
         rb->add_settings()->set_z_loss_alpha(1e-4);
         rb->mutable_skip_steps()->set_first(3001);
         rb->mutable_skip_steps()->set_last(3050);
+        rb->mutable_quarantine()->add_names("train-00012-of-01024.parquet");
         s->Write(c);
+        // The run's whole quarantine list, as trainwatchd sends it after.
+        v1::ServerMessage q;
+        q.mutable_quarantined_shards()->set_run_id("run-t");
+        auto* qr = q.mutable_quarantined_shards()->mutable_shards()->add_ranges();
+        qr->set_first(10);
+        qr->set_last(20);
+        q.mutable_quarantined_shards()->mutable_shards()->add_names("train-00012-of-01024.parquet");
+        q.mutable_quarantined_shards()->set_version(2);
+        s->Write(q);
       }
       if (m.has_hello() && stop_reading) {
         while (!ctx->IsCancelled()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -79,6 +89,8 @@ class FakeServer final : public v1::AgentService::Service {
           global_steps_.insert(m.step_report().step());
           shards_[m.step_report().step()].assign(m.step_report().shard_ids().begin(),
                                                  m.step_report().shard_ids().end());
+          shard_names_[m.step_report().step()].assign(m.step_report().shard_names().begin(),
+                                                      m.step_report().shard_names().end());
         }
       }
       best = std::max(best, m.step_report().step());
@@ -124,6 +136,10 @@ class FakeServer final : public v1::AgentService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return shards_[step];
   }
+  std::vector<std::string> shard_names(int64_t step) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return shard_names_[step];
+  }
 
  private:
   std::mutex mu_;
@@ -131,6 +147,7 @@ class FakeServer final : public v1::AgentService::Service {
   std::vector<int64_t> tensor_reports_;
   std::vector<size_t> globals_before_report_;
   std::map<int64_t, std::vector<uint64_t>> shards_;
+  std::map<int64_t, std::vector<std::string>> shard_names_;
   int64_t duplicates_ = 0, received_ = 0;
   std::vector<v1::CommandAck> acks_;
 };

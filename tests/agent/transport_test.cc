@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <string>
 #include <vector>
 #include <thread>
 
@@ -269,6 +270,16 @@ TEST_CASE("transport: commands reach the trainer by callback and poll - acks go 
   CHECK(cmd->checkpoint_uri == "ckpt://3000");
   REQUIRE(cmd->quarantine.size() == 1);
   CHECK(cmd->quarantine[0] == std::make_pair<uint64_t, uint64_t>(10, 20));
+  CHECK(cmd->quarantine_names == std::vector<std::string>{"train-00012-of-01024.parquet"});
+  // The loader's query: the run's list, which follows the command.
+  WaitUntil([&] { return (*agent)->IsQuarantined("train-00012-of-01024.parquet"); },
+            std::chrono::seconds(3));
+  CHECK((*agent)->IsQuarantined("train-00012-of-01024.parquet"));
+  CHECK_FALSE((*agent)->IsQuarantined("train-00012-of-01024.parquet:0"));  // exact match
+  CHECK((*agent)->IsQuarantined(uint64_t{15}));
+  CHECK_FALSE((*agent)->IsQuarantined(uint64_t{21}));
+  CHECK((*agent)->QuarantinedShardNames() ==
+        std::vector<std::string>{"train-00012-of-01024.parquet"});
   REQUIRE(cmd->skip_steps.has_value());
   CHECK(*cmd->skip_steps == std::make_pair<int64_t, int64_t>(3001, 3050));
   CHECK(cmd->z_loss_alpha.value_or(0) == 1e-4);
@@ -285,6 +296,55 @@ TEST_CASE("transport: commands reach the trainer by callback and poll - acks go 
 
 namespace trainwatch::agent {
 namespace {
+
+TEST_CASE("transport: shard names go out with the step as given", "[agent][transport][shards]") {
+  const int port = FreePort();
+  FakeServer fake;
+  Running server(&fake, port);
+  auto agent = Agent::Create(Config(port), std::make_unique<SingleProcessReducer>());
+  REQUIRE(agent.ok());
+  const std::vector<uint64_t> ids = {7};
+  const std::vector<std::string> names = {"shard-00500:0", "s3://b/k;x"};
+  StepInput in;
+  in.step = 0;
+  in.loss = 2.5;
+  in.shards = ids;
+  in.shard_names = names;
+  REQUIRE((*agent)->Step(in).ok());
+  REQUIRE(WaitDurable(**agent, 0));
+  CHECK(fake.shard_names(0) == names);
+  CHECK(fake.shards(0) == ids);
+  (*agent)->Close();
+}
+
+TEST_CASE("transport: a step past the shard-name bounds is refused - nothing is sent",
+          "[agent][transport][shards]") {
+  const int port = FreePort();
+  FakeServer fake;
+  Running server(&fake, port);
+  auto agent = Agent::Create(Config(port), std::make_unique<SingleProcessReducer>());
+  REQUIRE(agent.ok());
+  StepInput in;
+  in.step = 0;
+  in.loss = 2.5;
+  const std::vector<std::string> too_long = {std::string(257, 'n')};
+  in.shard_names = too_long;
+  absl::StatusOr<Verdict> v = (*agent)->Step(in);
+  REQUIRE_FALSE(v.ok());
+  CHECK(v.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(v.status().message().find("above the 256 a shard name may have") != absl::string_view::npos);
+  const std::vector<std::string> too_many(1025, "n");
+  in.shard_names = too_many;
+  v = (*agent)->Step(in);
+  REQUIRE_FALSE(v.ok());
+  CHECK(v.status().message() == "step: 1025 shard names, above the 1024 a record may carry");
+  // The refused steps took no step number: step 0 is still the next.
+  in.shard_names = {};
+  REQUIRE((*agent)->Step(in).ok());
+  REQUIRE(WaitDurable(**agent, 0));
+  CHECK((*agent)->Stats().steps == 1);
+  (*agent)->Close();
+}
 
 TEST_CASE("transport: after ResumeFrom the abandoned steps are never sent", "[agent][transport]") {
   const int port = FreePort();

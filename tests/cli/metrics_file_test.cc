@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 // This file also provides the test binary's main().
 #define CATCH_CONFIG_MAIN
@@ -87,8 +88,8 @@ TEST_CASE("CSV: malformed input names file - line and column", "[cli][csv][error
         "run.csv:2:1: step \"1.5\" is not an integer");
   CHECK(ErrorOf("step,loss,grad_norm,log_z,nan_frac\n1,2.5,1.0,8\n") ==
         "run.csv:2:1: 4 fields, but the header names 5 columns");
-  CHECK(ErrorOf("step,loss,grad_norm,log_z,nan_frac,shard\n1,2.5,1.0,8,0,3;x\n") ==
-        "run.csv:2:17: shard id \"x\" is not a non-negative integer");
+  CHECK(ErrorOf("step,loss,grad_norm,log_z,nan_frac,shard\n1,2.5,1.0,8,0,3;99999999999999999999\n") ==
+        "run.csv:2:17: shard id \"99999999999999999999\" does not fit in 64 bits");
   CHECK(ErrorOf("step,loss,loss,grad_norm,log_z,nan_frac\n") ==
         "run.csv:1:11: column \"loss\" is a second loss column");
   CHECK(ErrorOf("loss,grad_norm\n2,1\n") ==
@@ -135,7 +136,62 @@ TEST_CASE("JSON lines: malformed input names file - line and column", "[cli][jso
   CHECK(ErrorOf(ok + "\n[1,2]\n", MetricsFormat::kJsonLines) ==
         "run.csv:2:1: each line must be a JSON object");
   CHECK(ErrorOf(ok + "\n{\"step\": 2, \"shard\": [-1]}\n") ==
-        "run.csv:2:23: shard ids must be non-negative integers");
+        "run.csv:2:23: shard ids must be non-negative integers or names (strings)");
+  CHECK(ErrorOf(ok + "\n{\"step\": 2, \"shard\": [\"\"]}\n") ==
+        "run.csv:2:23: shard: a shard name is empty");
+}
+
+TEST_CASE("CSV shard column: names beside ids - several per row", "[cli][csv][shards]") {
+  auto t = ParseMetrics(
+      "step,loss,grad_norm,log_z,nan_frac,shard\n"
+      "1,2.5,1.0,8,0,shard-00500:0\n"
+      "2,2.5,1.0,8,0,7; train-00012-of-01024.parquet:3 ;s3://b/k-1.tar\n"
+      "3,2.5,1.0,8,0,12\n",
+      "run.csv");
+  REQUIRE(t.ok());
+  const core::StepRecord r0 = t->Record(0), r1 = t->Record(1), r2 = t->Record(2);
+  CHECK(r0.shards.empty());
+  REQUIRE(r0.shard_names.size() == 1);
+  CHECK(r0.shard_names[0] == "shard-00500:0");
+  REQUIRE(r1.shards.size() == 1);
+  CHECK(r1.shards[0] == 7);
+  REQUIRE(r1.shard_names.size() == 2);
+  CHECK(r1.shard_names[0] == "train-00012-of-01024.parquet:3");
+  CHECK(r1.shard_names[1] == "s3://b/k-1.tar");
+  CHECK(r2.shard_names.empty());
+  CHECK(r2.shards[0] == 12);
+}
+
+TEST_CASE("shard names past the bounds are refused naming the bound", "[cli][csv][shards]") {
+  const std::string head = "step,loss,grad_norm,log_z,nan_frac,shard\n1,2.5,1.0,8,0,";
+  CHECK(ErrorOf(head + std::string(257, 'n') + "\n") ==
+        "run.csv:2:15: shard: shard name \"" + std::string(32, 'n') +
+            "...\" is 257 bytes, above the 256 a shard name may have");
+  CHECK(ParseMetrics(head + std::string(256, 'n') + "\n", "run.csv").ok());
+  std::string many;
+  for (int i = 0; i <= 1024; ++i) many += "n" + std::to_string(i) + ";";
+  const std::string err = ErrorOf(head + many + "\n");
+  CHECK(err.find("1025 shard names, above the 1024 a record may carry") != std::string::npos);
+}
+
+TEST_CASE("JSON lines: shard lists mix ids and names", "[cli][jsonl][shards]") {
+  auto t = ParseMetrics(
+      "{\"step\": 1, \"loss\": 2.5, \"grad_norm\": 1.0, \"log_z\": 8, \"nan_frac\": 0, "
+      "\"shard\": [4, \"a;b,c\", \"7\", 18446744073709551615]}\n"
+      "{\"step\": 2, \"loss\": 2.5, \"grad_norm\": 1.0, \"log_z\": 8, \"nan_frac\": 0, "
+      "\"shard\": \"shard-00500:0;9\"}\n",
+      "run.jsonl");
+  REQUIRE(t.ok());
+  const core::StepRecord r0 = t->Record(0), r1 = t->Record(1);
+  // In a list a string is a name as it is, even "7" or one holding ';'.
+  CHECK(std::vector<uint64_t>(r0.shards.begin(), r0.shards.end()) ==
+        std::vector<uint64_t>{4, 18446744073709551615u});
+  CHECK(std::vector<std::string>(r0.shard_names.begin(), r0.shard_names.end()) ==
+        std::vector<std::string>{"a;b,c", "7"});
+  // A string value is the CSV's list.
+  CHECK(std::vector<std::string>(r1.shard_names.begin(), r1.shard_names.end()) ==
+        std::vector<std::string>{"shard-00500:0"});
+  CHECK(r1.shards[0] == 9);
 }
 
 TEST_CASE("ReadMetricsFile reports a missing file", "[cli]") {

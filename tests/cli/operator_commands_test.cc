@@ -33,6 +33,7 @@ class FakeClient : public OperatorClient {
   v1::ListRunsResponse runs;
   v1::GetRunStatusResponse run_status;
   v1::ApproveRollbackResponse approve;
+  v1::ListQuarantinedShardsResponse quarantined;
   v1::RejectRollbackResponse reject;
   std::vector<v1::IncidentEvent> events;
   grpc::Status watch_end = grpc::Status(grpc::DEADLINE_EXCEEDED, "deadline");
@@ -80,8 +81,9 @@ class FakeClient : public OperatorClient {
     return status;
   }
   grpc::Status ListQuarantinedShards(const v1::ListQuarantinedShardsRequest&,
-                                     v1::ListQuarantinedShardsResponse*) override {
+                                     v1::ListQuarantinedShardsResponse* resp) override {
     ++calls;
+    *resp = quarantined;
     return status;
   }
   grpc::Status WatchIncidents(
@@ -400,6 +402,57 @@ TEST_CASE("report against a fake: every attempt's history in one page", "[cli][c
   CHECK(RunAlone(*report, {"run-b"}, &fake).code == kError);
 }
 
+TEST_CASE("rollback approve sends shard names - escaped commas and id-like names included",
+          "[cli][commands][shards]") {
+  auto approve = MakeRollbackApproveCommand();
+  FakeClient fake;
+  v1::Decision* d = fake.approve.mutable_decision();
+  d->set_run_id("run-a");
+  d->mutable_plan()->set_target_step(100);
+  d->mutable_plan()->set_checkpoint_uri("ckpt://100");
+  d->mutable_plan()->mutable_quarantine()->add_names("train-00012-of-01024.parquet");
+  Result dry = RunAlone(
+      *approve,
+      {"I-1", "--dry-run", "--quarantine-shards", R"(1..4,train-00012-of-01024.parquet,a\,b,\7)"},
+      &fake);
+  INFO(dry.err);
+  CHECK(dry.code == kOk);
+  CHECK(dry.out ==
+        "dry run: would roll back run run-a to step 100 (ckpt://100), quarantine shard "
+        "train-00012-of-01024.parquet\n");
+  REQUIRE(fake.approvals.size() == 1);
+  const v1::ShardSet& sent = fake.approvals[0].quarantine_shards();
+  REQUIRE(sent.ranges_size() == 1);
+  CHECK(sent.ranges(0).last() == 4);
+  REQUIRE(sent.names_size() == 3);
+  CHECK(sent.names(0) == "train-00012-of-01024.parquet");
+  CHECK(sent.names(1) == "a,b");
+  CHECK(sent.names(2) == "7");
+  // --help says how such a name is written.
+  CHECK(approve->Help().find(R"(a leading \ (\7, \1..4))") != std::string::npos);
+}
+
+TEST_CASE("shards lists id ranges and names - a name as --quarantine-shards takes it",
+          "[cli][commands][shards]") {
+  auto shards = MakeShardsCommand();
+  FakeClient fake;
+  v1::QuarantineEntry* range = fake.quarantined.add_entries();
+  auto* r = range->mutable_shards()->add_ranges();
+  r->set_first(1);
+  r->set_last(4);
+  range->set_incident_id("I-1");
+  range->set_decision_id("D-1");
+  v1::QuarantineEntry* named = fake.quarantined.add_entries();
+  named->mutable_shards()->add_names("a,b");
+  named->set_incident_id("I-2");
+  named->set_decision_id("D-2");
+  Result out = RunAlone(*shards, {"run-a"}, &fake);
+  CHECK(out.code == kOk);
+  CHECK(out.out.find("1..4 ") != std::string::npos);
+  CHECK(out.out.find("a\\,b ") != std::string::npos);
+  CHECK(out.out.find("I-2") != std::string::npos);
+}
+
 TEST_CASE("rollback approve against a fake: the dry run then the approval", "[cli][commands]") {
   auto approve = MakeRollbackApproveCommand();
   FakeClient fake;
@@ -441,9 +494,12 @@ TEST_CASE("rollback approve against a fake: the dry run then the approval", "[cl
   CHECK(fake.approvals[1].comment() == "go");
 
   fake.approvals.clear();
-  const std::string kShardsError =
-      "twctl rollback approve: --quarantine-shards takes shard ids and A..B ranges with A <= B, "
-      "comma-separated (e.g. 1..4,9)\n";
+  auto shards_error = [](const std::string& why) {
+    return "twctl rollback approve: --quarantine-shards: " + why +
+           " (it takes shard ids, A..B ranges with A <= B and shard names, comma-separated, e.g. "
+           "1..4,9,train-00012-of-01024.parquet; in a name, write \\, for a comma and \\\\ for "
+           "a backslash)\n";
+  };
   struct Bad {
     std::vector<std::string> argv;
     std::string err;
@@ -458,9 +514,11 @@ TEST_CASE("rollback approve against a fake: the dry run then the approval", "[cl
             "twctl rollback approve: --z-loss-alpha needs a finite number >= 0\n"},
            {{"I-1", "--z-loss-alpha", "1e400"},
             "twctl rollback approve: --z-loss-alpha needs a finite number >= 0\n"},
-           {{"I-1", "--quarantine-shards", "3..1"}, kShardsError},
-           {{"I-1", "--quarantine-shards", ""}, kShardsError},
-           {{"I-1", "--quarantine-shards", "1,,2"}, kShardsError},
+           {{"I-1", "--quarantine-shards", "3..1"},
+            shards_error("shard list entry \"3..1\": a range A..B needs A <= B")},
+           {{"I-1", "--quarantine-shards", ""}, shards_error("the shard list is empty")},
+           {{"I-1", "--quarantine-shards", "1,,2"},
+            shards_error("shard list entry \"\": is empty")},
            {{"I-1", "--yes"},
             "twctl rollback approve: --comment is required (it goes in the audit log)\n"},
            {{}, "usage: twctl rollback approve|reject ID ...\n"}}) {

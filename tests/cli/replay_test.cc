@@ -11,6 +11,9 @@
 
 #include "synthetic.h"
 #include "trainwatch/cli/replay.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "trainwatch/core/json.h"
 
 namespace trainwatch::cli {
@@ -75,6 +78,57 @@ TEST_CASE("replay of the demo trace finds all three tiers - in JSON", "[cli][rep
   const core::JsonValue* t3 = find(3, "halt");
   REQUIRE(t3 != nullptr);
   CHECK(t3->Find("step")->number == 16000);
+}
+
+TEST_CASE("replay of a CSV whose shard column holds names reports them in the tier 1 event",
+          "[cli][replay][shards]") {
+  // The demo trace, its shard ids written as the names a loader would use.
+  // Field 6 of each line (after the header) is the shard.
+  std::string csv;
+  bool header = true;
+  for (absl::string_view line :
+       absl::StrSplit(synth::ToCsv(synth::Generate(synth::DemoOptions())), '\n',
+                      absl::SkipEmpty())) {
+    std::vector<std::string> fields = absl::StrSplit(line, ',');
+    if (!header) fields[5] = absl::StrCat("shard-", fields[5], ":0");
+    header = false;
+    csv += absl::StrJoin(fields, ",") + "\n";
+  }
+  const std::string path = TempFile("names.csv", csv);
+  const Run json = Replay({path, "-o", "json"});
+  INFO(json.err);
+  REQUIRE(json.code == 0);
+  const core::JsonValue* t1 = nullptr;
+  std::vector<core::JsonValue> events;
+  for (absl::string_view line : absl::StrSplit(json.out, '\n', absl::SkipEmpty())) {
+    auto v = core::ParseJson(line, "out");
+    REQUIRE(v.ok());
+    events.push_back(*std::move(v));
+  }
+  for (const core::JsonValue& e : events) {
+    if (e.Find("tier")->number == 1 && e.Find("action")->string == "skip_update") t1 = &e;
+  }
+  REQUIRE(t1 != nullptr);
+  CHECK(t1->Find("step")->number == 6000);
+  CHECK(t1->Find("shards")->array.empty());
+  REQUIRE(t1->Find("shard_names") != nullptr);
+  REQUIRE(t1->Find("shard_names")->array.size() == 1);
+  CHECK(t1->Find("shard_names")->array[0].string == "shard-106000:0");
+  // Its recommendation names the shard too, with no id range.
+  bool inspects = false;
+  for (const core::JsonValue& a : t1->Find("recommended_actions")->array) {
+    if (a.Find("kind")->string != "inspect_shards") continue;
+    inspects = true;
+    CHECK(a.Find("shard_first") == nullptr);
+    REQUIRE(a.Find("shard_names") != nullptr);
+    CHECK(a.Find("shard_names")->array[0].string == "shard-106000:0");
+    CHECK(a.Find("text")->string == "inspect shards shard-106000:0");
+  }
+  CHECK(inspects);
+  // The table says it as well.
+  const Run table = Replay({path});
+  REQUIRE(table.code == 0);
+  CHECK(table.out.find("shard-106000:0") != std::string::npos);
 }
 
 TEST_CASE("replay: bad input exits 2 with file - line - column and no output",

@@ -68,10 +68,7 @@ def rank_main(rank, world, port, server, out_dir):
 class DistributedTest(unittest.TestCase):
     def setUp(self):
         self.work = tempfile.TemporaryDirectory()
-        rules = os.path.join(self.work.name, "rules.json")
-        with open(rules, "w") as f:
-            json.dump(RULES, f)
-        self.daemon = Trainwatchd("--rules", rules)
+        self.daemon = Trainwatchd(rules=RULES)
         self.address, self.db = self.daemon.address, self.daemon.db
 
     def tearDown(self):

@@ -1,6 +1,8 @@
 """trainwatchd ($TRAINWATCHD) as a child process on a free loopback port,
-with its database in a temporary folder; for the Python tests."""
+with its database (and its --rules file, when given) in a temporary folder;
+for the Python tests."""
 
+import json
 import os
 import re
 import subprocess
@@ -9,9 +11,14 @@ import time
 
 
 class Trainwatchd:
-    def __init__(self, *extra_args):
+    def __init__(self, *extra_args, rules=None):
         self.dir = tempfile.TemporaryDirectory()
         self.db = os.path.join(self.dir.name, "tw.db")
+        if rules is not None:
+            path = os.path.join(self.dir.name, "rules.json")
+            with open(path, "w") as f:
+                json.dump(rules, f)
+            extra_args = (*extra_args, "--rules", path)
         self.log = open(os.path.join(self.dir.name, "trainwatchd.log"), "w+")
         self.process = subprocess.Popen(
             [os.environ["TRAINWATCHD"], "--listen", "127.0.0.1:0", "--metrics_listen=",

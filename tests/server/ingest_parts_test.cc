@@ -230,7 +230,7 @@ TEST_CASE("rollback: the plan takes the recommendation unless the operator overr
   CHECK(plan->settings(0).z_loss_alpha() == Approx(1e-4));
 
   r.to_step = 400;
-  r.quarantine = ShardRanges{};
+  r.quarantine = ShardQuarantine{};
   r.skip_steps = std::make_pair(int64_t{1}, int64_t{0});  // none
   plan = PlanRollback(inc, r, retained, 8);
   REQUIRE(plan.ok());

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "memory_db.h"
+#include "store_decision_rows.h"
 
 namespace trainwatch::server {
 namespace {
@@ -38,9 +39,9 @@ TEST_CASE("store migrations: a fresh database reaches the latest version", "[ser
   MemoryDb db;
   auto version = MigrateSchema(db.get());
   REQUIRE(version.ok());
-  CHECK(*version == 3);
+  CHECK(*version == 4);
   CHECK(*version == static_cast<int>(SchemaMigrations().size()));
-  CHECK(db.Int("PRAGMA user_version") == 3);
+  CHECK(db.Int("PRAGMA user_version") == 4);
   for (const char* table :
        {"runs", "steps", "rank_steps", "checkpoints", "incidents", "events", "flagged_shards",
         "quarantined_shards", "commands", "command_acks", "decisions", "outbox"}) {
@@ -65,8 +66,8 @@ TEST_CASE("store migrations: an older database is upgraded and keeps its rows", 
 
   auto latest = MigrateSchema(db.get());
   REQUIRE(latest.ok());
-  CHECK(*latest == 3);
-  CHECK(db.Int("PRAGMA user_version") == 3);
+  CHECK(*latest == 4);
+  CHECK(db.Int("PRAGMA user_version") == 4);
   CHECK(HasIndex(db, "outbox_once") == 1);
   CHECK(db.Int("SELECT world_size FROM runs WHERE run_id = 'r'") == 2);
 
@@ -92,13 +93,30 @@ TEST_CASE("store migrations: 3 keys acknowledgements by run and drops forged one
   REQUIRE(db.Exec("INSERT INTO command_acks VALUES ('C-1', 'b', 0, 1, '', 5, 3)") == SQLITE_OK);
 }
 
+TEST_CASE("store migrations: 4 adds shard names and rows from before read with none",
+          "[server][store][shards]") {
+  MemoryDb db;
+  REQUIRE(MigrateSchema(db.get(), SchemaMigrations().first(3)).ok());
+  REQUIRE(db.Exec("INSERT INTO quarantined_shards (run_id, first_shard, last_shard, incident_id, "
+                  "decision_id, created_ms) VALUES ('r', 4, 8, 1, 1, 1)") == SQLITE_OK);
+  REQUIRE(MigrateSchema(db.get()).ok());
+  auto q = rows::Quarantines(db.get(), "r");
+  REQUIRE(q.ok());
+  REQUIRE(q->size() == 1);
+  CHECK((*q)[0].name.empty());  // a range, as it was
+  CHECK((*q)[0].first == 4);
+  CHECK(db.Int("SELECT COUNT(*) FROM pragma_table_info('steps') WHERE name = 'shard_names'") == 1);
+  CHECK(db.Int("SELECT COUNT(*) FROM pragma_table_info('incidents') WHERE name = "
+               "'shard_names'") == 1);
+}
+
 TEST_CASE("store migrations: running twice is a no-op", "[server][store]") {
   MemoryDb db;
   REQUIRE(MigrateSchema(db.get()).ok());
   const std::string before = Schema(db);
   auto again = MigrateSchema(db.get());
   REQUIRE(again.ok());
-  CHECK(*again == 3);
+  CHECK(*again == 4);
   CHECK(Schema(db) == before);
 }
 

@@ -262,6 +262,49 @@ TEST_CASE("store rows: decisions - commands - acks and quarantines round-trip", 
   CHECK((*q)[0].decision_id == 1);
 }
 
+TEST_CASE("store rows: shard names round-trip in steps - incidents and quarantines",
+          "[server][store][shards]") {
+  MigratedDb db;
+  // Names hold what no separator would survive: ';', ',', quotes, UTF-8.
+  const std::vector<std::string> names = {"a;b", "train-00012-of-01024.parquet:7",
+                                          "q\"uote,x", "\xc3\xa9"};
+  StepRow named = Step(1, 2.0);
+  named.shard_names = names;
+  REQUIRE(rows::InsertSteps(db.get(), {{"r", 0, Step(0, 3.0)}, {"r", 0, named}}).ok());
+  REQUIRE(rows::CopyAttempts(db.get(), {{"r", 0, 1, 1}}).ok());
+  for (int64_t attempt : {0, 1}) {
+    auto steps = rows::StepsBetween(db.get(), "r", attempt, 0, 10);
+    REQUIRE(steps.ok());
+    REQUIRE(steps->size() == 2);
+    CHECK((*steps)[0].shard_names.empty());
+    CHECK((*steps)[1].shard_names == names);
+    CHECK((*steps)[1].shards == std::vector<uint64_t>{4, 5});
+    // The engine's view carries them too, for a rebuild after a restart.
+    CHECK((*steps)[1].View().shard_names.size() == names.size());
+  }
+
+  IncidentRow inc;
+  inc.id = 3;
+  inc.run_id = "r";
+  inc.shard_names = names;
+  REQUIRE(rows::UpsertIncidents(db.get(), {inc}).ok());
+  auto got = rows::GetIncident(db.get(), 3);
+  REQUIRE(got.ok());
+  REQUIRE(got->has_value());
+  CHECK((*got)->shard_names == names);
+
+  QuarantineRow range{"r", 10, 19, 3, 1, 5};
+  QuarantineRow name{"r", 0, 0, 3, 1, 6, "train-00012-of-01024.parquet"};
+  REQUIRE(rows::InsertQuarantines(db.get(), {range, name}).ok());
+  auto q = rows::Quarantines(db.get(), "r");
+  REQUIRE(q.ok());
+  REQUIRE(q->size() == 2);
+  CHECK((*q)[0].name.empty());
+  CHECK((*q)[0].last == 19);
+  CHECK((*q)[1].name == "train-00012-of-01024.parquet");
+  CHECK((*q)[1].created_ms == 6);
+}
+
 TEST_CASE("store rows: the outbox holds a page once until it is marked sent", "[server][store]") {
   MigratedDb db;
   OutboxRow page;

@@ -167,6 +167,31 @@ TEST_CASE("validation: the agent protocol's rules on one message", "[server][val
   CHECK(code(ck, started) == StatusCode::kOk);
 }
 
+TEST_CASE("validation: a step report's shard names are bounded - the error names the bound",
+          "[server][validation][agent][shards]") {
+  const AgentStreamLimits limits;
+  AgentStreamProgress started;
+  started.hello_seen = true;
+  v1::AgentMessage m = Step("run-a", 0, 1, 3, 2.5, 1.0);
+  for (int i = 0; i < 1024; ++i) m.mutable_step_report()->add_shard_names("s" + std::to_string(i));
+  m.mutable_step_report()->set_shard_names(0, std::string(256, 'n'));
+  CHECK(CheckAgentMessage(m, started, limits).ok());
+  m.mutable_step_report()->add_shard_names("one-too-many");
+  absl::Status s = CheckAgentMessage(m, started, limits);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(s.message()) ==
+        "step_report: 1025 shard names, above the 1024 a record may carry");
+  m.mutable_step_report()->clear_shard_names();
+  m.mutable_step_report()->add_shard_names(std::string(257, 'n'));
+  s = CheckAgentMessage(m, started, limits);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(s.message()).find("257 bytes, above the 256 a shard name may have") !=
+        std::string::npos);
+  m.mutable_step_report()->set_shard_names(0, "");
+  CHECK(std::string(CheckAgentMessage(m, started, limits).message()) ==
+        "step_report: a shard name is empty");
+}
+
 TEST_CASE("validation: run ids are 1 to 128 letters or digits or . _ : -",
           "[server][validation][run_id]") {
   CHECK(CheckRunId("run-a_1.2:3").ok());
@@ -319,9 +344,14 @@ TEST_CASE("validation: decisions are checked where they enter", "[server][valida
   alpha.z_loss_alpha = 1e-4;
   CHECK(CheckDecisionRequest(alpha).ok());
   DecisionRequest shards = ok;
-  shards.quarantine = ShardRanges{{1, 1}, {2, 2}, {9, 3}};
+  shards.quarantine = ShardQuarantine{{{1, 1}, {2, 2}, {9, 3}}, {}};
   CHECK(std::string(CheckDecisionRequest(shards).message()) ==
         "quarantine_shards: the range 9..3 has first > last");
+  DecisionRequest names = ok;
+  names.quarantine = ShardQuarantine{{}, {"train-00012-of-01024.parquet", std::string(257, 'n')}};
+  CHECK(CheckDecisionRequest(names).code() == absl::StatusCode::kInvalidArgument);
+  names.quarantine->names.pop_back();
+  CHECK(CheckDecisionRequest(names).ok());
 
   // Over the API: refused before the incident is looked up.
   TempDir dir;
@@ -350,6 +380,11 @@ TEST_CASE("validation: decisions are checked where they enter", "[server][valida
   range->set_last(4);
   CHECK(approve(req).error_code() == grpc::INVALID_ARGUMENT);
   range->set_last(5);
+  req.mutable_quarantine_shards()->add_names("");
+  s = approve(req);
+  CHECK(s.error_code() == grpc::INVALID_ARGUMENT);
+  CHECK(s.error_message() == "quarantine_shards: a shard name is empty");
+  req.mutable_quarantine_shards()->set_names(0, "train-00012-of-01024.parquet");
   CHECK(approve(req).error_code() == grpc::NOT_FOUND);  // valid; no such incident
 }
 

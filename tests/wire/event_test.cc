@@ -47,6 +47,27 @@ TEST_CASE("wire event: actions round-trip with their payloads", "[wire]") {
     CHECK(back->shard_last == a.shard_last);
     CHECK(back->z_loss_alpha == a.z_loss_alpha);
   }
+  // Names ride in the set beside the range; a names-only action has no range.
+  core::RecommendedAction named;
+  named.kind = Kind::kQuarantineShards;
+  named.has_shard_range = false;
+  named.shard_names = {"shard-00500:0", "a,b"};
+  v1::RecommendedAction np;
+  ActionToProto(named, &np);
+  CHECK(np.shards().ranges_size() == 0);
+  CHECK(np.shards().names_size() == 2);
+  std::optional<core::RecommendedAction> nb = ActionFromProto(np);
+  REQUIRE(nb.has_value());
+  CHECK_FALSE(nb->has_shard_range);
+  CHECK(nb->shard_names == named.shard_names);
+  q.shard_names = {"x"};
+  v1::RecommendedAction qp;
+  ActionToProto(q, &qp);
+  nb = ActionFromProto(qp);
+  REQUIRE(nb.has_value());
+  CHECK(nb->has_shard_range);
+  CHECK(nb->shard_last == q.shard_last);
+  CHECK(nb->shard_names == q.shard_names);
   v1::RecommendedAction p;
   ActionToProto(z, &p);
   CHECK_FALSE(p.has_shards());  // no payload but the kind's own

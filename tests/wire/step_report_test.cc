@@ -58,6 +58,26 @@ TEST_CASE("wire step: every signal and count round-trips", "[wire]") {
   CHECK(back.update_skipped);
 }
 
+TEST_CASE("wire step: shard names round-trip beside the ids - as sent", "[wire][shards]") {
+  const std::vector<uint64_t> shards = {3};
+  const std::vector<std::string> names = {"train-00012-of-01024.parquet:7", "s3://b/k;x,y",
+                                          std::string(256, 'n'), "\xc3\xa9t\xc3\xa9"};
+  ReportedStep s;
+  s.step = 5;
+  s.shards = shards;
+  s.shard_names = names;
+  v1::StepReport proto;
+  const ReportedStep back = RoundTrip(s, &proto);
+  CHECK(proto.shard_names_size() == 4);
+  CHECK(back.shard_names == names);
+  CHECK(std::vector<uint64_t>(back.shards.begin(), back.shards.end()) == shards);
+  // A report from an agent before names (no field 22) reads with none.
+  v1::StepReport old;
+  old.set_step(6);
+  old.add_shard_ids(9);
+  CHECK(StepFromProto(old).shard_names.empty());
+}
+
 TEST_CASE("wire step: absent stays absent and NaN stays NaN and present", "[wire]") {
   ReportedStep s;
   s.step = 3;

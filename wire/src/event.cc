@@ -27,9 +27,13 @@ void ActionToProto(const core::RecommendedAction& a, v1::RecommendedAction* out)
   out->set_kind(ActionKindToProto(a.kind));
   out->set_description(a.text);
   if (a.kind == Kind::kQuarantineShards) {
-    v1::ShardRange* r = out->mutable_shards()->add_ranges();
-    r->set_first(a.shard_first);
-    r->set_last(a.shard_last);
+    v1::ShardSet* set = out->mutable_shards();
+    if (a.has_shard_range) {
+      v1::ShardRange* r = set->add_ranges();
+      r->set_first(a.shard_first);
+      r->set_last(a.shard_last);
+    }
+    for (const std::string& name : a.shard_names) set->add_names(name);
   } else if (a.kind == Kind::kSetZLossAlpha) {
     out->mutable_setting()->set_z_loss_alpha(a.z_loss_alpha);
   }
@@ -41,9 +45,13 @@ std::optional<core::RecommendedAction> ActionFromProto(const v1::RecommendedActi
   core::RecommendedAction a;
   a.kind = *kind;
   a.text = in.description();
-  if (a.kind == Kind::kQuarantineShards && in.shards().ranges_size() > 0) {
-    a.shard_first = in.shards().ranges(0).first();
-    a.shard_last = in.shards().ranges(0).last();
+  if (a.kind == Kind::kQuarantineShards) {
+    a.has_shard_range = in.shards().ranges_size() > 0;
+    if (a.has_shard_range) {
+      a.shard_first = in.shards().ranges(0).first();
+      a.shard_last = in.shards().ranges(0).last();
+    }
+    a.shard_names.assign(in.shards().names().begin(), in.shards().names().end());
   } else if (a.kind == Kind::kSetZLossAlpha) {
     a.z_loss_alpha = in.setting().z_loss_alpha();
   }

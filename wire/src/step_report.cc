@@ -39,6 +39,7 @@ void StepToProto(const ReportedStep& s, v1::StepReport* r) {
   r->set_nonfinite_count(s.nonfinite);
   r->set_element_count(s.elements);
   for (uint64_t id : s.shards) r->add_shard_ids(id);
+  for (const std::string& name : s.shard_names) r->add_shard_names(name);
   for (const core::TensorStat& t : s.tensors) {
     v1::TensorStats* ts = r->add_tensors();
     ts->set_name(std::string(t.name));
@@ -64,6 +65,7 @@ ReportedStep StepFromProto(const v1::StepReport& r) {
   s.nonfinite = r.nonfinite_count();
   s.elements = r.element_count();
   s.shards = absl::MakeConstSpan(r.shard_ids().data(), static_cast<size_t>(r.shard_ids_size()));
+  s.shard_names.assign(r.shard_names().begin(), r.shard_names().end());
   s.tensors.reserve(static_cast<size_t>(r.tensors_size()));
   for (const v1::TensorStats& t : r.tensors()) {
     s.tensors.push_back({t.name(), t.sum_squares(), static_cast<int64_t>(t.nonfinite_count()),

@@ -21,6 +21,18 @@ Configuration not given here comes from TRAINWATCH_SERVER, TRAINWATCH_RUN_ID,
 TRAINWATCH_TOKEN and TRAINWATCH_SPILL_DIR. Without a run id the launcher's
 name for the job is taken (torchrun --rdzv-id, SLURM's job id), and with no
 name at all the agent does not stream: agent.streaming says which.
+
+Shards: ``shards=`` is a list of the batch's shards, each an int (a shard id)
+or a str (a shard name, as loaders that name their data use: a webdataset
+url, "train-00012-of-01024.parquet:7"); a list may mix them. A name is 1 to
+256 bytes, at most 1,024 names a step; past that, or for anything else in
+the list, step() raises ValueError. The data loader asks what to skip:
+``agent.is_quarantined(shard)`` (an id or a name; names match exactly),
+``agent.quarantined_shards()`` (id ranges, [(first, last), ...]) and
+``agent.quarantined_shard_names()``; a rollback Command carries
+"quarantine" (ranges) and "quarantine_names". With world_size > 1 the run's
+record names rank 0's batch only (ids are gathered from every rank on a
+skipped step, names are not).
 """
 
 import json as _json

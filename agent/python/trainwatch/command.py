@@ -15,6 +15,7 @@ class Command:
     command_id, incident_id: what to acknowledge, and why it was sent.
     target_step, checkpoint_uri: the checkpoint to load (rollback).
     quarantine: [(first, last)] inclusive shard ranges the loader must skip.
+    quarantine_names: shard names the loader must skip (exact matches).
     skip_steps: (first, last) steps whose batches no rank serves again, or None.
     z_loss_alpha: the new z-loss alpha, or None (unchanged).
     precision: [(module name, "fp32" | "bf16" | "fp16")], in order.
@@ -23,13 +24,14 @@ class Command:
     """
 
     FIELDS = ("kind", "command_id", "incident_id", "target_step", "checkpoint_uri",
-              "quarantine", "skip_steps", "z_loss_alpha", "precision", "lr_scale", "reason")
+              "quarantine", "quarantine_names", "skip_steps", "z_loss_alpha", "precision", "lr_scale", "reason")
     __slots__ = FIELDS
 
     def __init__(self, fields):
         for key in self.FIELDS:
             setattr(self, key, fields.get(key))
         self.quarantine = [tuple(r) for r in (self.quarantine or [])]
+        self.quarantine_names = list(self.quarantine_names or [])
         self.precision = [tuple(p) for p in (self.precision or [])]
         if self.skip_steps is not None:
             self.skip_steps = tuple(self.skip_steps)

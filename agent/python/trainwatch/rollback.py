@@ -18,7 +18,7 @@ applied is acknowledged as failed with the reason and changes nothing; then
 it loads the checkpoint, applies the settings (the learning-rate factor on
 every parameter group, per-module precision), rebuilds the agent's rule
 engine (resume_from) and acknowledges the command as applied. The data
-loader's part (quarantine, skip_steps) and the z-loss alpha are returned for
+loader's part (quarantine, quarantine_names, skip_steps) and the z-loss alpha are returned for
 the trainer, which owns both.
 
 Per-module precision: the module's forward runs outside autocast with its
@@ -55,6 +55,7 @@ class RollbackResult:
     lr_scale: float = None        # applied to every parameter group, or None
     z_loss_alpha: float = None    # for the trainer to use from now on, or None: unchanged
     quarantine: list = field(default_factory=list)  # [(first, last)] for the data loader
+    quarantine_names: list = field(default_factory=list)  # shard names for the data loader
     skip_steps: tuple = None      # (first, last) whose batches the loader must not serve
     message: str = ""             # what was acknowledged
 
@@ -126,7 +127,7 @@ def apply_rollback(cmd, agent, model, optimizer, load, guard=None, scheduler=Non
         fail(f"{cmd.checkpoint_uri} holds step {step}, not the command's {cmd.target_step}")
     done = RollbackResult(command_id=cmd.command_id, step=step, checkpoint_uri=cmd.checkpoint_uri,
                           z_loss_alpha=cmd.z_loss_alpha, quarantine=list(cmd.quarantine),
-                          skip_steps=cmd.skip_steps)
+                          quarantine_names=list(cmd.quarantine_names), skip_steps=cmd.skip_steps)
     if cmd.lr_scale is not None:
         for group in optimizer.param_groups:
             group["lr"] *= cmd.lr_scale

@@ -2,7 +2,7 @@
 
 torch 1.13 has no optimizer step hooks, so watch() wraps the optimizer's own
 step(): after backward(), call observe() with the step's loss (and, when you
-have them, the logits and the batch's shard ids); the next optimizer.step()
+have them, the logits and the batch's shard ids or names); the next optimizer.step()
 then runs, is skipped (tier 1: a data anomaly's update never reaches the
 weights or Adam's moments), or raises TrainingHalted (tier 3)::
 
@@ -131,7 +131,8 @@ class Guard:
             labels = [int(v) for v in labels.reshape(-1).tolist()]
         self.verdict = self.agent.step(
             int(step), loss=loss_value, logits=logits, labels=labels,
-            shards=None if shards is None else [int(s) for s in shards],
+            # Names stay str; ids may come as tensors or numpy ints.
+            shards=None if shards is None else [s if isinstance(s, str) else int(s) for s in shards],
             lr=float(group["lr"]), z_loss_alpha=None if z is None else float(z), **kw)
         return self.verdict
 

@@ -27,11 +27,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "trainwatch/agent/reducer.h"
 #include "trainwatch/core/clock.h"
 #include "trainwatch/core/config.h"
 #include "trainwatch/core/rule_engine.h"
+#include "trainwatch/core/shard_names.h"
 
 namespace trainwatch::agent {
 
@@ -119,6 +121,14 @@ struct StepInput {
   std::optional<double> activation_max;
   std::optional<double> attention_logit_p99;
   absl::Span<const uint64_t> shards;
+  // This rank's batch's shards as names, for loaders that name their data
+  // with strings (a webdataset url, "train-00012-of-01024.parquet:7"); may
+  // be given with `shards`. At most core::kMaxShardNamesPerRecord (1,024),
+  // each 1 to core::kMaxShardNameBytes (256) bytes (shard_names.h): Step()
+  // refuses more with INVALID_ARGUMENT, before any collective, rather than
+  // cut them. Unlike the ids, names are not gathered from the other ranks
+  // on a skipped step: the run's record names rank 0's batch.
+  absl::Span<const std::string> shard_names;
   // Optional per-tensor statistics of this rank's gradients (names, sums of
   // squares, nonfinite counts). Sent to the server only when this rank saw a
   // nonfinite gradient: they name the source tensor and the bad device.
@@ -133,6 +143,7 @@ struct Command {
   int64_t target_step = -1;
   std::string checkpoint_uri;
   std::vector<std::pair<uint64_t, uint64_t>> quarantine;  // inclusive ranges
+  std::vector<std::string> quarantine_names;              // named shards
   // Steps (inclusive) whose batches this rank's loader must not serve again:
   // whatever data this rank read at those steps, quarantined by the trainer.
   std::optional<std::pair<int64_t, int64_t>> skip_steps;
@@ -199,8 +210,12 @@ class Agent {
   bool WaitForServer(int timeout_ms);
   void Acknowledge(const std::string& command_id, AckStatus status,
                    const std::string& message = "", int64_t resumed_step = -1);
-  // The run's quarantined shard ranges, for the data loader.
+  // The run's quarantined shards, for the data loader: id ranges, names,
+  // and whether one shard is among them (a name matches exactly).
   std::vector<std::pair<uint64_t, uint64_t>> QuarantinedShards() const;
+  std::vector<std::string> QuarantinedShardNames() const;
+  bool IsQuarantined(uint64_t shard) const;
+  bool IsQuarantined(absl::string_view shard_name) const;
 
   // After loading the checkpoint of `step` (a rollback): the next Step() may
   // be step + 1 again. Records of the abandoned steps not yet acknowledged

@@ -1,13 +1,17 @@
 // Reading a run's metrics for `twctl replay`, in the formats trainers
 // already write:
 //   csv       trainwatch's own CSV: a header naming step, loss, grad_norm,
-//             log_z, nan_frac (all five required) and optionally shard (ids
-//             separated by ';'), checkpoint (a uri on the steps that saved
+//             log_z, nan_frac (all five required) and optionally shard (the
+//             batch's shards separated by ';': an entry of digits only is a
+//             shard id, anything else a shard name such as shard-00500:0, so
+//             a name in a CSV cannot hold ';'), checkpoint (a uri on the steps that saved
 //             one), lr, z_loss_alpha, activation_max, attention_logit_p99;
 //   wandb-csv any CSV export with a header (W&B, TensorBoard): a step column
 //             and metric columns, found by name or mapped with --map;
 //             absent metric columns are unknown;
-//   jsonl     JSON lines with the keys of the CSV;
+//   jsonl     JSON lines with the keys of the CSV; shard is an id, a list
+//             of ids and names (a JSON string in a list is a name, whatever
+//             its characters) or a string read as the CSV's;
 //   llmc      llm.c's main.log: "s:STEP trl:LOSS lr:LR norm:GRADNORM" (the
 //             "s:STEP tel:VAL" validation lines are read past);
 //   steplog   "step:S/N train_loss:L ..." (modded-nanogpt and its family;
@@ -70,6 +74,7 @@ struct ReadOptions {
 // while they are used.
 class Trace {
  public:
+
   size_t size() const { return rows_.size(); }
   // The i-th record, ready for RuleEngine::Observe().
   core::StepRecord Record(size_t i) const;
@@ -91,11 +96,14 @@ class Trace {
     uint32_t present;
     uint32_t shard_begin;
     uint32_t shard_count;
+    uint32_t name_begin;
+    uint32_t name_count;
     int32_t checkpoint;  // index into checkpoints_, -1 when none
     int line;
   };
   std::vector<Row> rows_;
   std::vector<uint64_t> shards_;
+  std::vector<std::string> shard_names_;
   std::vector<std::string> checkpoints_;
   std::vector<std::string> warnings_;
   uint32_t reported_ = 0;

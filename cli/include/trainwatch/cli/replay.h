@@ -49,7 +49,7 @@ struct ReplayResult {
 absl::StatusOr<ReplayResult> Replay(const Trace& trace, const core::RuleConfig& config);
 
 // One event per line. JSON: one object per line with the keys step, tier,
-// action, kind, episode, onset_step, shards, shards_truncated,
+// action, kind, episode, onset_step, shards (ids), shard_names, shards_truncated,
 // recommended_checkpoint_step (null when none), recommended_checkpoint_uri,
 // recommended_actions (objects with kind, text and their parameters), reason,
 // lacked_signals, attempt (the index into result.attempts). Table: aligned

@@ -18,10 +18,13 @@
 //   shard_history_steps *
 //     max_shards_per_step      kMaxShardSlots (1,048,576) x 8 B       =  8.4 MB
 //   shard_history_steps        100,000 x 16 B (its step entry)         =  1.6 MB
+//   shard_name_history_bytes   8,388,608 B of names, each name also
+//                              counting 32 B (its string) and each step
+//                              with names 40 B (its entry)             =  8.4 MB
 //   warn_logz_rising_steps /
 //     logz_bucket_steps        kMaxLogzBuckets (10,000) x 40 B         =  0.4 MB
 //   checkpoints_retained       1,000 x 40 B (and each uri's bytes)     =  0.04 MB
-// about 44 MB in all; the other fields size nothing. (max_event_shards,
+// about 53 MB in all; the other fields size nothing. (max_event_shards,
 // 65,536, bounds one event's shard list, 512 KB.)
 
 #ifndef TRAINWATCH_CORE_CONFIG_H_
@@ -153,6 +156,11 @@ struct RuleConfig {
   int64_t shard_history_steps = 1024;
   int64_t max_shards_per_step = 16;
   int64_t max_event_shards = 256;
+  // Shard names (StepRecord::shard_names) of the last shard_history_steps
+  // steps are kept within this many bytes, the oldest steps' names dropped
+  // first (an event that wanted them says shards_truncated). A name counts
+  // its bytes plus 32, a step with names 40 more; see "Bounds" above.
+  int64_t shard_name_history_bytes = 1 << 20;
   // Shards of this many steps before the onset go with an event too.
   int64_t shard_steps_before_onset = 2;
 };

@@ -60,6 +60,11 @@ struct RecommendedAction {
   Kind kind = Kind::kQuarantineShards;
   uint64_t shard_first = 0;
   uint64_t shard_last = 0;
+  // For the shard kinds: false when the event had named shards only, so
+  // [shard_first, shard_last] means nothing (0..0 is a real range).
+  bool has_shard_range = true;
+  // For the shard kinds: the named shards, besides the range.
+  std::vector<std::string> shard_names;
   double z_loss_alpha = 0.0;
   std::string tensor;
   // The same in words, e.g. "quarantine shards 1042100..1042180".
@@ -77,7 +82,10 @@ struct Event {
   uint64_t episode = 0;     // engine-local episode number, from 1
   std::string reason;       // what fired and why, in words, with the numbers
   std::vector<uint64_t> shards;  // sorted, unique, around onset..detection
-  bool shards_truncated = false;
+  // The named shards of the same steps, sorted and unique; max_event_shards
+  // bounds them apart from the ids.
+  std::vector<std::string> shard_names;
+  bool shards_truncated = false;  // ids or names were left out
   int64_t recommended_checkpoint_step = -1;  // -1: none retained qualifies
   std::string recommended_checkpoint_uri;
   std::vector<RecommendedAction> recommended_actions;

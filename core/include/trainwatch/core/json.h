@@ -45,6 +45,8 @@ absl::StatusOr<JsonValue> ParseJson(absl::string_view text,
 
 // Appends `s` as a JSON string literal (quoted, escaped).
 void AppendJsonString(std::string* out, absl::string_view s);
+// Appends `strings` as a JSON array of string literals.
+void AppendJsonStrings(std::string* out, const std::vector<std::string>& strings);
 // Appends a number; NaN and infinities become null (JSON has no literal for
 // them), integers print without a fraction.
 void AppendJsonNumber(std::string* out, double v);

@@ -1,6 +1,7 @@
 // The input of the rule engine: one step of one run, already reduced across
-// ranks. A record is a view: it points at the caller's shard ids, tensor
-// statistics and checkpoint uri, which must outlive the call that reads it.
+// ranks. A record is a view: it points at the caller's shard ids and names,
+// tensor statistics and checkpoint uri, which must outlive the call that
+// reads it.
 //
 // Every numeric signal is either present (the trainer reported it, possibly
 // as NaN or Inf, which is itself a signal) or absent (unknown: never zero).
@@ -11,6 +12,7 @@
 #include <array>
 #include <cstdint>
 #include <limits>
+#include <string>
 
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -76,6 +78,10 @@ struct StepRecord : StepValues {
   int64_t step = 0;
   // Shard ids of the batch (empty when the trainer does not say).
   absl::Span<const uint64_t> shards;
+  // Shard names of the batch, for loaders that name their data with strings
+  // (a webdataset url, "train-00012-of-01024.parquet:7"); beside `shards`,
+  // not instead of it. Bounded by shard_names.h.
+  absl::Span<const std::string> shard_names;
   // Non-empty on the steps where a checkpoint was saved.
   absl::string_view checkpoint_uri;
   // Optional per-tensor breakdown.

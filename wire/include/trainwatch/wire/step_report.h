@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "absl/types/span.h"
@@ -26,6 +27,7 @@ struct ReportedStep : core::StepValues {
   uint64_t nonfinite = 0;
   uint64_t elements = 0;  // 0: the report carries no counts
   absl::Span<const uint64_t> shards;
+  std::vector<std::string> shard_names;  // copied: a proto's are not contiguous
   std::vector<core::TensorStat> tensors;
   bool update_skipped = false;
 };

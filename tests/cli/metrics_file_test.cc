@@ -4,8 +4,6 @@
 #include <cmath>
 #include <string>
 
-// This file also provides the test binary's main().
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include "trainwatch/cli/metrics_file.h"

@@ -21,8 +21,10 @@ test: build
 deps:
 	@scripts/install-deps.sh
 
+# ccache when it is there (LAUNCHER, below): a fresh clone gains nothing from
+# it, a second make test recompiles only what changed.
 configure: deps
-	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS) $(LAUNCHER)
 
 build: configure
 	cmake --build $(BUILD) -j$(JOBS)
@@ -42,8 +44,8 @@ FUZZ_SECONDS ?= 60
 fuzz: deps
 	FUZZ_JOBS=$(JOBS) fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
-# ccache when it is there: the sanitizer and fuzz builds are separate folders
-# but their objects repeat from one run to the next.
+# ccache when it is there: the main, sanitizer and fuzz builds are separate
+# folders but their objects repeat from one run to the next.
 LAUNCHER := $(if $(shell command -v ccache),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 
 # The unit and integration tests under ASan + UBSan, in their own folder (the

@@ -1,7 +1,6 @@
 // The pure pieces of the load generator: the stream plans of a load and the
 // messages a stream sends. The streams themselves are exercised against a
 // real trainwatchd by the ingest_load_* tests (tests/integration).
-#define CATCH_CONFIG_MAIN
 #include "stream_plan.h"
 
 #include <catch2/catch.hpp>

@@ -5,8 +5,6 @@
 #include <string>
 #include <vector>
 
-// This file also provides the test binary's main().
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include "trainwatch/cli/metrics_file.h"

@@ -2,7 +2,6 @@
 // flags and writes its own help, the registry dispatches and writes the
 // usage from the one list, and commands run against a fake OperatorClient.
 
-#define CATCH_CONFIG_MAIN
 #include "trainwatch/cli/operator_commands.h"
 
 #include <sys/stat.h>

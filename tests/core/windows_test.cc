@@ -7,8 +7,6 @@
 #include <utility>
 #include <vector>
 
-// This file also provides the test binary's main().
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include "trainwatch/core/windows.h"

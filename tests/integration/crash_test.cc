@@ -9,8 +9,6 @@
 #include <map>
 #include <string>
 
-// This file also provides the test binary's main().
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include "stack.h"

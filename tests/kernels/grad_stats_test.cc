@@ -2,8 +2,6 @@
 
 #include "trainwatch/kernels/grad_stats.h"
 
-// This file also provides the test binary's main().
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>

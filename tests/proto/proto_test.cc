@@ -3,7 +3,6 @@
 // the shape of both services, and an in-process call through the generated
 // gRPC code (which proves the gRPC outputs were generated and linked).
 
-#define CATCH_CONFIG_MAIN
 #include <google/protobuf/descriptor.h>
 #include <grpcpp/grpcpp.h>
 

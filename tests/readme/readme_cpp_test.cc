@@ -9,8 +9,6 @@
 #include <random>
 #include <vector>
 
-// This file also provides the test binary's main().
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include "readme_snippet.inc"

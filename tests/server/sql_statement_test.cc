@@ -8,8 +8,6 @@
 #include <string>
 #include <vector>
 
-// This file also provides the test binary's main().
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include "memory_db.h"

@@ -5,8 +5,6 @@
 #include <cmath>
 #include <string>
 
-// This file also provides the test binary's main().
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include "test_util.h"

@@ -1,6 +1,5 @@
 // Core enums and times through their trainwatch.v1 form and back.
 
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <set>
 

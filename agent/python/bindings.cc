@@ -137,7 +137,7 @@ class PyAgent {
           std::optional<std::string> token, std::optional<std::string> spill_dir,
           std::optional<std::string> rules_json, py::object reduce,
           std::optional<std::string> ca_file, std::optional<std::string> cert_file,
-          std::optional<std::string> key_file) {
+          std::optional<std::string> key_file, std::optional<int64_t> resume_step) {
     absl::StatusOr<agent::AgentConfig> env = agent::AgentConfig::FromEnvironment();
     if (!env.ok()) throw py::value_error(std::string(env.status().message()));
     agent::AgentConfig cfg = *env;
@@ -148,6 +148,7 @@ class PyAgent {
     if (ca_file) cfg.ca_file = *ca_file;
     if (cert_file) cfg.cert_file = *cert_file;
     if (key_file) cfg.key_file = *key_file;
+    cfg.resume_step = resume_step;
     if (rules_json) {
       auto rules = core::ParseRuleConfigJson(*rules_json, "rules");
       if (!rules.ok()) throw py::value_error(std::string(rules.status().message()));
@@ -363,6 +364,7 @@ class PyAgent {
     d["durable_step"] = s.durable_step;
     d["connected"] = s.connected;
     d["unacked"] = s.unacked;
+    d["replaced"] = s.replaced;
     return d;
   }
   void Close(int timeout_ms) {
@@ -410,7 +412,8 @@ PYBIND11_MODULE(_trainwatch, m) {
            py::arg("world_size") = 1, py::arg("token") = py::none(),
            py::arg("spill_dir") = py::none(), py::arg("rules_json") = py::none(),
            py::arg("reduce") = py::none(), py::arg("ca_file") = py::none(),
-           py::arg("cert_file") = py::none(), py::arg("key_file") = py::none())
+           py::arg("cert_file") = py::none(), py::arg("key_file") = py::none(),
+           py::arg("resume_step") = py::none())
       .def("step", &PyAgent::Step, py::arg("step"), py::arg("loss") = py::none(),
            py::arg("grads") = py::none(), py::arg("logits") = py::none(),
            py::arg("labels") = py::none(), py::arg("log_z") = py::none(),

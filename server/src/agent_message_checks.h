@@ -11,6 +11,9 @@
 //   - world_size is in [1, max_world_size] (the --max_world_size flag,
 //     default 65,536) and rank in [0, world_size); a step is >= 0.
 //   - An empty AgentMessage (no kind set) is INVALID_ARGUMENT.
+//   - A Hello's incarnation_id is at most kMaxIncarnationIdBytes bytes of
+//     the run id's characters (it may be empty: an older agent), and its
+//     resume_step, when set, is >= -1 (INVALID_ARGUMENT).
 
 #ifndef TRAINWATCH_SERVER_AGENT_MESSAGE_CHECKS_H_
 #define TRAINWATCH_SERVER_AGENT_MESSAGE_CHECKS_H_
@@ -25,6 +28,8 @@
 namespace trainwatch::server {
 
 inline constexpr size_t kMaxRunIdBytes = 128;
+// The agent's own ids are 16 hex digits; room for a launcher's.
+inline constexpr size_t kMaxIncarnationIdBytes = 64;
 
 // OK for a run id that follows the rule above; otherwise INVALID_ARGUMENT
 // naming it. Also used by every operator RPC that takes a run id.

@@ -188,34 +188,18 @@ void Ingestor::HandleCommandAck(RunState* run, const trainwatch::v1::CommandAck&
 void Ingestor::CompleteRollback(RunState& run, int64_t now) {
   const RollbackCommand cmd = *run.command;
   run.command.reset();
-  const int64_t old_attempt = run.row.attempt;
   const int64_t target = cmd.target_step;
   // A new attempt: its history is the old one's up to the checkpoint, and
   // the engine is rebuilt from exactly that.
-  batch_.attempt_copies.push_back({run.row.run_id, old_attempt, old_attempt + 1, target});
-  run.has_latest = false;
-  core::EngineRebuilder rebuild(options_.rules, target);
-  absl::Status st = store_->ForEachStep(
-      run.row.run_id, old_attempt, [&](const StepRow& s, const std::string& ckpt) {
-        core::StepRecord rec = s.View();
-        rec.checkpoint_uri = ckpt;
-        if (rebuild.Feed(rec)) {
-          run.latest = s;
-          run.has_latest = true;
-        }
-      });
-  if (!st.ok()) LOG(ERROR) << "run " << run.row.run_id << ": rebuilding after rollback: " << st;
-  absl::StatusOr<std::vector<CheckpointRow>> cks = store_->Checkpoints(run.row.run_id);
-  if (cks.ok()) {
-    for (const CheckpointRow& c : *cks) rebuild.NoteCheckpoint(c.step, c.uri);
-  }
-  const int64_t fed = rebuild.fed();
-  run.engine = std::move(rebuild).Finish();
-  run.row.attempt = old_attempt + 1;
-  run.row.world_size = cmd.world_size;  // the new attempt's world
-  run.row.last_step = target;
-  run.row_dirty = true;
-  run.pending.clear();
+  AttemptCopy copy;
+  copy.run_id = run.row.run_id;
+  copy.from_attempt = run.row.attempt;
+  copy.to_attempt = run.row.attempt + 1;
+  copy.up_to_step = target;
+  copy.start = AttemptStart::kRollback;
+  copy.incident_id = cmd.incident_id;
+  copy.started_ms = now;
+  const int64_t fed = StartAttempt(run, copy, cmd.world_size);  // the new attempt's world
   if (IncidentRow* inc = run.incidents.FindOpen(cmd.incident_id)) {
     inc->updated_ms = now;
     sink().Record(*inc, IncidentChange::kUpdated);

@@ -407,7 +407,7 @@ PYBIND11_MODULE(_trainwatch, m) {
       .def(py::init<std::string, std::string, int, int, std::optional<std::string>,
                     std::optional<std::string>, std::optional<std::string>, py::object,
                     std::optional<std::string>, std::optional<std::string>,
-                    std::optional<std::string>>(),
+                    std::optional<std::string>, std::optional<int64_t>>(),
            py::arg("server") = "", py::arg("run_id") = "", py::arg("rank") = 0,
            py::arg("world_size") = 1, py::arg("token") = py::none(),
            py::arg("spill_dir") = py::none(), py::arg("rules_json") = py::none(),

@@ -321,6 +321,9 @@ void Sender::WriterLoop() {
     // Watched like every write: a server that accepts and never answers
     // must not hold the writer until the connect timeout.
     std::thread reader;
+    // The server ended the call (its status is there for Finish() to read)
+    // rather than this side breaking it.
+    std::atomic<bool> server_ended{false};
     if (Write(stream.get(), HelloMessage())) {
       {
         absl::MutexLock lock(&mu_);
@@ -329,17 +332,30 @@ void Sender::WriterLoop() {
         spill_resend_ = spill_ != nullptr && spill_->records() > 0;
       }
       backoff_ms = config_.reconnect_initial_ms;
-      reader = std::thread([this, &stream] {
+      reader = std::thread([this, &stream, &server_ended] {
         v1::ServerMessage m;
         while (stream->Read(&m)) HandleServerMessage(m);
+        server_ended = true;
         absl::MutexLock lock(&mu_);
         connected_ = false;
       });
       SendUntilBroken(stream.get());
     }
     // Disconnected: everything unacknowledged goes again next time.
-    c->TryCancel();
-    if (reader.joinable()) reader.join();
+    // A cancel would hide the server's status (a replaced incarnation's
+    // FAILED_PRECONDITION) behind CANCELLED: a write that failed because the
+    // server ended the call gives the reader a moment to see the end.
+    {
+      absl::MutexLock lock(&mu_);
+      auto read_end = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !connected_ || stop_; };
+      mu_.AwaitWithTimeout(absl::Condition(&read_end), absl::Milliseconds(200));
+    }
+    if (reader.joinable() && server_ended) {
+      reader.join();
+    } else {
+      c->TryCancel();
+      if (reader.joinable()) reader.join();
+    }
     const grpc::Status finished = stream->Finish();
     {
       absl::MutexLock lock(&mu_);

@@ -322,11 +322,13 @@ class Ingestor {
   bool AwaitsResumeStep(const RunState& run, uint64_t stream) const;
   // The current incarnation resumes after `step` (see above).
   void DecideResume(RunState& run, int64_t step, int64_t now);
-  // Opens attempt copy.to_attempt from copy.up_to_step (a rollback or a
-  // resume): the copy goes into the batch, the engine is rebuilt from the
-  // old attempt's records up to that step, the run continues from it with
-  // `world_size` ranks. Returns the number of records rebuilt from.
-  int64_t StartAttempt(RunState& run, const AttemptCopy& copy, int32_t world_size);
+  // Opens the run's next attempt from `up_to_step` (a rollback of
+  // `incident_id`, or a resume by the current incarnation): the copy goes
+  // into the batch, the engine is rebuilt from the old attempt's records up
+  // to that step, the run continues from it with `world_size` ranks.
+  // Returns the number of records rebuilt from.
+  int64_t StartAttempt(RunState& run, int64_t up_to_step, AttemptStart start,
+                       int64_t incident_id, int32_t world_size, int64_t now);
   void HandleStep(RunState& run, const trainwatch::v1::StepReport& r, uint64_t stream,
                   int64_t now);
   // `tensors`: the report's per-tensor statistics, if any (names the source

@@ -191,15 +191,8 @@ void Ingestor::CompleteRollback(RunState& run, int64_t now) {
   const int64_t target = cmd.target_step;
   // A new attempt: its history is the old one's up to the checkpoint, and
   // the engine is rebuilt from exactly that.
-  AttemptCopy copy;
-  copy.run_id = run.row.run_id;
-  copy.from_attempt = run.row.attempt;
-  copy.to_attempt = run.row.attempt + 1;
-  copy.up_to_step = target;
-  copy.start = AttemptStart::kRollback;
-  copy.incident_id = cmd.incident_id;
-  copy.started_ms = now;
-  const int64_t fed = StartAttempt(run, copy, cmd.world_size);  // the new attempt's world
+  const int64_t fed = StartAttempt(run, target, AttemptStart::kRollback, cmd.incident_id,
+                                   cmd.world_size, now);  // the new attempt's world
   if (IncidentRow* inc = run.incidents.FindOpen(cmd.incident_id)) {
     inc->updated_ms = now;
     sink().Record(*inc, IncidentChange::kUpdated);

@@ -123,16 +123,9 @@ void Ingestor::DecideResume(RunState& run, int64_t step, int64_t now) {
     return;
   }
   if (step >= run.row.last_step) return;  // nothing stored past it: the attempt goes on
-  AttemptCopy copy;
-  copy.run_id = run.row.run_id;
-  copy.from_attempt = run.row.attempt;
-  copy.to_attempt = run.row.attempt + 1;
-  copy.up_to_step = step;
-  copy.start = AttemptStart::kResume;
-  copy.incarnation = run.row.incarnation;
-  copy.started_ms = now;
-  const int64_t last = run.row.last_step;
-  const int64_t fed = StartAttempt(run, copy, run.row.world_size);
+  const int64_t last = run.row.last_step, from = run.row.attempt;
+  const int64_t fed =
+      StartAttempt(run, step, AttemptStart::kResume, 0, run.row.world_size, now);
   {
     absl::MutexLock lock(&snap_mu_);
     stats_.resumes_total++;
@@ -140,10 +133,20 @@ void Ingestor::DecideResume(RunState& run, int64_t step, int64_t now) {
   LOG(INFO) << "run " << run.row.run_id << ": incarnation " << run.row.incarnation
             << " resumes after step " << step << ", before the last stored step " << last
             << "; attempt " << run.row.attempt << " begins (" << fed
-            << " steps of history), attempt " << copy.from_attempt << " keeps its records";
+            << " steps of history), attempt " << from << " keeps its records";
 }
 
-int64_t Ingestor::StartAttempt(RunState& run, const AttemptCopy& copy, int32_t world_size) {
+int64_t Ingestor::StartAttempt(RunState& run, int64_t up_to_step, AttemptStart start,
+                               int64_t incident_id, int32_t world_size, int64_t now) {
+  AttemptCopy copy;
+  copy.run_id = run.row.run_id;
+  copy.from_attempt = run.row.attempt;
+  copy.to_attempt = run.row.attempt + 1;
+  copy.up_to_step = up_to_step;
+  copy.start = start;
+  copy.incident_id = incident_id;
+  if (start == AttemptStart::kResume) copy.incarnation = run.row.incarnation;
+  copy.started_ms = now;
   batch_.attempt_copies.push_back(copy);
   run.has_latest = false;
   core::EngineRebuilder rebuild(options_.rules, copy.up_to_step);

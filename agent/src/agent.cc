@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <random>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -31,10 +32,10 @@ using internal::Slot;
 class Agent::Impl {
  public:
   Impl(const AgentConfig& config, std::unique_ptr<Reducer> reducer,
-       std::unique_ptr<SpillStore> spill)
+       std::unique_ptr<SpillStore> spill, std::string incarnation)
       : config_(config),
         reducer_(std::move(reducer)),
-        origin_{config.run_id, reducer_->rank(), reducer_->world_size()},
+        origin_{config.run_id, reducer_->rank(), reducer_->world_size(), std::move(incarnation)},
         engine_(std::make_unique<core::RuleEngine>(config.rules)),
         history_(config.resume_history_records),
         sender_(config, origin_, std::move(spill)) {
@@ -205,6 +206,30 @@ void Agent::Impl::ResumeFrom(int64_t step) {
   sender_.AbandonAfter(step);
 }
 
+namespace {
+
+// This launch's id, the same on every rank: rank 0 draws 64 random bits and
+// the others learn them from one sum in which only rank 0 contributes, as
+// two 32-bit halves (a double holds each exactly). A collective: every rank
+// calls it once, at Create.
+absl::StatusOr<std::string> AgreeIncarnation(Reducer& reducer) {
+  double halves[2] = {0.0, 0.0};
+  if (reducer.rank() == 0) {
+    std::random_device rd;
+    halves[0] = static_cast<double>(rd());
+    halves[1] = static_cast<double>(rd());
+  }
+  if (absl::Status s = reducer.AllReduce(absl::MakeSpan(halves), {}); !s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat("agreeing the incarnation id across ranks: ", s.message()));
+  }
+  const uint64_t id = (static_cast<uint64_t>(halves[0]) << 32) |
+                      (static_cast<uint64_t>(halves[1]) & 0xffffffffu);
+  return absl::StrCat(absl::Hex(id, absl::kZeroPad16));
+}
+
+}  // namespace
+
 // ------------------------------------------------------------------ config
 
 absl::StatusOr<AgentConfig> AgentConfig::FromEnvironment() {
@@ -298,6 +323,18 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
     gethostname(host, sizeof host - 1);
     cfg.host_name = host;
   }
+  if (cfg.resume_step && *cfg.resume_step < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resume_step ", *cfg.resume_step, " is below -1 (nothing trained yet)"));
+  }
+  // Only a streaming agent needs the id, and only then is Create a
+  // collective (see agent.h).
+  std::string incarnation;
+  if (!cfg.server_address.empty()) {
+    absl::StatusOr<std::string> id = AgreeIncarnation(*reducer);
+    if (!id.ok()) return id.status();
+    incarnation = *std::move(id);
+  }
   std::unique_ptr<SpillStore> spill;
   if (!cfg.spill_dir.empty() && !cfg.run_id.empty()) {  // the file is named by the run
     absl::StatusOr<std::unique_ptr<SpillStore>> opened = SpillStore::Open(
@@ -306,7 +343,8 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
     spill = *std::move(opened);
   }
   return std::unique_ptr<Agent>(
-      new Agent(std::make_unique<Impl>(cfg, std::move(reducer), std::move(spill))));
+      new Agent(std::make_unique<Impl>(cfg, std::move(reducer), std::move(spill),
+                                       std::move(incarnation))));
 }
 
 Agent::Agent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

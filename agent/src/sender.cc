@@ -81,6 +81,7 @@ void Sender::Commit(const Slot* slot) {
 
 void Sender::SendControl(v1::AgentMessage m) {
   absl::MutexLock lock(&mu_);
+  if (replaced_) return;  // never sent
   control_.push_back(std::make_shared<const v1::AgentMessage>(std::move(m)));
 }
 
@@ -153,6 +154,7 @@ void Sender::FillStats(AgentStats* s) const {
   s->connected = connected_;
   s->unacked = memory_.size() + (spill_ ? spill_->records() : 0);
   s->spill_bytes = spill_ ? spill_->bytes() : 0;
+  s->replaced = replaced_;
 }
 
 void Sender::Close(int timeout_ms) {
@@ -162,7 +164,7 @@ void Sender::Close(int timeout_ms) {
   {
     absl::MutexLock lock(&mu_);
     auto flushed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return memory_.empty() && (spill_ == nullptr || spill_->records() == 0);
+      return replaced_ || (memory_.empty() && (spill_ == nullptr || spill_->records() == 0));
     };
     mu_.AwaitWithTimeout(absl::Condition(&flushed), absl::Milliseconds(timeout_ms));
     stop_ = true;
@@ -172,7 +174,7 @@ void Sender::Close(int timeout_ms) {
         if (e.step > durable_) spill_->Append(e.step, e.message->SerializeAsString()).IgnoreError();
       }
       memory_.clear();
-    } else if (!memory_.empty()) {
+    } else if (!memory_.empty() && !replaced_) {
       // Without a spill folder they are gone with the process: say so, once,
       // with the count, rather than lose them without a word.
       dropped_ += static_cast<int64_t>(memory_.size());
@@ -205,6 +207,9 @@ void Sender::Drain() {
   }
   if (fresh.empty()) return;
   absl::MutexLock lock(&mu_);
+  // Replaced by a newer incarnation: nothing will be sent again, and a
+  // spill would hand this history to the next launch.
+  if (replaced_) return;
   for (auto& [step, m] : fresh) memory_.push_back({step, std::move(m), 0});
   while (memory_.size() > config_.memory_records) {
     const Entry& old = memory_.front();
@@ -303,6 +308,8 @@ v1::AgentMessage Sender::HelloMessage() const {
   h->add_capabilities(v1::CAPABILITY_SHARD_IDS);
   h->add_capabilities(v1::CAPABILITY_ROLLBACK);
   h->add_capabilities(v1::CAPABILITY_QUARANTINE);
+  h->set_incarnation_id(origin_.incarnation);
+  if (config_.resume_step) h->set_resume_step(*config_.resume_step);
   return m;
 }
 
@@ -360,6 +367,9 @@ void Sender::WriterLoop() {
     // Watched like every write: a server that accepts and never answers
     // must not hold the writer until the connect timeout.
     std::thread reader;
+    // The server ended the call (its status is there for Finish() to read)
+    // rather than this side breaking it.
+    std::atomic<bool> server_ended{false};
     if (Write(stream.get(), HelloMessage())) {
       {
         absl::MutexLock lock(&mu_);
@@ -368,23 +378,50 @@ void Sender::WriterLoop() {
         spill_resend_ = spill_ != nullptr && spill_->records() > 0;
       }
       backoff_ms = config_.reconnect_initial_ms;
-      reader = std::thread([this, &stream] {
+      reader = std::thread([this, &stream, &server_ended] {
         v1::ServerMessage m;
         while (stream->Read(&m)) HandleServerMessage(m);
+        server_ended = true;
         absl::MutexLock lock(&mu_);
         connected_ = false;
       });
       SendUntilBroken(stream.get());
     }
     // Disconnected: everything unacknowledged goes again next time.
-    c->TryCancel();
-    if (reader.joinable()) reader.join();
-    stream->Finish().IgnoreError();
+    // A cancel would hide the server's status (a replaced incarnation's
+    // FAILED_PRECONDITION) behind CANCELLED: a write that failed because the
+    // server ended the call gives the reader a moment to see the end.
+    {
+      absl::MutexLock lock(&mu_);
+      auto read_end = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !connected_ || stop_; };
+      mu_.AwaitWithTimeout(absl::Condition(&read_end), absl::Milliseconds(200));
+    }
+    if (reader.joinable() && server_ended) {
+      reader.join();
+    } else {
+      c->TryCancel();
+      if (reader.joinable()) reader.join();
+    }
+    const grpc::Status finished = stream->Finish();
     {
       absl::MutexLock lock(&mu_);
       connected_ = false;
       ctx_.reset();
       if (stop_) break;
+      // The server's answer to a newer launch of the same run (or to a
+      // protocol mistake): retrying cannot change it, so stop streaming
+      // rather than reconnect in a loop. The step's local verdicts go on.
+      if (finished.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+        replaced_ = true;
+        dropped_ += static_cast<int64_t>(memory_.size());
+        memory_.clear();
+        std::fprintf(stderr,
+                     "trainwatch agent (run %s, rank %d): trainwatchd at %s ended the stream "
+                     "for good: %s. Not streaming any more; local verdicts go on.\n",
+                     origin_.run_id.c_str(), origin_.rank, config_.server_address.c_str(),
+                     finished.error_message().c_str());
+        break;
+      }
       ++reconnects_;
     }
     // Exponential backoff with full jitter.

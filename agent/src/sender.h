@@ -122,6 +122,10 @@ class Sender {
   bool connected_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t gen_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // The server ended the stream with FAILED_PRECONDITION (a newer
+  // incarnation of the run took over): the writer stopped for good, and
+  // records are no longer kept.
+  bool replaced_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<Command> commands_ ABSL_GUARDED_BY(mu_);
   std::function<void(const Command&)> callback_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<uint64_t, uint64_t>> quarantine_ ABSL_GUARDED_BY(mu_);

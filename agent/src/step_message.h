@@ -22,6 +22,9 @@ struct Origin {
   std::string run_id;
   int rank = 0;
   int world_size = 1;
+  // This launch of the job, the same on every rank (Agent::Create); empty
+  // without a server.
+  std::string incarnation;
 };
 
 struct Slot {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "trainwatch/wire/enums.h"
 
@@ -11,6 +12,32 @@ namespace trainwatch::cli {
 int TierNumber(trainwatch::v1::Tier tier) {
   // Unspecified and unknown tiers are shown with the early warnings.
   return std::max(0, wire::TierFromProto(tier));
+}
+
+std::string AttemptText(const trainwatch::v1::AttemptInfo& a) {
+  std::string out;
+  switch (a.start()) {
+    case trainwatch::v1::ATTEMPT_START_FIRST:
+      out = "first launch";
+      break;
+    case trainwatch::v1::ATTEMPT_START_ROLLBACK:
+      out = a.incident_id().empty() ? std::string("rollback")
+                                    : absl::StrCat("rollback of ", a.incident_id());
+      if (a.from_step() >= 0) absl::StrAppend(&out, " to step ", a.from_step());
+      break;
+    case trainwatch::v1::ATTEMPT_START_RESUME:
+      out = absl::StrCat("resume by incarnation ", a.incarnation_id(), " after step ",
+                         a.from_step());
+      break;
+    default:
+      out = "unknown start";
+  }
+  if (a.first_step() >= 0) {
+    absl::StrAppend(&out, ", steps ", a.first_step(), "..", a.last_step());
+  } else {
+    out += ", no steps yet";
+  }
+  return out;
 }
 
 std::string StateName(trainwatch::v1::IncidentState state) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "trainwatch/v1/common.pb.h"
+#include "trainwatch/v1/operator.pb.h"
 
 namespace trainwatch::cli {
 
@@ -15,6 +16,10 @@ namespace trainwatch::cli {
 int TierNumber(trainwatch::v1::Tier tier);
 // "awaiting_decision", "resolved", ...
 std::string StateName(trainwatch::v1::IncidentState state);
+// How an attempt began and what it holds: "first launch, steps 0..99",
+// "resume by incarnation 3f2a... after step 49, steps 0..149", "rollback of
+// I-4 to step 1200, steps 0..1300".
+std::string AttemptText(const trainwatch::v1::AttemptInfo& a);
 // "2026-11-30 07:41:09Z"; empty for 0 (unset).
 std::string UtcTime(int64_t unix_seconds);
 

@@ -244,6 +244,15 @@ std::string RenderReportHtml(const v1::GetRunStatusResponse& status,
        "top mark nonfinite values; dashed grey is what a rollback undid (earlier attempts).</p>\n";
   for (const Series& s : series) h += Chart(s, first, last, incidents);
 
+  if (status.attempts_size() > 1) {
+    h += "<h2>attempts</h2>\n<table><tr><th>attempt</th><th>how it began</th></tr>\n";
+    for (const auto& a : status.attempts()) {
+      absl::StrAppendFormat(&h, "<tr><td>%d%s</td><td>%s</td></tr>\n", a.attempt(),
+                            a.attempt() == run.attempt() ? " (current)" : "",
+                            HtmlEscape(AttemptText(a)));
+    }
+    h += "</table>\n";
+  }
   h += "<h2>incidents</h2>\n";
   if (incidents.incidents_size() == 0) {
     h += "<p>none</p>\n";

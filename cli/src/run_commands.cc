@@ -99,6 +99,14 @@ class StatusCommand : public Command {
       absl::StrAppendFormat(out, "  open: %s tier %s %s  %s\n", i.incident_id(), TierName(i.tier()),
                             StateName(i.state()), i.title());
     }
+    // Only a run that was rolled back or resumed has more than one.
+    if (resp.attempts_size() > 1) {
+      for (const auto& a : resp.attempts()) {
+        absl::StrAppendFormat(out, "  attempt %d%s: %s\n", a.attempt(),
+                              a.attempt() == resp.run().attempt() ? " (current)" : "",
+                              AttemptText(a));
+      }
+    }
     return kOk;
   }
 };

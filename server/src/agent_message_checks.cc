@@ -46,6 +46,25 @@ absl::Status CheckAgentMessage(const v1::AgentMessage& m, const AgentStreamProgr
     case v1::AgentMessage::kHello: {
       const v1::Hello& h = m.hello();
       if (absl::Status s = CheckRunId(h.run_id()); !s.ok()) return s;
+      // An incarnation id is stored with the run and named in log lines
+      // and statuses: bounded and printable, like a run id.
+      if (h.incarnation_id().size() > kMaxIncarnationIdBytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("hello: incarnation_id is ", h.incarnation_id().size(),
+                         " bytes long: at most ", kMaxIncarnationIdBytes));
+      }
+      for (char c : h.incarnation_id()) {
+        if (!RunIdChar(c)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "hello: incarnation_id has the byte 0x",
+              absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2),
+              ": it is characters of [A-Za-z0-9._:-]"));
+        }
+      }
+      if (h.has_resume_step() && h.resume_step() < -1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("hello: resume_step must be >= -1, not ", h.resume_step()));
+      }
       return CheckRank("hello", h.rank(), h.world_size(), limits);
     }
     case v1::AgentMessage::kStepReport: {

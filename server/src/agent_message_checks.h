@@ -14,6 +14,9 @@
 //     (1,024), each 1 to core::kMaxShardNameBytes (256) bytes
 //     (INVALID_ARGUMENT naming the bound; core/.../shard_names.h).
 //   - An empty AgentMessage (no kind set) is INVALID_ARGUMENT.
+//   - A Hello's incarnation_id is at most kMaxIncarnationIdBytes bytes of
+//     the run id's characters (it may be empty: an older agent), and its
+//     resume_step, when set, is >= -1 (INVALID_ARGUMENT).
 
 #ifndef TRAINWATCH_SERVER_AGENT_MESSAGE_CHECKS_H_
 #define TRAINWATCH_SERVER_AGENT_MESSAGE_CHECKS_H_
@@ -32,6 +35,8 @@ namespace trainwatch::server {
 // Also used by every operator RPC that takes a run id.
 using wire::CheckRunId;
 using wire::kMaxRunIdBytes;
+// The agent's own ids are 16 hex digits; room for a launcher's.
+inline constexpr size_t kMaxIncarnationIdBytes = 64;
 
 struct AgentStreamLimits {
   // Largest world_size a Hello or StepReport may claim: a bound on what one

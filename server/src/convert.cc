@@ -1,5 +1,6 @@
 #include "convert.h"
 
+#include "absl/strings/str_cat.h"
 #include "trainwatch/wire/step_report.h"
 
 namespace trainwatch::server {
@@ -27,6 +28,27 @@ void IncidentToProto(const IncidentRow& r, v1::Incident* out) {
   SetTime(r.opened_ms, out->mutable_opened_at());
   SetTime(r.updated_ms, out->mutable_updated_at());
   if (r.closed_ms > 0) SetTime(r.closed_ms, out->mutable_closed_at());
+}
+
+void AttemptToProto(const AttemptRow& a, v1::AttemptInfo* out) {
+  out->set_attempt(a.attempt);
+  switch (a.start) {
+    case AttemptStart::kFirst:
+      out->set_start(v1::ATTEMPT_START_FIRST);
+      break;
+    case AttemptStart::kRollback:
+      out->set_start(v1::ATTEMPT_START_ROLLBACK);
+      break;
+    case AttemptStart::kResume:
+      out->set_start(v1::ATTEMPT_START_RESUME);
+      break;
+  }
+  if (a.incident_id > 0) out->set_incident_id(absl::StrCat("I-", a.incident_id));
+  out->set_incarnation_id(a.incarnation);
+  out->set_from_step(a.from_step);
+  out->set_first_step(a.first_step);
+  out->set_last_step(a.last_step);
+  if (a.started_ms > 0) SetTime(a.started_ms, out->mutable_started_at());
 }
 
 void RunToProto(const RunSnapshot& s, int32_t ranks_connected, v1::RunInfo* out) {

@@ -147,6 +147,14 @@ class Exporter : public prometheus::Collectable {
                "Command acknowledgements refused: another run's command, or none under way.",
                MetricType::Counter),
         {}, double(st.refused_acks_total));
+    add(family("trainwatch_resumes_total",
+               "New attempts opened by a restarted job resuming before its run's last step.",
+               MetricType::Counter),
+        {}, double(st.resumes_total));
+    add(family("trainwatch_incarnation_conflicts_total",
+               "Older incarnations of a run ended or refused because a newer one streams it.",
+               MetricType::Counter),
+        {}, double(st.incarnation_conflicts_total));
     add(family("trainwatch_ingest_far_steps_total",
                "Step reports too far ahead of their run: stored, not evaluated.",
                MetricType::Counter),

@@ -95,8 +95,10 @@ void Ingestor::Loop() {
 
 void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
   const int64_t now = clock_->NowMs();
-  for (auto it = ended_streams_.begin(); it != ended_streams_.end();) {
-    it = now - it->second > 60'000 ? ended_streams_.erase(it) : std::next(it);
+  for (auto* ended : {&ended_streams_, &superseded_streams_}) {
+    for (auto it = ended->begin(); it != ended->end();) {
+      it = now - it->second > 60'000 ? ended->erase(it) : std::next(it);
+    }
   }
   if (!carried_.empty()) {
     items.insert(items.begin(), std::make_move_iterator(carried_.begin()),
@@ -113,6 +115,8 @@ void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
     // The agent re-sends these, after its last acknowledged step: taken
     // now, they would be evaluated ahead of the lost ones.
     if (item.message.has_step_report() && ended_streams_.count(item.stream_id) > 0) continue;
+    // A replaced incarnation's: its history was replaced too (ingest.h).
+    if (superseded_streams_.count(item.stream_id) > 0) continue;
     oldest_ms = std::min(oldest_ms, item.received_ms);
     Handle(item, now);
   }
@@ -123,7 +127,10 @@ void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
       run->row_dirty = false;
     }
   }
-  if (batch_.empty() && acks_.empty() && answers_.empty() && outgoing_.empty()) return;
+  if (batch_.empty() && acks_.empty() && answers_.empty() && outgoing_.empty() &&
+      ending_.empty()) {
+    return;
+  }
   if (pager_ != nullptr) {
     for (const IncidentRow& inc : batch_.incidents) {
       std::string summary = inc.title;
@@ -171,7 +178,11 @@ void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
     for (const auto& [incident, change] : changed_incidents_) {
       listener_->OnIncident(incident, change);
     }
+    // After the acks: what a replaced incarnation sent before the newer one
+    // came is durable, and it hears so.
+    for (const auto& [stream, status] : ending_) listener_->OnStreamFailed(stream, status);
   }
+  ending_.clear();
   acks_.clear();
   changed_incidents_.clear();
 }
@@ -179,45 +190,26 @@ void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
 void Ingestor::Handle(IngestItem& item, int64_t now) {
   const auto& m = item.message;
   switch (m.kind_case()) {
-    case trainwatch::v1::AgentMessage::kHello: {
-      if (m.hello().run_id().empty()) break;
-      RunState* run = RunFor(m.hello().run_id(), m.hello().world_size(), now);
-      if (run == nullptr) break;
-      // A job restarted for the rollback under way may have fewer ranks: the
-      // command waits for the world it says it has (see ingest.h).
-      if (run->command && m.hello().world_size() > 0) {
-        run->command->world_size = m.hello().world_size();
-      }
-      // The protocol's first answer (agent.proto, step 2): where to resume.
-      // The server knows it for the global record (rank 0); other ranks get
-      // an empty map and resend their buffer, which the store deduplicates.
-      trainwatch::v1::ServerMessage ack;
-      ack.mutable_durability_ack()->set_run_id(run->row.run_id);
-      if (m.hello().rank() == 0 && !run->rank_mode && run->row.last_step >= 0) {
-        (*ack.mutable_durability_ack()->mutable_durable_step())[0] = run->row.last_step;
-      }
-      AnswerHello(*run, m.hello(), now, ack.mutable_durability_ack());
-      outgoing_.emplace_back(run->row.run_id, item.stream_id, ack.SerializeAsString());
-      // A (re)connected rank gets what it has not applied yet.
-      if (!run->quarantined.empty()) {
-        outgoing_.emplace_back(run->row.run_id, item.stream_id,
-                             QuarantineMessage(run->row.run_id, run->quarantined));
-      }
-      SendPendingCommand(*run, item.stream_id, m.hello().rank());
+    case trainwatch::v1::AgentMessage::kHello:
+      HandleHello(m.hello(), item.stream_id, now);
       break;
-    }
     case trainwatch::v1::AgentMessage::kStepReport: {
       const StepReport& r = m.step_report();
       // Null when an evicted run could not be rebuilt (logged): the record is
       // not acknowledged, so the agent sends it again.
       RunState* run = RunFor(r.run_id(), r.world_size(), now);
-      if (run != nullptr) HandleStep(*run, r, item.stream_id, now);
+      if (run == nullptr) break;
+      // A new incarnation's first record says where it resumed.
+      if (AwaitsResumeStep(*run, item.stream_id)) DecideResume(*run, r.step() - 1, now);
+      HandleStep(*run, r, item.stream_id, now);
       break;
     }
     case trainwatch::v1::AgentMessage::kCheckpoint: {
       const auto& c = m.checkpoint();
       RunState* run = RunFor(c.run_id(), 0, now);
       if (run == nullptr) break;
+      // Sent before any step report: the checkpoint it resumed from.
+      if (AwaitsResumeStep(*run, item.stream_id)) DecideResume(*run, c.step(), now);
       run->engine->NoteCheckpoint(c.step(), c.uri());
       batch_.checkpoints.push_back({c.run_id(), c.step(), c.uri(), now});
       break;

@@ -35,6 +35,40 @@
 // commands); ingest_runs.cc holds the runs in memory, ingest_decisions.cc the
 // decisions.
 //
+// Incarnations and resumes. An incarnation is one launch of the job, named
+// by the Hello's incarnation_id (the same on every rank of the launch). The
+// run stores its current incarnation and every one it saw (migration 4).
+//   - A new incarnation says where it resumes: the step S after which it
+//     trains on (Hello.resume_step; failing that the step of a checkpoint
+//     notice it sends before its first step report; else its first step
+//     minus 1). When S is below the run's last evaluated step, its records
+//     would collide with the earlier job's: it opens attempt N+1 from S, as
+//     a rollback does (StartAttempt): the earlier attempt keeps all its
+//     records, the steps <= S are carried into the new one, the engine is
+//     rebuilt from exactly those (core::EngineRebuilder), and the resumed
+//     job's records are stored and judged in the new attempt. Otherwise it
+//     continues the attempt. While an approved rollback is under way
+//     (command sent, not yet applied by every rank) the rollback's own
+//     attempt governs and no resume attempt is opened.
+//   - Within one incarnation a reconnect is not a resume: re-sent records
+//     are duplicates, as before. The DurabilityAck at Hello names the
+//     incarnation's own records only (none for a new one), so a resumed
+//     agent does not skip its records as already durable.
+//   - Two incarnations streaming at once: the newer takes over. A
+//     preempted job's streams can linger half-open for minutes, so refusing
+//     the newcomer would block every restart. The older incarnation's
+//     streams are ended with FAILED_PRECONDITION naming the newer one, its
+//     messages still queued are dropped (they belong to a history the newer
+//     job replaced), and a Hello of an incarnation the run saw replaced is
+//     refused the same way; each is logged and counted
+//     (incarnation_conflicts_total). The agent stops streaming on that
+//     status, with one log line; its local verdicts go on.
+//   - An agent without an incarnation id (older versions) is never a
+//     resume and never a conflict: its records are handled as before.
+//   The run keeps every incarnation id it saw (at most 64 bytes each, one per
+//   launch of the job), and the ingestor the current incarnation's stream
+//   per rank (a few bytes each).
+//
 // Bounds, so that no agent can grow the server without limit:
 //   runs in memory: at most max_runs_in_memory runs keep their engine state
 //     (about 0.3 MB each with the default rules); the least recently used
@@ -116,6 +150,10 @@ class IngestListener {
   // reconnects and re-sends what was not acknowledged. No ack may reach the
   // stream after this call.
   virtual void OnStreamFailed(uint64_t stream_id, const absl::Status& status) = 0;
+  // Whether `stream_id` is still open: a newer incarnation's Hello counts a
+  // conflict only for the older one's streams still open (a job that ended
+  // and was started again is no conflict). Must not block.
+  virtual bool IsStreamOpen(uint64_t /*stream_id*/) { return true; }
 };
 
 struct DecisionOutcome {
@@ -155,6 +193,9 @@ struct IngestStats {
   int64_t runs_in_memory = 0;      // runs holding engine state
   int64_t runs_evicted_total = 0;
   int64_t runs_rebuilt_total = 0;  // evicted (or left at startup), rebuilt on demand
+  int64_t resumes_total = 0;       // attempts opened by a new incarnation
+  // Older incarnations' streams ended by a newer one, and their Hellos refused.
+  int64_t incarnation_conflicts_total = 0;
 };
 
 struct IngestOptions {
@@ -235,6 +276,8 @@ class Ingestor {
     ShardQuarantine quarantined;
     // A step refused as too far ahead, which the next record may confirm.
     std::optional<int64_t> far_step;
+    // Every incarnation the run has seen (the current one included).
+    std::set<std::string> incarnations;
     uint64_t last_batch = 0;  // the batch that last touched it, for eviction
   };
 
@@ -268,6 +311,24 @@ class Ingestor {
   // taken too.
   bool FarAhead(RunState& run, int64_t step, bool rank_scope);
   void Handle(IngestItem& item, int64_t now);
+  // ingest_incarnations.cc: a Hello, the incarnation it names, and resumes.
+  void HandleHello(const trainwatch::v1::Hello& h, uint64_t stream, int64_t now);
+  // False when the Hello's incarnation was replaced by a newer one: its
+  // stream is ended. A new incarnation takes over the run.
+  bool AdmitIncarnation(RunState& run, const trainwatch::v1::Hello& h, uint64_t stream,
+                        int64_t now);
+  // Whether `stream` is the current incarnation's, and the run still waits
+  // for the step it resumes after.
+  bool AwaitsResumeStep(const RunState& run, uint64_t stream) const;
+  // The current incarnation resumes after `step` (see above).
+  void DecideResume(RunState& run, int64_t step, int64_t now);
+  // Opens the run's next attempt from `up_to_step` (a rollback of
+  // `incident_id`, or a resume by the current incarnation): the copy goes
+  // into the batch, the engine is rebuilt from the old attempt's records up
+  // to that step, the run continues from it with `world_size` ranks.
+  // Returns the number of records rebuilt from.
+  int64_t StartAttempt(RunState& run, int64_t up_to_step, AttemptStart start,
+                       int64_t incident_id, int32_t world_size, int64_t now);
   void HandleStep(RunState& run, const trainwatch::v1::StepReport& r, uint64_t stream,
                   int64_t now);
   // `tensors`: the report's per-tensor statistics, if any (names the source
@@ -286,12 +347,16 @@ class Ingestor {
   void HandleCommandAck(RunState* run, const trainwatch::v1::CommandAck& a, int64_t now);
   void CompleteRollback(RunState& run, int64_t now);
   void SendPendingCommand(RunState& run, uint64_t stream, int32_t rank);
+  // What a hello is: a reconnect of the run's current incarnation, a new
+  // one (a restart), or unknown (an agent that sends no incarnation id).
+  enum class HelloKind { kReconnect, kRestart, kUnknown };
   // Fills the answer to a hello with what a restarted job must know before
   // its first step: the id of the command that follows (SendPendingCommand)
-  // and the tier 3 incidents still awaiting a decision. Rank 0's hello
-  // with such an incident is recorded with it (the job runs on undecided).
-  void AnswerHello(RunState& run, const trainwatch::v1::Hello& hello, int64_t now,
-                   trainwatch::v1::DurabilityAck* ack);
+  // and the tier 3 incidents still awaiting a decision. Rank 0's hello of a
+  // restart (or of an unknown kind) with such an incident is recorded with
+  // it: the job runs on undecided. A reconnect is told again, not recorded.
+  void AnswerHello(RunState& run, const trainwatch::v1::Hello& hello, HelloKind kind,
+                   int64_t now, trainwatch::v1::DurabilityAck* ack);
 
   Store* store_;
   IngestOptions options_;
@@ -330,6 +395,15 @@ class Ingestor {
   // the queue are dropped (the agent re-sends them in order). Kept a minute:
   // an ended stream delivers at most the one read already under way.
   std::map<uint64_t, int64_t> ended_streams_;
+  // The current incarnation's stream of each rank, by run: ended when a
+  // newer incarnation takes over. Outside RunState so that it survives an
+  // eviction or a rebuild.
+  std::map<std::string, std::map<int32_t, uint64_t>> incarnation_streams_;
+  // Streams of replaced incarnations -> when; every message still queued
+  // from them is dropped. Kept a minute, as ended_streams_.
+  std::map<uint64_t, int64_t> superseded_streams_;
+  // Streams to end after this batch's commit, and why.
+  std::vector<std::pair<uint64_t, absl::Status>> ending_;
   // Checkpoints and command acks of failed batches (stream 0), retried
   // first in the next one: agents send them once. Few: one per checkpoint
   // or rollback per rank while the store fails.

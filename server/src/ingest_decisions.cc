@@ -192,34 +192,11 @@ void Ingestor::HandleCommandAck(RunState* run, const trainwatch::v1::CommandAck&
 void Ingestor::CompleteRollback(RunState& run, int64_t now) {
   const RollbackCommand cmd = *run.command;
   run.command.reset();
-  const int64_t old_attempt = run.row.attempt;
   const int64_t target = cmd.target_step;
   // A new attempt: its history is the old one's up to the checkpoint, and
   // the engine is rebuilt from exactly that.
-  batch_.attempt_copies.push_back({run.row.run_id, old_attempt, old_attempt + 1, target});
-  run.has_latest = false;
-  core::EngineRebuilder rebuild(options_.rules, target);
-  absl::Status st = store_->ForEachStep(
-      run.row.run_id, old_attempt, [&](const StepRow& s, const std::string& ckpt) {
-        core::StepRecord rec = s.View();
-        rec.checkpoint_uri = ckpt;
-        if (rebuild.Feed(rec)) {
-          run.latest = s;
-          run.has_latest = true;
-        }
-      });
-  if (!st.ok()) LOG(ERROR) << "run " << run.row.run_id << ": rebuilding after rollback: " << st;
-  absl::StatusOr<std::vector<CheckpointRow>> cks = store_->Checkpoints(run.row.run_id);
-  if (cks.ok()) {
-    for (const CheckpointRow& c : *cks) rebuild.NoteCheckpoint(c.step, c.uri);
-  }
-  const int64_t fed = rebuild.fed();
-  run.engine = std::move(rebuild).Finish();
-  run.row.attempt = old_attempt + 1;
-  run.row.world_size = cmd.world_size;  // the new attempt's world
-  run.row.last_step = target;
-  run.row_dirty = true;
-  run.pending.clear();
+  const int64_t fed = StartAttempt(run, target, AttemptStart::kRollback, cmd.incident_id,
+                                   cmd.world_size, now);  // the new attempt's world
   if (IncidentRow* inc = run.incidents.FindOpen(cmd.incident_id)) {
     inc->updated_ms = now;
     sink().Record(*inc, IncidentChange::kUpdated);
@@ -230,8 +207,8 @@ void Ingestor::CompleteRollback(RunState& run, int64_t now) {
             << target << " (" << fed << " steps of history)";
 }
 
-void Ingestor::AnswerHello(RunState& run, const trainwatch::v1::Hello& hello, int64_t now,
-                           trainwatch::v1::DurabilityAck* ack) {
+void Ingestor::AnswerHello(RunState& run, const trainwatch::v1::Hello& hello, HelloKind kind,
+                           int64_t now, trainwatch::v1::DurabilityAck* ack) {
   namespace v1 = trainwatch::v1;
   if (run.command && run.command->applied.count(hello.rank()) == 0) {
     ack->set_pending_command_id(run.command->id);
@@ -241,11 +218,13 @@ void Ingestor::AnswerHello(RunState& run, const trainwatch::v1::Hello& hello, in
     // undecided trains on into the failure that halted it.
     if (inc.tier < 3 || IsClosed(inc.state) || inc.state == IncidentState::kRollingBack) continue;
     ack->add_undecided_incidents(inc.public_id());
-    if (hello.rank() != 0) continue;  // one record per job, not per rank
-    // The server cannot tell a restart from a reconnect of the same
-    // process (both say hello); the record says which it saw.
+    // One record per job, not per rank, and none for a reconnect.
+    if (hello.rank() != 0 || kind == HelloKind::kReconnect) continue;
+    // Without an incarnation id a restart and a reconnect look the same.
     const std::string comment = absl::StrCat(
-        "the job said hello again (restarted or reconnected; rank 0 on ",
+        kind == HelloKind::kRestart
+            ? absl::StrCat("the job restarted (incarnation ", hello.incarnation_id(), "; rank 0 on ")
+            : std::string("the job said hello again (restarted or reconnected; rank 0 on "),
         hello.host_name().empty() ? "an unnamed host" : hello.host_name(), ", world size ",
         hello.world_size(), ") while ", inc.public_id(),
         " awaited a decision: it trains on without a rollback");

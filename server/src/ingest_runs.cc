@@ -197,6 +197,9 @@ absl::StatusOr<Ingestor::RunState*> Ingestor::RecoverRun(const RunRow& row) {
   const int64_t steps = rebuild.fed();
   r.engine = std::move(rebuild).Finish();
   if (absl::Status st = RestoreIncidents(store_, &r.incidents, row.run_id); !st.ok()) return st;
+  absl::StatusOr<std::vector<std::string>> incarnations = store_->Incarnations(row.run_id);
+  if (!incarnations.ok()) return incarnations.status();
+  r.incarnations.insert(incarnations->begin(), incarnations->end());
   // A rollback under way or completed and being watched.
   std::vector<IncidentRow> rolling;
   for (const auto& [key, open] : r.incidents.open()) {

@@ -27,6 +27,7 @@ void AddRunsOf(const WriteBatch& b, std::set<std::string>* runs) {
   for (const CommandRow& r : b.commands) runs->insert(r.run_id);
   for (const QuarantineRow& r : b.quarantines) runs->insert(r.run_id);
   for (const AttemptCopy& r : b.attempt_copies) runs->insert(r.run_id);
+  for (const IncarnationRow& r : b.incarnations) runs->insert(r.run_id);
 }
 
 }  // namespace
@@ -44,6 +45,10 @@ void Ingestor::FailBatch(std::vector<IngestItem>& items, const absl::Status& st,
   acks_.clear();
   changed_incidents_.clear();
   outgoing_.clear();
+  // A takeover in the batch is forgotten with it: the newer incarnation's
+  // stream is ended below, and its next Hello takes over again.
+  for (const auto& [stream, status] : ending_) superseded_streams_.erase(stream);
+  ending_.clear();
   for (auto& [done, out] : answers_) {
     out.status = absl::UnavailableError(
         absl::StrCat("the decision could not be recorded: ", st.message()));

@@ -210,6 +210,10 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
         resp->mutable_latest_checkpoint()->set_uri(cks->back().uri);
         wire::SetTime(cks->back().reported_ms, resp->mutable_latest_checkpoint()->mutable_saved_at());
       }
+      absl::StatusOr<std::vector<AttemptRow>> attempts =
+          state_->store()->Attempts(run->row.run_id, run->row.attempt);
+      if (!attempts.ok()) return attempts.status();
+      for (const AttemptRow& a : *attempts) AttemptToProto(a, resp->add_attempts());
       return absl::OkStatus();
     });
   }

@@ -121,6 +121,10 @@ class ServiceState : public IngestListener {
   void OnServerMessage(const std::string& run_id, uint64_t stream_id,
                        const std::string& serialized) override;
   void OnStreamFailed(uint64_t stream_id, const absl::Status& status) override;
+  bool IsStreamOpen(uint64_t stream_id) override {
+    absl::MutexLock lock(&mu_);
+    return sessions_.count(stream_id) > 0;
+  }
 
   // Watchers of incident changes.
   void AddWatcher(IncidentWatcher* w) {

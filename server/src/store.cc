@@ -73,6 +73,7 @@ void WriteBatch::clear() {
   commands.clear();
   quarantines.clear();
   attempt_copies.clear();
+  incarnations.clear();
   outbox.clear();
 }
 
@@ -127,6 +128,7 @@ absl::Status Store::Write(const WriteBatch& b) {
     if (s.ok()) s = rows::InsertEvents(db_, b.events);
     if (s.ok()) s = rows::InsertCommandAcks(db_, b.command_acks);
     if (s.ok()) s = rows::CopyAttempts(db_, b.attempt_copies);
+    if (s.ok()) s = rows::InsertIncarnations(db_, b.incarnations);
     if (s.ok()) s = rows::InsertDecisions(db_, b.decisions);
     if (s.ok()) s = rows::InsertCommands(db_, b.commands);
     if (s.ok()) s = rows::InsertQuarantines(db_, b.quarantines);
@@ -148,6 +150,10 @@ absl::Status Store::ForEachStep(
 absl::StatusOr<std::vector<RankStepRow>> Store::LoadRankStepsAfter(const std::string& run_id,
                                                                    int64_t attempt, int64_t step) {
   return rows::RankStepsAfter(db_, run_id, attempt, step);
+}
+
+absl::StatusOr<std::vector<std::string>> Store::Incarnations(const std::string& run_id) {
+  return rows::Incarnations(db_, run_id);
 }
 
 absl::StatusOr<int64_t> Store::MaxIncidentId() { return rows::MaxIncidentId(db_); }
@@ -217,6 +223,12 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> Store::FlaggedShards(
 absl::StatusOr<int64_t> Store::CountSteps(const std::string& run_id) {
   absl::MutexLock lock(&read_mu_);
   return rows::CountSteps(read_db_, run_id);
+}
+
+absl::StatusOr<std::vector<AttemptRow>> Store::Attempts(const std::string& run_id,
+                                                       int64_t current) {
+  absl::MutexLock lock(&read_mu_);
+  return rows::Attempts(read_db_, run_id, current);
 }
 
 absl::StatusOr<int64_t> Store::CountDecided(const std::string& run_id, int64_t attempt,

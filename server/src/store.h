@@ -1,7 +1,8 @@
 // The system of record: one SQLite file (WAL, synchronous=FULL) holding
 // every run, every step record, every event and incident, the shards they
 // flagged, checkpoints, commands and their acknowledgements, decisions (the
-// audit log) and the pager's outbox.
+// audit log), the pager's outbox, and each run's attempts (how each began)
+// and incarnations (the launches of its job).
 //
 // Writes come in batches, one transaction each, from a single writer (the
 // ingest thread): a batch is durable when Write() returns, and only then is
@@ -61,10 +62,36 @@ struct StepRow : core::StepValues {
 struct RunRow {
   std::string run_id;
   int32_t world_size = 1;
-  int64_t attempt = 0;     // bumped by each rollback
+  int64_t attempt = 0;     // bumped by each rollback or resume
   int64_t last_step = -1;  // last global step evaluated
   int64_t created_ms = 0;
   int64_t last_seen_ms = 0;
+  // The launch of the job streaming now ("" before any agent sent one), and
+  // the step it resumed after, once known (ingest.h).
+  std::string incarnation;
+  std::optional<int64_t> resume_step;
+};
+
+// How an attempt began (operator.proto's AttemptStart).
+enum class AttemptStart : int { kFirst = 1, kRollback = 2, kResume = 3 };
+
+// One attempt of a run, as the operator sees it.
+struct AttemptRow {
+  int64_t attempt = 0;
+  AttemptStart start = AttemptStart::kFirst;
+  int64_t incident_id = 0;   // kRollback: the incident rolled back (0: not recorded)
+  std::string incarnation;   // kResume: the incarnation that resumed
+  int64_t from_step = -1;    // the step it resumed after
+  int64_t first_step = -1;   // stored steps; -1 when none
+  int64_t last_step = -1;
+  int64_t started_ms = 0;
+};
+
+// An incarnation a run has seen.
+struct IncarnationRow {
+  std::string run_id;
+  std::string incarnation;
+  int64_t seen_ms = 0;
 };
 
 enum class IncidentState : int {
@@ -164,13 +191,18 @@ struct QuarantineRow {
   std::string name;
 };
 
-// Starts a new attempt of a run after a rollback: its steps up to the
-// checkpoint are carried over, so the new attempt's history is complete.
+// Starts a new attempt of a run after a rollback or a resume: its steps up
+// to the checkpoint are carried over, so the new attempt's history is
+// complete, and how it began is recorded.
 struct AttemptCopy {
   std::string run_id;
   int64_t from_attempt = 0;
   int64_t to_attempt = 0;
   int64_t up_to_step = 0;
+  AttemptStart start = AttemptStart::kRollback;
+  int64_t incident_id = 0;  // kRollback
+  std::string incarnation;  // kResume
+  int64_t started_ms = 0;
 };
 
 // One page to deliver: an incident's state change for one receiver.
@@ -206,13 +238,14 @@ struct WriteBatch {
   std::vector<CommandRow> commands;
   std::vector<QuarantineRow> quarantines;
   std::vector<AttemptCopy> attempt_copies;  // run after the steps of this batch
+  std::vector<IncarnationRow> incarnations;  // a repeated one is ignored
   std::vector<OutboxRow> outbox;  // new pages; one per (incident, channel, kind)
 
   bool empty() const {
     return runs.empty() && steps.empty() && rank_steps.empty() && checkpoints.empty() &&
            events.empty() && incidents.empty() && command_acks.empty() && decisions.empty() &&
            commands.empty() && quarantines.empty() && attempt_copies.empty() &&
-           outbox.empty();
+           incarnations.empty() && outbox.empty();
   }
   void clear();
 };
@@ -262,6 +295,8 @@ class Store {
                                                        int64_t attempt, int64_t step);
   absl::StatusOr<std::vector<RankStepRow>> LoadRankStepsAfter(const std::string& run_id,
                                                               int64_t attempt, int64_t step);
+  // Every incarnation the run has seen.
+  absl::StatusOr<std::vector<std::string>> Incarnations(const std::string& run_id);
   absl::StatusOr<int64_t> MaxIncidentId();
   absl::StatusOr<int64_t> MaxDecisionId();
   // The decision recorded under an idempotency key, if any.
@@ -286,6 +321,9 @@ class Store {
   absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> FlaggedShards(
       const std::string& run_id);  // (shard, incident id)
   absl::StatusOr<int64_t> CountSteps(const std::string& run_id);
+  // The run's attempts, 0 first, up to `current` (the run's attempt), each
+  // with the first and last step stored in it.
+  absl::StatusOr<std::vector<AttemptRow>> Attempts(const std::string& run_id, int64_t current);
   // Evaluated (not late) steps of the attempt that the rules decided
   // `decision` (a core::Decision).
   absl::StatusOr<int64_t> CountDecided(const std::string& run_id, int64_t attempt,

@@ -179,6 +179,32 @@ ALTER TABLE steps ADD COLUMN shard_names TEXT;
 ALTER TABLE incidents ADD COLUMN shard_names TEXT;
 ALTER TABLE quarantined_shards ADD COLUMN name TEXT;
 )sql",
+    // 5: incarnations (one launch of a job each) and how each attempt began.
+    // A run's current incarnation and the step it resumed after (NULL: not
+    // known yet) survive a restart of trainwatchd; every incarnation a run
+    // saw stays, so that an older one reconnecting is refused (ingest.h).
+    // Attempts begun before this migration have no row: they were
+    // rollbacks, and the operator view says so.
+    R"sql(
+ALTER TABLE runs ADD COLUMN incarnation TEXT NOT NULL DEFAULT '';
+ALTER TABLE runs ADD COLUMN resume_step INTEGER;
+CREATE TABLE incarnations (
+  run_id TEXT NOT NULL,
+  incarnation TEXT NOT NULL,
+  seen_ms INTEGER NOT NULL,
+  PRIMARY KEY (run_id, incarnation)
+) WITHOUT ROWID;
+CREATE TABLE attempts (
+  run_id TEXT NOT NULL,
+  attempt INTEGER NOT NULL,
+  start INTEGER NOT NULL,
+  incident_id INTEGER NOT NULL,
+  incarnation TEXT NOT NULL,
+  from_step INTEGER NOT NULL,
+  started_ms INTEGER NOT NULL,
+  PRIMARY KEY (run_id, attempt)
+) WITHOUT ROWID;
+)sql",
 };
 
 }  // namespace

@@ -74,19 +74,27 @@ absl::StatusOr<std::vector<RankStepRow>> SelectRankSteps(sqlite3* db, const std:
 absl::Status UpsertRuns(sqlite3* db, const std::vector<RunRow>& runs) {
   SqlStatement q(db,
                  "INSERT INTO runs (run_id, world_size, attempt, last_step, created_ms, "
-                 "last_seen_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT(run_id) DO UPDATE "
+                 "last_seen_ms, incarnation, resume_step) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) "
+                 "ON CONFLICT(run_id) DO UPDATE "
                  "SET world_size=excluded.world_size, attempt=excluded.attempt, "
-                 "last_step=excluded.last_step, last_seen_ms=excluded.last_seen_ms");
+                 "last_step=excluded.last_step, last_seen_ms=excluded.last_seen_ms, "
+                 "incarnation=excluded.incarnation, resume_step=excluded.resume_step");
   return q.RunEach(runs, [](SqlStatement& q, const RunRow& r) {
     q.Bind(1, r.run_id).Bind(2, int64_t{r.world_size}).Bind(3, r.attempt);
     q.Bind(4, r.last_step).Bind(5, r.created_ms).Bind(6, r.last_seen_ms);
+    q.Bind(7, r.incarnation);
+    if (r.resume_step) {
+      q.Bind(8, *r.resume_step);
+    } else {
+      q.BindNull(8);
+    }
   });
 }
 
 absl::StatusOr<std::vector<RunRow>> Runs(sqlite3* db) {
   SqlStatement q(db,
-                 "SELECT run_id, world_size, attempt, last_step, created_ms, last_seen_ms FROM "
-                 "runs ORDER BY run_id");
+                 "SELECT run_id, world_size, attempt, last_step, created_ms, last_seen_ms, "
+                 "incarnation, resume_step FROM runs ORDER BY run_id");
   return q.All([](const SqlStatement& r) {
     RunRow row;
     row.run_id = r.Text(0);
@@ -95,6 +103,8 @@ absl::StatusOr<std::vector<RunRow>> Runs(sqlite3* db) {
     row.last_step = r.Int(3);
     row.created_ms = r.Int(4);
     row.last_seen_ms = r.Int(5);
+    row.incarnation = r.Text(6);
+    if (!r.IsNull(7)) row.resume_step = r.Int(7);
     return row;
   });
 }
@@ -129,9 +139,70 @@ absl::Status CopyAttempts(sqlite3* db, const std::vector<AttemptCopy>& copies) {
   SqlStatement q(db, absl::StrCat("INSERT OR IGNORE INTO steps (run_id, attempt, ", kStepColumns,
                                   ") SELECT run_id, ?2, ", kStepColumns,
                                   " FROM steps WHERE run_id = ?1 AND attempt = ?3 AND step <= ?4"));
-  return q.RunEach(copies, [](SqlStatement& q, const AttemptCopy& a) {
-    q.Bind(1, a.run_id).Bind(2, a.to_attempt).Bind(3, a.from_attempt).Bind(4, a.up_to_step);
+  if (absl::Status s = q.RunEach(copies, [](SqlStatement& q, const AttemptCopy& a) {
+        q.Bind(1, a.run_id).Bind(2, a.to_attempt).Bind(3, a.from_attempt).Bind(4, a.up_to_step);
+      });
+      !s.ok()) {
+    return s;
+  }
+  SqlStatement how(db,
+                   "INSERT OR IGNORE INTO attempts (run_id, attempt, start, incident_id, "
+                   "incarnation, from_step, started_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
+  return how.RunEach(copies, [](SqlStatement& q, const AttemptCopy& a) {
+    q.Bind(1, a.run_id).Bind(2, a.to_attempt).Bind(3, int64_t{static_cast<int>(a.start)});
+    q.Bind(4, a.incident_id).Bind(5, a.incarnation).Bind(6, a.up_to_step).Bind(7, a.started_ms);
   });
+}
+
+absl::StatusOr<std::vector<AttemptRow>> Attempts(sqlite3* db, const std::string& run_id,
+                                                 int64_t current) {
+  std::vector<AttemptRow> out(static_cast<size_t>(std::max<int64_t>(current, 0)) + 1);
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i].attempt = static_cast<int64_t>(i);
+    // Attempts begun before migration 4 have no row: only rollbacks did.
+    out[i].start = i == 0 ? AttemptStart::kFirst : AttemptStart::kRollback;
+  }
+  SqlStatement how(db,
+                   "SELECT attempt, start, incident_id, incarnation, from_step, started_ms FROM "
+                   "attempts WHERE run_id = ?1 AND attempt >= 0 AND attempt <= ?2");
+  how.Bind(1, run_id).Bind(2, current);
+  absl::Status st;
+  while (how.Next(&st)) {
+    AttemptRow& a = out[static_cast<size_t>(how.Int(0))];
+    a.start = static_cast<AttemptStart>(how.Int(1));
+    a.incident_id = how.Int(2);
+    a.incarnation = how.Text(3);
+    a.from_step = how.Int(4);
+    a.started_ms = how.Int(5);
+  }
+  if (!st.ok()) return st;
+  SqlStatement range(db,
+                     "SELECT attempt, MIN(step), MAX(step) FROM steps WHERE run_id = ?1 AND "
+                     "attempt >= 0 AND attempt <= ?2 GROUP BY attempt");
+  range.Bind(1, run_id).Bind(2, current);
+  while (range.Next(&st)) {
+    AttemptRow& a = out[static_cast<size_t>(range.Int(0))];
+    a.first_step = range.Int(1);
+    a.last_step = range.Int(2);
+  }
+  if (!st.ok()) return st;
+  return out;
+}
+
+absl::Status InsertIncarnations(sqlite3* db, const std::vector<IncarnationRow>& rows) {
+  if (rows.empty()) return absl::OkStatus();
+  SqlStatement q(db,
+                 "INSERT OR IGNORE INTO incarnations (run_id, incarnation, seen_ms) "
+                 "VALUES (?1, ?2, ?3)");
+  return q.RunEach(rows, [](SqlStatement& q, const IncarnationRow& r) {
+    q.Bind(1, r.run_id).Bind(2, r.incarnation).Bind(3, r.seen_ms);
+  });
+}
+
+absl::StatusOr<std::vector<std::string>> Incarnations(sqlite3* db, const std::string& run_id) {
+  SqlStatement q(db, "SELECT incarnation FROM incarnations WHERE run_id = ?1");
+  q.Bind(1, run_id);
+  return q.All([](const SqlStatement& r) { return r.Text(0); });
 }
 
 absl::Status ForEachStep(sqlite3* db, const std::string& run_id, int64_t attempt,

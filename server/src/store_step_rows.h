@@ -1,5 +1,5 @@
-// Row code of a run's training history: the runs, steps, rank_steps and
-// checkpoints tables. Each function runs on the connection it is given and
+// Row code of a run's training history: the runs, steps, rank_steps,
+// checkpoints, attempts and incarnations tables. Each function runs on the connection it is given and
 // takes no lock: the Store picks the connection and serialises. Private to
 // trainwatch::server.
 
@@ -25,8 +25,16 @@ absl::StatusOr<std::vector<RunRow>> Runs(sqlite3* db);
 
 // steps: a repeated (run, attempt, step) is ignored; the first write wins.
 absl::Status InsertSteps(sqlite3* db, const std::vector<WriteBatch::Step>& steps);
-// Carries each copy's steps up to its checkpoint into the new attempt.
+// Carries each copy's steps up to its checkpoint into the new attempt, and
+// records how the attempt began (attempts).
 absl::Status CopyAttempts(sqlite3* db, const std::vector<AttemptCopy>& copies);
+// attempts and steps: the run's attempts 0..current with their step ranges.
+absl::StatusOr<std::vector<AttemptRow>> Attempts(sqlite3* db, const std::string& run_id,
+                                                 int64_t current);
+
+// incarnations: a repeated (run, incarnation) is ignored.
+absl::Status InsertIncarnations(sqlite3* db, const std::vector<IncarnationRow>& rows);
+absl::StatusOr<std::vector<std::string>> Incarnations(sqlite3* db, const std::string& run_id);
 // The attempt's evaluated (not late) steps in step order, each with the uri
 // of the checkpoint reported at that step ("" if none).
 absl::Status ForEachStep(sqlite3* db, const std::string& run_id, int64_t attempt,

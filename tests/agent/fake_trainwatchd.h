@@ -35,12 +35,23 @@ class FakeServer final : public v1::AgentService::Service {
   std::atomic<int> heartbeats{0};
   // After the hello, read nothing more until the call is cancelled.
   std::atomic<bool> stop_reading{false};
+  // Answer every hello by ending the stream with FAILED_PRECONDITION, as
+  // trainwatchd does for an incarnation a newer one replaced.
+  std::atomic<bool> replace_incarnation{false};
 
   grpc::Status Stream(grpc::ServerContext* ctx,
                       grpc::ServerReaderWriter<v1::ServerMessage, v1::AgentMessage>* s) override {
     v1::AgentMessage m;
     int64_t best = -1;
     while (s->Read(&m)) {
+      if (m.has_hello()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        hellos_.push_back(m.hello());
+      }
+      if (m.has_hello() && replace_incarnation) {
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                            "run run-t: incarnation x was replaced by incarnation y");
+      }
       if (m.has_hello() && send_command) {
         v1::ServerMessage c;
         c.mutable_command()->set_command_id("cmd-1");
@@ -127,6 +138,10 @@ class FakeServer final : public v1::AgentService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return globals_before_report_;
   }
+  std::vector<v1::Hello> hellos() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return hellos_;
+  }
   std::vector<v1::CommandAck> command_acks() {
     std::lock_guard<std::mutex> lock(mu_);
     return acks_;
@@ -150,6 +165,7 @@ class FakeServer final : public v1::AgentService::Service {
   std::map<int64_t, std::vector<std::string>> shard_names_;
   int64_t duplicates_ = 0, received_ = 0;
   std::vector<v1::CommandAck> acks_;
+  std::vector<v1::Hello> hellos_;
 };
 
 class Running {

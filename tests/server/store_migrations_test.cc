@@ -39,12 +39,13 @@ TEST_CASE("store migrations: a fresh database reaches the latest version", "[ser
   MemoryDb db;
   auto version = MigrateSchema(db.get());
   REQUIRE(version.ok());
-  CHECK(*version == 4);
+  CHECK(*version == 5);
   CHECK(*version == static_cast<int>(SchemaMigrations().size()));
-  CHECK(db.Int("PRAGMA user_version") == 4);
+  CHECK(db.Int("PRAGMA user_version") == 5);
   for (const char* table :
        {"runs", "steps", "rank_steps", "checkpoints", "incidents", "events", "flagged_shards",
-        "quarantined_shards", "commands", "command_acks", "decisions", "outbox"}) {
+        "quarantined_shards", "commands", "command_acks", "decisions", "outbox", "attempts",
+        "incarnations"}) {
     INFO(table);
     CHECK(
         db.Int(std::string("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '") +
@@ -66,10 +67,13 @@ TEST_CASE("store migrations: an older database is upgraded and keeps its rows", 
 
   auto latest = MigrateSchema(db.get());
   REQUIRE(latest.ok());
-  CHECK(*latest == 4);
-  CHECK(db.Int("PRAGMA user_version") == 4);
+  CHECK(*latest == 5);
+  CHECK(db.Int("PRAGMA user_version") == 5);
   CHECK(HasIndex(db, "outbox_once") == 1);
   CHECK(db.Int("SELECT world_size FROM runs WHERE run_id = 'r'") == 2);
+  // Migration 5: a run from before incarnations has none, and no resume step.
+  CHECK(db.Int("SELECT COUNT(*) FROM runs WHERE run_id = 'r' AND incarnation = '' AND "
+               "resume_step IS NULL") == 1);
 
   // The upgraded schema is the one a fresh database gets.
   MemoryDb fresh;
@@ -116,7 +120,7 @@ TEST_CASE("store migrations: running twice is a no-op", "[server][store]") {
   const std::string before = Schema(db);
   auto again = MigrateSchema(db.get());
   REQUIRE(again.ok());
-  CHECK(*again == 4);
+  CHECK(*again == 5);
   CHECK(Schema(db) == before);
 }
 

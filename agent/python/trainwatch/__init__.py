@@ -73,15 +73,21 @@ class Agent(_NativeAgent):
         together: mutual TLS, for a trainwatchd started with --tls_client_ca.
         Each unset falls back to TRAINWATCH_CA_FILE / _CERT_FILE / _KEY_FILE;
         a missing file or a cert without its key raises ValueError naming it.
+    resume_step: the step this launch resumed after (the checkpoint it
+        loaded); unset, the server takes a checkpoint reported before the
+        first step, or else the first step minus 1. A restart that resumes
+        before the run's last stored step opens a new attempt on the server,
+        keeping both jobs' records.
     """
 
     def __init__(self, server="", run_id="", rank=0, world_size=1, token=None, spill_dir=None,
-                 rules=None, reduce=None, ca_file=None, cert_file=None, key_file=None):
+                 rules=None, reduce=None, ca_file=None, cert_file=None, key_file=None,
+                 resume_step=None):
         super().__init__(server=server, run_id=run_id, rank=rank, world_size=world_size,
                          token=token, spill_dir=spill_dir,
                          rules_json=None if rules is None else _json.dumps(rules),
                          reduce=reduce, ca_file=ca_file, cert_file=cert_file,
-                         key_file=key_file)
+                         key_file=key_file, resume_step=resume_step)
 
     def poll_command(self):
         """The next command from the server (a Command), or None."""

@@ -93,6 +93,13 @@ struct AgentConfig {
   // rank, instead of warming up again with tier 1 off. About 128 bytes each;
   // 0: keep none (start over).
   size_t resume_history_records = 20000;
+  // The step this launch of the job resumed after (it loaded the checkpoint
+  // of that step and trains resume_step + 1 next), told to the server in the
+  // hello. Unset: the server takes the step of a checkpoint reported before
+  // the first Step(), or else the first step minus 1. A launch that resumes
+  // before the run's last stored step opens a new attempt on the server, so
+  // that both jobs' records are kept (see the incarnation note below).
+  std::optional<int64_t> resume_step;
 
   // Overrides the fields above from TRAINWATCH_* variables (and RANK /
   // WORLD_SIZE are the reducer's business, not the config's). Bad values
@@ -174,8 +181,19 @@ struct AgentStats {
   bool streaming = false;
   size_t unacked = 0;
   size_t spill_bytes = 0;
+  // A newer incarnation of the run took over on the server: not streaming.
+  bool replaced = false;
 };
 
+// Incarnations: each Create() with a server address is one launch of the
+// job, named by a random 64-bit id that rank 0 draws and every rank learns
+// through the reducer (one all-reduce at Create, so with a server every rank
+// must call Create, as it must call Step). trainwatchd uses it to tell a
+// restart of the job (a new attempt when it resumes before the last stored
+// step) from a reconnect (re-sent records, deduplicated). When a newer
+// launch of the same run streams, the server ends this one's stream with
+// FAILED_PRECONDITION: the agent logs one line, stops streaming and keeps
+// no more records (Stats().replaced); its local verdicts go on.
 class Agent {
  public:
   static absl::StatusOr<std::unique_ptr<Agent>> Create(const AgentConfig& config,

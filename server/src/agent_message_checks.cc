@@ -54,7 +54,7 @@ absl::Status CheckAgentMessage(const v1::AgentMessage& m, const AgentStreamProgr
                          " bytes long: at most ", kMaxIncarnationIdBytes));
       }
       for (char c : h.incarnation_id()) {
-        if (!RunIdChar(c)) {
+        if (!wire::IsRunIdChar(c)) {
           return absl::InvalidArgumentError(absl::StrCat(
               "hello: incarnation_id has the byte 0x",
               absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2),

@@ -205,14 +205,42 @@ TEST_CASE("e2e: the example trainer through tiers 1 and 2 and 3 with real compon
        {"OMP_NUM_THREADS", "1"},
        {"PYTHONDONTWRITEBYTECODE", "1"}});
 
-  // The on-call engineer: as soon as a tier 2 incident awaits a decision,
-  // approve the recommended rollback with twctl.
+  // Whether Alertmanager delivered the page of `incident` as firing.
+  auto paged_firing = [&](const std::string& incident) {
+    for (const auto& r : hook.requests()) {
+      auto v = core::ParseJson(r.body, "webhook");
+      if (!v.ok()) continue;
+      for (const core::JsonValue& a : v->Find("alerts")->array) {
+        if (a.Find("labels")->Find("incident")->string == incident &&
+            a.Find("status")->string == "firing") {
+          return true;
+        }
+      }
+    }
+    return false;
+  };
+  // The on-call engineer: paged for a tier 2 incident awaiting a decision,
+  // approves the recommended rollback with twctl. Approving before the page
+  // arrives would let the incident resolve inside Alertmanager's group_wait,
+  // and the only notification would be "resolved".
   const std::string twctl = std::string("TRAINWATCH_SERVER=") + daemon.address() + " " + TWCTL_PATH;
   std::string incident;
+  std::string awaiting;
   int code = -1;
   auto approve_until_exit = [&] {
     code = trainer.Wait(0);
     if (code != -1 || !incident.empty()) return code != -1;
+    if (!awaiting.empty()) {
+      if (!paged_firing(awaiting)) return false;
+      incident = awaiting;
+      std::string out;
+      const int rc = RunCommand(twctl + " rollback approve " + incident +
+                                    " --yes --comment 'logit drift: roll back with z-loss'",
+                                "", &out);
+      INFO(out);
+      REQUIRE(rc == 0);
+      return false;
+    }
     std::string out;
     REQUIRE(RunCommand(twctl + " incidents --run " + kRun + " -o json", "", &out) == 0);
     auto v = core::ParseJson(out, "twctl");
@@ -220,15 +248,8 @@ TEST_CASE("e2e: the example trainer through tiers 1 and 2 and 3 with real compon
     for (const core::JsonValue& inc : v->Find("incidents")->array) {
       if (inc.Find("tier")->string == "TIER_LOGIT_DRIFT" &&
           inc.Find("state")->string == "INCIDENT_STATE_AWAITING_DECISION") {
-        incident = inc.Find("incident_id")->string;
+        awaiting = inc.Find("incident_id")->string;
       }
-    }
-    if (!incident.empty()) {
-      const int rc = RunCommand(twctl + " rollback approve " + incident +
-                                    " --yes --comment 'logit drift: roll back with z-loss'",
-                                "", &out);
-      INFO(out);
-      REQUIRE(rc == 0);
     }
     return false;
   };

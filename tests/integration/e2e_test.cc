@@ -205,20 +205,6 @@ TEST_CASE("e2e: the example trainer through tiers 1 and 2 and 3 with real compon
        {"OMP_NUM_THREADS", "1"},
        {"PYTHONDONTWRITEBYTECODE", "1"}});
 
-  // Whether Alertmanager delivered the page of `incident` as firing.
-  auto paged_firing = [&](const std::string& incident) {
-    for (const auto& r : hook.requests()) {
-      auto v = core::ParseJson(r.body, "webhook");
-      if (!v.ok()) continue;
-      for (const core::JsonValue& a : v->Find("alerts")->array) {
-        if (a.Find("labels")->Find("incident")->string == incident &&
-            a.Find("status")->string == "firing") {
-          return true;
-        }
-      }
-    }
-    return false;
-  };
   // The on-call engineer: paged for a tier 2 incident awaiting a decision,
   // approves the recommended rollback with twctl. Approving before the page
   // arrives would let the incident resolve inside Alertmanager's group_wait,
@@ -231,7 +217,7 @@ TEST_CASE("e2e: the example trainer through tiers 1 and 2 and 3 with real compon
     code = trainer.Wait(0);
     if (code != -1 || !incident.empty()) return code != -1;
     if (!awaiting.empty()) {
-      if (!paged_firing(awaiting)) return false;
+      if (!PagedFiring(hook, awaiting)) return false;
       incident = awaiting;
       std::string out;
       const int rc = RunCommand(twctl + " rollback approve " + incident +

@@ -87,21 +87,8 @@ TEST_CASE("reconfigure: a tier 3 halt in bf16 resumes in fp32 at the restarted j
       },
       std::chrono::seconds(20), std::chrono::milliseconds(200)));
   // The page, as Alertmanager delivered it.
-  REQUIRE(WaitUntil(
-      [&] {
-        for (const auto& r : hook.requests()) {
-          auto v = core::ParseJson(r.body, "webhook");
-          if (!v.ok()) continue;
-          for (const core::JsonValue& a : v->Find("alerts")->array) {
-            if (a.Find("labels")->Find("incident")->string == incident &&
-                a.Find("status")->string == "firing") {
-              return true;
-            }
-          }
-        }
-        return false;
-      },
-      std::chrono::seconds(30), std::chrono::milliseconds(200)));
+  REQUIRE(WaitUntil([&] { return PagedFiring(hook, incident); }, std::chrono::seconds(30),
+                    std::chrono::milliseconds(200)));
 
   // 2. The approval names the module and its precision; a malformed one is
   // refused by twctl before anything is sent.

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "testing/wait.h"
+#include "trainwatch/core/json.h"
 
 namespace trainwatch::testing {
 
@@ -112,6 +113,20 @@ void Child::Kill() {
   if (pgid_ > 0) kill(-pgid_, SIGKILL);
   if (pid_ > 0) waitpid(pid_, nullptr, 0);
   pid_ = pgid_ = -1;
+}
+
+bool PagedFiring(HttpReceiver& hook, const std::string& incident) {
+  for (const auto& r : hook.requests()) {
+    auto v = core::ParseJson(r.body, "webhook");
+    if (!v.ok()) continue;
+    for (const core::JsonValue& a : v->Find("alerts")->array) {
+      if (a.Find("labels")->Find("incident")->string == incident &&
+          a.Find("status")->string == "firing") {
+        return true;
+      }
+    }
+  }
+  return false;
 }
 
 int64_t QueryInt(const std::string& db, const std::string& sql) {

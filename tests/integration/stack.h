@@ -48,6 +48,10 @@ class Child {
 // on a connection of its own (-1 when no row).
 int64_t QueryInt(const std::string& db, const std::string& sql);
 
+// Whether Alertmanager delivered to `hook` (its webhook receiver) the page
+// of `incident` as firing.
+bool PagedFiring(HttpReceiver& hook, const std::string& incident);
+
 // trainwatchd with its database in `dir` (a restart in the same folder finds
 // it again), optional rules and pager config, and any further `flags` (a
 // later flag wins: "--listen" fixes the port); the ports it chose are read

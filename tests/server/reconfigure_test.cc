@@ -71,12 +71,16 @@ v1::SettingChange LrScale(double x) {
 }
 
 // The server's first answer to a hello of rank 0 on a fresh stream.
-v1::DurabilityAck HelloAnswer(const std::shared_ptr<grpc::Channel>& ch, const std::string& run) {
+// `incarnation` empty: an agent from before incarnation ids.
+v1::DurabilityAck HelloAnswer(const std::shared_ptr<grpc::Channel>& ch, const std::string& run,
+                              const std::string& incarnation = "") {
   auto stub = v1::AgentService::NewStub(ch);
   grpc::ClientContext c;
   c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
   auto stream = stub->Stream(&c);
-  REQUIRE(stream->Write(Hello(run, 0, 1)));
+  v1::AgentMessage hello = Hello(run, 0, 1);
+  hello.mutable_hello()->set_incarnation_id(incarnation);
+  REQUIRE(stream->Write(hello));
   v1::ServerMessage m;
   REQUIRE(stream->Read(&m));
   REQUIRE(m.has_durability_ack());
@@ -141,6 +145,24 @@ TEST_CASE("reconfigure: an undecided restart is named at hello and recorded - an
         return false;
       },
       std::chrono::seconds(10)));
+
+  // With incarnation ids the record is exact: a new launch is recorded as
+  // a restart, a reconnect of it is told again and not recorded.
+  auto undecided_notes = [&] {
+    tw.server->ingestor()->Flush();
+    std::vector<std::string> notes;
+    for (const auto& d : Get(tw.channel, t3).decisions()) {
+      if (d.kind() == v1::DECISION_KIND_RESTARTED_UNDECIDED) notes.push_back(d.comment());
+    }
+    return notes;
+  };
+  CHECK(HelloAnswer(tw.channel, run, "job-2").undecided_incidents_size() == 1);
+  REQUIRE(testing::WaitUntil([&] { return undecided_notes().size() == 2; },
+                             std::chrono::seconds(10)));
+  CHECK(undecided_notes()[1].find("the job restarted (incarnation job-2;") != std::string::npos);
+  CHECK(HelloAnswer(tw.channel, run, "job-2").undecided_incidents_size() == 1);
+  CHECK(testing::HoldsFor([&] { return undecided_notes().size() == 2; },
+                          std::chrono::milliseconds(500)));
 
   // Settings the server refuses, each naming what is wrong.
   struct Bad {

@@ -151,7 +151,8 @@ TEST_CASE("reconfigure: an undecided restart is named at hello and recorded - an
   auto undecided_notes = [&] {
     tw.server->ingestor()->Flush();
     std::vector<std::string> notes;
-    for (const auto& d : Get(tw.channel, t3).decisions()) {
+    const v1::Incident inc = Get(tw.channel, t3);  // outlives the loop
+    for (const auto& d : inc.decisions()) {
       if (d.kind() == v1::DECISION_KIND_RESTARTED_UNDECIDED) notes.push_back(d.comment());
     }
     return notes;

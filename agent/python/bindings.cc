@@ -198,6 +198,7 @@ class PyAgent {
     } else {
       reducer = std::make_unique<agent::SingleProcessReducer>();
     }
+    world_size_ = world_size;
     auto a = agent::Agent::Create(cfg, std::move(reducer));
     if (!a.ok()) throw py::value_error(std::string(a.status().message()));
     agent_ = *std::move(a);
@@ -207,8 +208,9 @@ class PyAgent {
                  py::object labels, std::optional<double> log_z,
                  py::object shards, std::optional<double> lr,
                  std::optional<double> z_loss_alpha, py::object grad_stats,
-                 py::object grad_tensors) {
+                 py::object grad_tensors, py::object grad_copies) {
     agent::StepInput in;
+    groups_.clear();
     in.step = step;
     in.loss = loss;
     in.learning_rate = lr;
@@ -218,14 +220,23 @@ class PyAgent {
     }
     if (!grad_stats.is_none()) {
       // Statistics the caller computed (e.g. with torch on the GPU):
-      // (sum of squares over finite elements, nonfinite count, elements).
-      const auto t = grad_stats.cast<std::tuple<double, int64_t, int64_t>>();
-      if (std::get<1>(t) < 0 || std::get<2>(t) < 0 || std::get<1>(t) > std::get<2>(t)) {
-        throw py::value_error("grad_stats: 0 <= nonfinite <= elements");
+      // (sum of squares over finite elements, nonfinite count, elements),
+      // or a list of (..., copies) groups for a layout other than sharded.
+      if (py::isinstance<py::tuple>(grad_stats)) {
+        const auto t = grad_stats.cast<std::tuple<double, int64_t, int64_t>>();
+        if (std::get<1>(t) < 0 || std::get<2>(t) < 0 || std::get<1>(t) > std::get<2>(t)) {
+          throw py::value_error("grad_stats: 0 <= nonfinite <= elements");
+        }
+        in.grad_sum_squares = std::get<0>(t);
+        in.grad_nonfinite = std::get<1>(t);
+        in.grad_elements = std::get<2>(t);
+      } else {
+        for (const auto& [ss, nf, n, copies] :
+             grad_stats.cast<std::vector<std::tuple<double, int64_t, int64_t, int>>>()) {
+          groups_.push_back({ss, nf, n, copies});
+          in.grad_nonfinite += nf;  // this rank's own, for the tensor report below
+        }
       }
-      in.grad_sum_squares = std::get<0>(t);
-      in.grad_nonfinite = std::get<1>(t);
-      in.grad_elements = std::get<2>(t);
       if (!grad_tensors.is_none() && in.grad_nonfinite > 0) {
         // Per tensor: (name, sum of squares, nonfinite, elements).
         names_.clear();
@@ -261,14 +272,39 @@ class PyAgent {
         held.emplace_back(g);
         views_.push_back({held.back().data(), held.back().dtype(), held.back().numel()});
       }
+      // The copies of each tensor's gradient (agent.h, GradGroup): one int
+      // for all, or one per tensor given (None gradients left out).
+      std::vector<int> copies;
+      const bool per_tensor_copies = !grad_copies.is_none() && !py::isinstance<py::int_>(grad_copies);
+      if (per_tensor_copies) {
+        copies = grad_copies.cast<std::vector<int>>();
+        if (copies.size() != views_.size()) {
+          throw py::value_error(absl::StrCat("grad_copies has ", copies.size(),
+                                             " entries for ", views_.size(), " gradients"));
+        }
+      }
       kernels::GradStatsOptions opts;
-      opts.per_tensor = named;
+      opts.per_tensor = named || per_tensor_copies;
       kernels::Status s = kernels::ComputeGradStats(views_.data(), views_.size(), opts,
                                                     &grad_stats_);
       if (!s.ok()) throw py::value_error(s.ToString());
-      in.grad_sum_squares = grad_stats_.sum_squares;
-      in.grad_nonfinite = grad_stats_.nonfinite;
-      in.grad_elements = grad_stats_.numel;
+      if (per_tensor_copies) {
+        for (size_t i = 0; i < views_.size(); ++i) {
+          auto g = std::find_if(groups_.begin(), groups_.end(),
+                                [&](const agent::GradGroup& g) { return g.copies == copies[i]; });
+          if (g == groups_.end()) g = groups_.insert(groups_.end(), {0.0, 0, 0, copies[i]});
+          g->sum_squares += grad_stats_.tensor_sum_squares[i];
+          g->nonfinite += grad_stats_.tensor_nonfinite[i];
+          g->elements += views_[i].numel;
+        }
+      } else if (!grad_copies.is_none()) {
+        groups_.push_back({grad_stats_.sum_squares, grad_stats_.nonfinite, grad_stats_.numel,
+                           grad_copies.cast<int>()});
+      } else {
+        in.grad_sum_squares = grad_stats_.sum_squares;
+        in.grad_nonfinite = grad_stats_.nonfinite;
+        in.grad_elements = grad_stats_.numel;
+      }
       if (named && grad_stats_.nonfinite > 0) {
         tensors_.clear();
         for (size_t i = 0; i < views_.size(); ++i) {
@@ -326,6 +362,24 @@ class PyAgent {
     }
     in.shards = shard_ids;
     in.shard_names = shard_names;
+    // As groups, this rank's own counts above only served the tensor
+    // report: StepInput takes one form or the other.
+    double local_ss = in.grad_sum_squares.value_or(0.0);
+    int64_t local_nonfinite = in.grad_nonfinite, local_elements = in.grad_elements;
+    if (!groups_.empty()) {
+      local_ss = local_nonfinite = local_elements = 0;
+      for (const agent::GradGroup& g : groups_) {
+        local_ss += g.sum_squares;
+        local_nonfinite += g.nonfinite;
+        local_elements += g.elements;
+      }
+      in.grad_groups = groups_;
+      in.grad_nonfinite = 0;
+    }
+    // A bad layout is the caller's error, like a bad shard name: raised.
+    if (absl::Status s = agent::CheckGradLayout(in, world_size_); !s.ok()) {
+      throw py::value_error(std::string(s.message()));
+    }
     const absl::StatusOr<core::Verdict> result = agent_->Step(in);
     // A step the ranks could not agree on halts, with the error as the
     // reason, as a halt verdict rather than an exception: the trainer's loop
@@ -339,10 +393,11 @@ class PyAgent {
     out.rule = v.decision == core::Decision::kContinue ? "" : std::string(core::EventKindName(v.rule));
     const core::StepOutcome& o = agent_->last_outcome();
     out.loss_ema_ratio = o.loss_ema_ratio;
-    out.grad_norm = in.grad_sum_squares ? std::sqrt(*in.grad_sum_squares) : std::nan("");
-    out.nan_frac = in.grad_elements > 0 ? static_cast<double>(in.grad_nonfinite) /
-                                              static_cast<double>(in.grad_elements)
-                                        : std::nan("");
+    const bool has_grad = in.grad_sum_squares.has_value() || !groups_.empty();
+    out.grad_norm = has_grad ? std::sqrt(local_ss) : std::nan("");
+    out.nan_frac = local_elements > 0 ? static_cast<double>(local_nonfinite) /
+                                            static_cast<double>(local_elements)
+                                      : std::nan("");
     for (const core::Event& e : o.events) {
       py::dict d;
       d["step"] = e.step;
@@ -422,6 +477,7 @@ class PyAgent {
   }
   bool Streaming() const { return agent_->Stats().streaming; }
   std::string RunId() const { return agent_->run_id(); }
+  int WorldSize() const { return world_size_; }
   void Close(int timeout_ms) {
     py::gil_scoped_release release;  // the writer may call back into Python
     agent_->Close(timeout_ms);
@@ -432,7 +488,9 @@ class PyAgent {
   std::vector<kernels::TensorView> views_;
   std::vector<std::string> names_;
   std::vector<core::TensorStat> tensors_;
+  std::vector<agent::GradGroup> groups_;
   kernels::GradStats grad_stats_;
+  int world_size_ = 1;
 };
 
 }  // namespace
@@ -474,7 +532,7 @@ PYBIND11_MODULE(_trainwatch, m) {
            py::arg("labels") = py::none(), py::arg("log_z") = py::none(),
            py::arg("shards") = py::none(), py::arg("lr") = py::none(),
            py::arg("z_loss_alpha") = py::none(), py::arg("grad_stats") = py::none(),
-           py::arg("grad_tensors") = py::none())
+           py::arg("grad_tensors") = py::none(), py::arg("grad_copies") = py::none())
       .def("report_checkpoint", &PyAgent::ReportCheckpoint)
       .def("poll_command", &PyAgent::PollCommand)
       .def("on_command", &PyAgent::OnCommand)
@@ -488,5 +546,6 @@ PYBIND11_MODULE(_trainwatch, m) {
       .def("stats", &PyAgent::Stats)
       .def_property_readonly("streaming", &PyAgent::Streaming)
       .def_property_readonly("run_id", &PyAgent::RunId)
+      .def_property_readonly("world_size", &PyAgent::WorldSize)
       .def("close", &PyAgent::Close, py::arg("timeout_ms") = 5000);
 }

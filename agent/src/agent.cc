@@ -104,6 +104,7 @@ absl::Status Agent::Impl::GatherShards(absl::Span<const uint64_t> mine,
 absl::StatusOr<Verdict> Agent::Impl::Step(const StepInput& in) {
   // Checked first, so that nothing is reduced or queued for a step refused.
   if (absl::Status s = core::CheckShardNames("step", in.shard_names); !s.ok()) return s;
+  if (absl::Status s = CheckGradLayout(in, reducer_->world_size()); !s.ok()) return s;
   steps_.fetch_add(1, std::memory_order_relaxed);
   internal::StepReduction reduced(in);
   if (absl::Status s = reducer_->AllReduce(reduced.sums(), reduced.maxes()); !s.ok()) {
@@ -126,7 +127,7 @@ absl::StatusOr<Verdict> Agent::Impl::Step(const StepInput& in) {
   }
   // Rank 0 streams the run's record; the others only what is theirs alone:
   // a nonfinite gradient, which localises the bad device.
-  if (!config_.server_address.empty() && (origin_.rank == 0 || in.grad_nonfinite > 0)) {
+  if (!config_.server_address.empty() && (origin_.rank == 0 || reduced.local_nonfinite() > 0)) {
     Queue(in, rec, reduced, std::move(gathered));
   }
   return outcome_.verdict;
@@ -140,14 +141,16 @@ void Agent::Impl::Queue(const StepInput& in, const core::StepRecord& rec,
   slot->step = in.step;
   slot->values = rec;
   if (slot->rank_scope && slot->values.Has(Signal::kNanFrac)) {  // this rank's own gradient
-    slot->values.Set(Signal::kNanFrac, in.grad_elements > 0
-                                           ? static_cast<double>(in.grad_nonfinite) /
-                                                 static_cast<double>(in.grad_elements)
+    slot->values.Set(Signal::kNanFrac, reduced.local_elements() > 0
+                                           ? static_cast<double>(reduced.local_nonfinite()) /
+                                                 static_cast<double>(reduced.local_elements())
                                            : 0.0);
   }
   slot->loss_ema_ratio = outcome_.loss_ema_ratio;
-  slot->nonfinite = slot->rank_scope ? static_cast<uint64_t>(in.grad_nonfinite) : reduced.nonfinite();
-  slot->elements = slot->rank_scope ? static_cast<uint64_t>(in.grad_elements) : reduced.elements();
+  slot->nonfinite = slot->rank_scope ? static_cast<uint64_t>(reduced.local_nonfinite())
+                                     : reduced.nonfinite();
+  slot->elements = slot->rank_scope ? static_cast<uint64_t>(reduced.local_elements())
+                                    : reduced.elements();
   slot->verdict = outcome_.verdict;
   slot->shard_count = static_cast<uint16_t>(std::min(in.shards.size(), Slot::kMaxShards));
   std::copy_n(in.shards.begin(), slot->shard_count, slot->shards);
@@ -155,8 +158,9 @@ void Agent::Impl::Queue(const StepInput& in, const core::StepRecord& rec,
   slot->gathered_shards.clear();
   if (!slot->rank_scope && !gathered.empty()) slot->gathered_shards = std::move(gathered);
   slot->tensor_report.reset();
-  if (in.grad_nonfinite > 0 && !in.tensors.empty()) {
-    slot->tensor_report = internal::TensorReportMessage(origin_, in);
+  if (reduced.local_nonfinite() > 0 && !in.tensors.empty()) {
+    slot->tensor_report = internal::TensorReportMessage(origin_, in, reduced.local_nonfinite(),
+                                                        reduced.local_elements());
   }
   slot->time_ms = config_.clock->NowMs();
   sender_.Commit(slot);

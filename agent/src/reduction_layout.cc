@@ -5,6 +5,8 @@
 #include <limits>
 #include <optional>
 
+#include "absl/strings/str_cat.h"
+
 namespace trainwatch::agent::internal {
 
 using core::Signal;
@@ -12,6 +14,37 @@ using core::Signal;
 namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 }  // namespace
+
+}  // namespace trainwatch::agent::internal
+
+namespace trainwatch::agent {
+
+absl::Status CheckGradLayout(const StepInput& in, int world_size) {
+  if (in.grad_groups.empty()) return absl::OkStatus();
+  if (in.grad_sum_squares.has_value() || in.grad_nonfinite != 0 || in.grad_elements != 0) {
+    return absl::InvalidArgumentError(
+        "step: gradient statistics given both as grad_sum_squares/grad_nonfinite/"
+        "grad_elements and as grad_groups; give one");
+  }
+  for (size_t i = 0; i < in.grad_groups.size(); ++i) {
+    const GradGroup& g = in.grad_groups[i];
+    if (g.copies < 1 || g.copies > world_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step: grad_groups[", i, "].copies is ", g.copies,
+                       "; a gradient has 1 to world_size (", world_size, ") copies"));
+    }
+    if (g.elements < 0 || g.nonfinite < 0 || g.nonfinite > g.elements) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step: grad_groups[", i, "] has ", g.nonfinite, " nonfinite of ",
+                       g.elements, " elements; needs 0 <= nonfinite <= elements"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace trainwatch::agent
+
+namespace trainwatch::agent::internal {
 
 StepReduction::StepReduction(const StepInput& in) {
   maxes_.fill(-std::numeric_limits<double>::infinity());
@@ -21,6 +54,19 @@ StepReduction::StepReduction(const StepInput& in) {
   }
   sums_[kNonfinite] = static_cast<double>(in.grad_nonfinite);
   sums_[kElements] = static_cast<double>(in.grad_elements);
+  local_nonfinite_ = in.grad_nonfinite;
+  local_elements_ = in.grad_elements;
+  // Each copy contributes its share, so the world's sum counts the gradient
+  // once. The counts' shares are fractions; Count() rounds the sum.
+  for (const GradGroup& g : in.grad_groups) {
+    const double share = 1.0 / g.copies;
+    sums_[kSumSq] += g.sum_squares * share;
+    sums_[kNonfinite] += static_cast<double>(g.nonfinite) * share;
+    sums_[kElements] += static_cast<double>(g.elements) * share;
+    sums_[kHasGrad] = 1;
+    local_nonfinite_ += g.nonfinite;
+    local_elements_ += g.elements;
+  }
   if (in.loss.has_value()) {
     if (std::isfinite(*in.loss)) {
       sums_[kLossSum] = *in.loss;
@@ -62,7 +108,9 @@ core::StepValues StepReduction::Values() const {
     v.Set(Signal::kLoss, sums_[kLossSum] / sums_[kLossCount]);
   }
   if (sums_[kHasGrad] > 0) v.Set(Signal::kGradNorm, std::sqrt(sums_[kSumSq]));
-  if (sums_[kElements] > 0) v.Set(Signal::kNanFrac, sums_[kNonfinite] / sums_[kElements]);
+  if (elements() > 0) {
+    v.Set(Signal::kNanFrac, static_cast<double>(nonfinite()) / static_cast<double>(elements()));
+  }
   if (sums_[kLogZNonfinite] > 0) {
     v.Set(Signal::kLogZ, kNaN);
   } else if (sums_[kLogZRows] > 0) {

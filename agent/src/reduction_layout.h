@@ -1,13 +1,18 @@
 // Private: how one step's numbers travel through the reducer's collective
 // (a few doubles summed, a few maxed) and what they mean once reduced, so
 // that every rank derives the same global record from the same buffers.
+// The gradient sums are weighted by each group's copies (agent.h,
+// GradGroup), so that one sum over the whole world counts every distinct
+// gradient element once in any layout.
 // Also the layout of the rarer second collective that gathers every rank's
 // shard ids.
 
 #ifndef TRAINWATCH_AGENT_SRC_REDUCTION_LAYOUT_H_
 #define TRAINWATCH_AGENT_SRC_REDUCTION_LAYOUT_H_
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -22,6 +27,7 @@ namespace trainwatch::agent::internal {
 // reduced in place through sums() and maxes(), then read back.
 class StepReduction {
  public:
+  // REQUIRES: CheckGradLayout(in, world_size) is OK (agent.h).
   explicit StepReduction(const StepInput& in);
 
   absl::Span<double> sums() { return absl::MakeSpan(sums_); }
@@ -30,9 +36,14 @@ class StepReduction {
   // The global numbers, once every rank's buffers are reduced (on one rank
   // alone: that rank's own numbers).
   core::StepValues Values() const;
-  // The gradient element counts over every rank.
-  uint64_t nonfinite() const { return static_cast<uint64_t>(sums_[kNonfinite]); }
-  uint64_t elements() const { return static_cast<uint64_t>(sums_[kElements]); }
+  // The distinct gradient elements over every rank (each copy counted
+  // once), rounded once after the reduction: exact integers.
+  uint64_t nonfinite() const { return Count(sums_[kNonfinite]); }
+  uint64_t elements() const { return Count(sums_[kElements]); }
+  // This rank's own gradient counts, unweighted: what its rank-scoped record
+  // and per-tensor report describe.
+  int64_t local_nonfinite() const { return local_nonfinite_; }
+  int64_t local_elements() const { return local_elements_; }
 
  private:
   enum SumIndex {
@@ -43,8 +54,13 @@ class StepReduction {
     kLr, kZLoss, kActMax, kAttnP99, kHasLr, kHasZLoss, kHasAct, kHasAttn, kNumMaxes
   };
 
+  static uint64_t Count(double weighted) {
+    return static_cast<uint64_t>(std::llround(std::max(weighted, 0.0)));
+  }
+
   std::array<double, kNumSums> sums_{};
   std::array<double, kNumMaxes> maxes_;
+  int64_t local_nonfinite_ = 0, local_elements_ = 0;
 };
 
 // Every rank's shard ids (at most kPerRank each) through the reducer's sum:

@@ -41,17 +41,16 @@ v1::AgentMessage StepMessage(const Origin& origin, const Slot& s) {
   return m;
 }
 
-std::unique_ptr<v1::AgentMessage> TensorReportMessage(const Origin& origin,
-                                                      const StepInput& in) {
+std::unique_ptr<v1::AgentMessage> TensorReportMessage(const Origin& origin, const StepInput& in,
+                                                      int64_t nonfinite, int64_t elements) {
   auto m = std::make_unique<v1::AgentMessage>();
   wire::ReportedStep rep;
   rep.step = in.step;
-  rep.nonfinite = static_cast<uint64_t>(in.grad_nonfinite);
-  rep.elements = static_cast<uint64_t>(in.grad_elements);
-  rep.Set(core::Signal::kNanFrac, in.grad_elements > 0
-                                      ? static_cast<double>(in.grad_nonfinite) /
-                                            static_cast<double>(in.grad_elements)
-                                      : 0.0);
+  rep.nonfinite = static_cast<uint64_t>(nonfinite);
+  rep.elements = static_cast<uint64_t>(elements);
+  rep.Set(core::Signal::kNanFrac, elements > 0 ? static_cast<double>(nonfinite) /
+                                                     static_cast<double>(elements)
+                                               : 0.0);
   for (const core::TensorStat& t : in.tensors) {
     if (t.nonfinite <= 0) continue;
     if (rep.tensors.size() == kMaxReportedTensors) break;

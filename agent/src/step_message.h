@@ -55,9 +55,10 @@ struct Slot {
 v1::AgentMessage StepMessage(const Origin& origin, const Slot& slot);
 
 // A failure path, allocation allowed: this rank's own report with (up to 64
-// of) the tensors that hold nonfinite values.
-std::unique_ptr<v1::AgentMessage> TensorReportMessage(const Origin& origin,
-                                                      const StepInput& in);
+// of) the tensors that hold nonfinite values, with this rank's own gradient
+// counts (the sum over its gradient groups, unweighted).
+std::unique_ptr<v1::AgentMessage> TensorReportMessage(const Origin& origin, const StepInput& in,
+                                                      int64_t nonfinite, int64_t elements);
 
 }  // namespace trainwatch::agent::internal
 

@@ -4,6 +4,8 @@
 #include "reduction_layout.h"
 
 #include <cmath>
+#include <cstdint>
+#include <string>
 #include <limits>
 #include <vector>
 
@@ -105,6 +107,94 @@ TEST_CASE("layout: one rank's nonfinite loss makes the global loss NaN", "[agent
   REQUIRE(v.Has(Signal::kLogZ));
   CHECK(std::isnan(v.Get(Signal::kLogZ)));
   CHECK_FALSE(v.Has(Signal::kGradNorm));
+}
+
+// Two ranks of DDP: the same gradient on both after its all-reduce, one
+// NaN in it. Each distinct element counts once.
+TEST_CASE("layout: replicated gradients count once - not world_size times", "[agent][layout]") {
+  const std::vector<GradGroup> replicated = {{9.0, 1, 7, 2}};
+  std::vector<StepInput> in(2);
+  for (auto& i : in) i.grad_groups = replicated;
+  std::vector<StepReduction> ranks(in.begin(), in.end());
+  ReduceAcross(ranks);
+  const core::StepValues v = ranks[0].Values();
+  CHECK(v.Get(Signal::kGradNorm) == 3.0);
+  CHECK(v.Get(Signal::kNanFrac) == 1.0 / 7.0);
+  CHECK(ranks[0].nonfinite() == 1);
+  CHECK(ranks[0].elements() == 7);
+  CHECK(ranks[0].local_nonfinite() == 1);
+  CHECK(ranks[0].local_elements() == 7);
+}
+
+// Counts whose shares (1/3) are not exact in binary still come out as the
+// integers they are, large ones included.
+TEST_CASE("layout: weighted counts round once to exact integers", "[agent][layout]") {
+  const int64_t big = (int64_t{1} << 40) + 1;
+  const std::vector<GradGroup> replicated = {{1.0, 1, big, 3}};
+  std::vector<StepInput> in(3);
+  for (auto& i : in) i.grad_groups = replicated;
+  std::vector<StepReduction> ranks(in.begin(), in.end());
+  ReduceAcross(ranks);
+  CHECK(ranks[0].nonfinite() == 1);
+  CHECK(ranks[0].elements() == static_cast<uint64_t>(big));
+  CHECK(ranks[0].Values().Get(Signal::kNanFrac) == 1.0 / static_cast<double>(big));
+}
+
+// 2 tensor-parallel x 2 data-parallel ranks (rank = dp * 2 + tp): each
+// Linear weight is split in tp halves (a shard: dp = 2 copies), the norm is
+// whole on every rank (duplicated: 4 copies). The norm over every parameter
+// gathered once is sqrt(1 + 4 + 2) = sqrt(7). Loss and log Z: each TP group
+// reports its data-parallel replica's numbers on both of its ranks, and the
+// means are the data-parallel ones.
+TEST_CASE("layout: hybrid counts shards per data-parallel copy - duplicates once",
+          "[agent][layout]") {
+  const std::vector<std::vector<GradGroup>> groups = {
+      {{1.0, 0, 10, 2}, {2.0, 1, 3, 4}},   // tp 0: first half of the weight
+      {{4.0, 2, 10, 2}, {2.0, 1, 3, 4}}};  // tp 1: second half
+  std::vector<StepInput> in(4);
+  for (int r = 0; r < 4; ++r) {
+    const int dp = r / 2, tp = r % 2;
+    in[r].grad_groups = groups[tp];
+    in[r].loss = dp == 0 ? 1.0 : 3.0;
+    // Different row counts per replica: the mean over every row of the
+    // global batch, (2 * 4 + 6 * 8) / 8 = 7.
+    in[r].log_z_sum = dp == 0 ? 8.0 : 48.0;
+    in[r].log_z_rows = dp == 0 ? 2 : 6;
+  }
+  std::vector<StepReduction> ranks(in.begin(), in.end());
+  ReduceAcross(ranks);
+  const core::StepValues v = ranks[0].Values();
+  CHECK(v.Get(Signal::kGradNorm) == Approx(std::sqrt(7.0)).epsilon(1e-15));
+  CHECK(ranks[0].nonfinite() == 3);
+  CHECK(ranks[0].elements() == 23);
+  CHECK(v.Get(Signal::kNanFrac) == 3.0 / 23.0);
+  CHECK(v.Get(Signal::kLoss) == 2.0);
+  CHECK(v.Get(Signal::kLogZ) == 7.0);
+  // Rank 1's own record: its shard and its copy of the norm, unweighted.
+  CHECK(ranks[1].local_nonfinite() == 3);
+  CHECK(ranks[1].local_elements() == 13);
+}
+
+TEST_CASE("layout: bad gradient groups are refused naming the field", "[agent][layout]") {
+  std::vector<GradGroup> groups = {{1.0, 0, 4, 1}, {1.0, 0, 4, 3}};
+  StepInput in;
+  in.grad_groups = groups;
+  CHECK(CheckGradLayout(in, 3).ok());
+  absl::Status s = CheckGradLayout(in, 2);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(s.message()), Catch::Contains("grad_groups[1].copies is 3"));
+  groups[1].copies = 0;
+  CHECK_FALSE(CheckGradLayout(in, 2).ok());
+  groups[1] = {1.0, 5, 4, 1};
+  s = CheckGradLayout(in, 2);
+  CHECK_THAT(std::string(s.message()), Catch::Contains("grad_groups[1] has 5 nonfinite of 4"));
+  groups[1] = {1.0, 0, 4, 1};
+  in.grad_sum_squares = 1.0;
+  s = CheckGradLayout(in, 2);
+  CHECK_THAT(std::string(s.message()), Catch::Contains("both"));
+  // The scalars alone are the sharded layout, as before.
+  in.grad_groups = {};
+  CHECK(CheckGradLayout(in, 2).ok());
 }
 
 TEST_CASE("layout: shard ids gathered from every rank - exact beyond 2^53", "[agent][layout]") {

@@ -71,8 +71,6 @@ TEST_CASE("step message: a tensor report names at most 64 nonfinite tensors", "[
   for (const std::string& n : names) tensors.push_back({n, 2.0, 1, 10});
   StepInput in;
   in.step = 5;
-  in.grad_nonfinite = 70;
-  in.grad_elements = 710;
   in.tensors = tensors;
   v1::AgentMessage want;
   v1::StepReport* r = Address(&want, 5, v1::REPORT_SCOPE_RANK);
@@ -86,7 +84,7 @@ TEST_CASE("step message: a tensor report names at most 64 nonfinite tensors", "[
     t->set_nonfinite_count(1);
     t->set_element_count(10);
   }
-  CHECK(TensorReportMessage(kOrigin, in)->SerializeAsString() == want.SerializeAsString());
+  CHECK(TensorReportMessage(kOrigin, in, 70, 710)->SerializeAsString() == want.SerializeAsString());
 }
 
 }  // namespace

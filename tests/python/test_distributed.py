@@ -39,7 +39,7 @@ def rank_main(rank, world, port, server, out_dir):
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     agent = trainwatch.Agent(server=server, run_id="ddp", rank=rank, world_size=world,
                              rules=RULES, reduce=twt.distributed_reduce())
-    guard = twt.watch(opt, agent)
+    guard = twt.watch(opt, agent, model=model)  # DDP: the replicated layout
     gen = torch.Generator().manual_seed(100 + rank)
     decisions = {}
     for step in range(STEPS):

@@ -18,6 +18,31 @@ weights or Adam's moments), or raises TrainingHalted (tier 3)::
 Host tensors are read in place by the package's statistics kernels. Tensors
 on a GPU (or anywhere else) are reduced there with torch's own operations
 (grad_stats() and log_z_stats()), and only a few numbers cross to the host.
+
+Gradient layout (watch(layout=...)): with several ranks the agent must know
+how many ranks hold each gradient, or the global norm is wrong (DDP counted
+as sharded is sqrt(world_size) times too large):
+
+- "replicated": DDP, every rank holds the same all-reduced gradients. The
+  default when watch(model=) is a DistributedDataParallel.
+- "sharded": FSDP, ZeRO; each rank holds its own slice. The default for a
+  FullyShardedDataParallel model, and for one rank.
+- "hybrid": tensor/pipeline-parallel shards within a model-parallel group,
+  replicated across data_parallel_size ranks. Parameters marked as
+  tensor-parallel shards (Megatron-LM's ``tensor_model_parallel`` attribute;
+  mark_tensor_parallel() sets it) count once per data-parallel replica;
+  everything unmarked (norms, biases) is taken as duplicated on the
+  tensor_parallel_size ranks of the group and counted once.
+
+With several ranks and none of these known, watch() raises ValueError rather
+than report a wrong norm. Loss and log Z are means over the ranks that report
+them (log Z weighted by rows) in every layout; every tensor-parallel rank of
+a replica reports the same loss, which leaves the mean unchanged.
+
+Where a nonfinite gradient can be localised: sharded, only the rank holding
+the shard sees it, and that rank's record names it and the tensor; after
+DDP's all-reduce every rank sees the same NaN, so the record names the
+tensor but cannot say which rank's backward produced it.
 """
 
 import math as _math
@@ -26,7 +51,18 @@ import torch as _torch
 
 from . import TrainingHalted
 
-__all__ = ["watch", "Guard", "distributed_reduce", "grad_stats", "log_z_stats"]
+__all__ = ["watch", "Guard", "distributed_reduce", "grad_stats", "log_z_stats",
+           "mark_tensor_parallel", "LAYOUTS"]
+
+LAYOUTS = ("replicated", "sharded", "hybrid")
+
+
+def mark_tensor_parallel(*params):
+    """Marks parameters as tensor-parallel shards (each tensor-parallel rank
+    holds a different slice), as Megatron-LM's tensor_model_parallel
+    attribute does, for watch(layout="hybrid")."""
+    for p in params:
+        p.tensor_model_parallel = True
 
 
 def grad_stats(grads, names=None):
@@ -59,6 +95,20 @@ def grad_stats(grads, names=None):
     return total, nonfinite, elements, per_tensor
 
 
+def _grouped_grad_stats(grads, names, copies):
+    """grad_stats() per group of equal copies: ([(ss, nonfinite, elements,
+    copies), ...], per_tensor or None), for the binding's grad_stats."""
+    groups, per_tensor = [], None
+    for c in sorted(set(copies)):
+        idx = [i for i, k in enumerate(copies) if k == c]
+        ss, bad, n, pt = grad_stats([grads[i] for i in idx],
+                                    None if names is None else [names[i] for i in idx])
+        groups.append((ss, bad, n, c))
+        if pt is not None:
+            per_tensor = (per_tensor or []) + pt
+    return groups, per_tensor
+
+
 def log_z_stats(logits, labels=None, ignore_index=-100):
     """Mean log partition function over the rows of [..., vocab] logits (rows
     whose label is ignore_index left out), computed on the logits' device in
@@ -75,9 +125,15 @@ def log_z_stats(logits, labels=None, ignore_index=-100):
 class Guard:
     """Holds the latest verdict and gates the wrapped optimizer's step()."""
 
-    def __init__(self, optimizer, agent, params=None, on_device=False):
+    def __init__(self, optimizer, agent, params=None, on_device=False, model=None, layout=None,
+                 data_parallel_size=None, tensor_parallel_size=None):
         self.optimizer = optimizer
         self.agent = agent
+        if params is None and model is not None:
+            params = model.named_parameters()
+        self.layout = _resolve_layout(agent, model, layout)
+        self._copies = _layout_copies(self.layout, agent.world_size, data_parallel_size,
+                                      tensor_parallel_size)
         # Statistics with torch operations even for host tensors (they are
         # always used for tensors elsewhere).
         self.on_device = on_device
@@ -89,14 +145,24 @@ class Guard:
         optimizer.step = self._gated_step
 
     def _grads(self):
+        """The gradients (a dict when named) and the copies of each (a list,
+        an int for all, or None: sharded)."""
         # Named when the parameters are (watch(..., params=model.named_parameters())):
         # a NaN is then reported with the tensor that holds it.
         if self.params is not None and self.params and isinstance(self.params[0], tuple):
-            return {n: p.grad.detach().contiguous() for n, p in self.params if p.grad is not None}
-        params = self.params
-        if params is None:
-            params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        return [p.grad.detach().contiguous() for p in params if p.grad is not None]
+            named = [(n, p) for n, p in self.params if p.grad is not None]
+            grads = {n: p.grad.detach().contiguous() for n, p in named}
+            params = [p for _, p in named]
+        else:
+            params = self.params
+            if params is None:
+                params = [p for g in self.optimizer.param_groups for p in g["params"]]
+            params = [p for p in params if p.grad is not None]
+            grads = [p.grad.detach().contiguous() for p in params]
+        copies = self._copies
+        if callable(copies):
+            copies = [copies(p) for p in params]
+        return grads, copies
 
     @_torch.no_grad()
     def observe(self, step, loss, logits=None, labels=None, shards=None):
@@ -105,19 +171,25 @@ class Guard:
         group = self.optimizer.param_groups[0]
         z = group.get("z_loss_alpha")
         kw = {}
-        grads = self._grads()
+        grads, copies = self._grads()
         tensors = list(grads.values()) if isinstance(grads, dict) else grads
         if self._grads_on_device is None and tensors:
             # Parameters do not change devices while training: decided once.
             self._grads_on_device = any(g.device.type != "cpu" for g in tensors)
         if self.on_device or self._grads_on_device:
             names = list(grads.keys()) if isinstance(grads, dict) else None
-            ss, bad, n, per_tensor = grad_stats(tensors, names)
-            kw["grad_stats"] = (ss, bad, n)
+            if copies is None:
+                ss, bad, n, per_tensor = grad_stats(tensors, names)
+                kw["grad_stats"] = (ss, bad, n)
+            else:
+                if isinstance(copies, int):
+                    copies = [copies] * len(tensors)
+                kw["grad_stats"], per_tensor = _grouped_grad_stats(tensors, names, copies)
             if per_tensor is not None and names is not None:
                 kw["grad_tensors"] = per_tensor
         else:
             kw["grads"] = grads
+            kw["grad_copies"] = copies
         if logits is not None:
             logits = logits.detach()
             if self.on_device or logits.device.type != "cpu":
@@ -158,18 +230,71 @@ class Guard:
         self.optimizer.step = self._step
 
 
-def watch(optimizer, agent, params=None, on_device=False):
+def _resolve_layout(agent, model, layout):
+    if layout is not None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"watch(): layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+        return layout
+    if isinstance(model, _torch.nn.parallel.DistributedDataParallel):
+        return "replicated"
+    # By name: torch 1.13's FSDP module does not import on every Python.
+    if type(model).__name__ == "FullyShardedDataParallel":
+        return "sharded"
+    if agent.world_size == 1:
+        return "sharded"  # one rank: every layout is the same
+    raise ValueError(
+        f"watch(): with world_size {agent.world_size} the gradient layout is needed: pass "
+        "model= a DistributedDataParallel or FullyShardedDataParallel, or layout="
+        "'replicated' (DDP), 'sharded' (FSDP/ZeRO) or 'hybrid' (tensor x data parallel)")
+
+
+def _layout_copies(layout, world, dp, tp):
+    """How many ranks hold each gradient: None (sharded: 1, the binding's
+    default), an int for all, or a function of the parameter."""
+    if layout != "hybrid":
+        if dp is not None or tp is not None:
+            raise ValueError("watch(): data_parallel_size and tensor_parallel_size are for "
+                             "layout='hybrid'")
+        return None if layout == "sharded" else world
+    for name, v in (("data_parallel_size", dp), ("tensor_parallel_size", tp)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"watch(): layout='hybrid' needs {name}, an int >= 1 (got {v!r})")
+    if world % (dp * tp) != 0:
+        raise ValueError(f"watch(): data_parallel_size {dp} x tensor_parallel_size {tp} does "
+                         f"not divide world_size {world}")
+    # A tensor-parallel shard is held by its data-parallel replicas; an
+    # unmarked parameter also by every tensor-parallel rank of the group.
+    return lambda p: dp if getattr(p, "tensor_model_parallel", False) else dp * tp
+
+
+def watch(optimizer, agent, params=None, on_device=False, model=None, layout=None,
+          data_parallel_size=None, tensor_parallel_size=None):
     """Wraps `optimizer` so that its step() obeys the agent's verdicts.
 
-    params: the parameters whose gradients count (default: the optimizer's);
+    params: the parameters whose gradients count (default: model's named
+    parameters when model is given, else the optimizer's);
     model.named_parameters() also names the tensor behind a NaN.
     on_device: compute statistics with torch operations even for host
-    tensors (always done for tensors on a GPU)."""
-    return Guard(optimizer, agent, params, on_device)
+    tensors (always done for tensors on a GPU).
+    model: the trained module; a DistributedDataParallel makes the layout
+    "replicated", a FullyShardedDataParallel "sharded".
+    layout: "replicated", "sharded" or "hybrid" (see the module's docstring);
+    needed with world_size > 1 unless model tells it.
+    data_parallel_size, tensor_parallel_size: for "hybrid" only, both
+    required; their product divides world_size (the rest: pipeline stages).
+    Parameters that are tensor-parallel shards carry tensor_model_parallel
+    (Megatron-LM sets it; else mark_tensor_parallel())."""
+    return Guard(optimizer, agent, params, on_device, model, layout, data_parallel_size,
+                 tensor_parallel_size)
 
 
 def distributed_reduce(group=None):
-    """A reduce callable for trainwatch.Agent over torch.distributed."""
+    """A reduce callable for trainwatch.Agent over torch.distributed.
+
+    group: every rank of the job (default: the whole world), whatever the
+    layout: one all-reduce over all of them makes the norm exact, each rank
+    weighting its gradients by their copies (watch(layout=)). The agent's
+    world_size must be this group's size."""
     import torch.distributed as dist
 
     def reduce(sums, maxes):

@@ -108,17 +108,56 @@ struct AgentConfig {
   static absl::StatusOr<AgentConfig> FromEnvironment();
 };
 
+// Gradient layout: how many ranks hold an identical copy of each gradient.
+// The agent keeps one all-reduce over the whole world and makes it exact for
+// every layout by having each rank contribute each group's sums divided by
+// its copies, so that every distinct gradient element counts once:
+//   replicated (DDP: identical gradients on every rank after its
+//     all-reduce): copies = world_size;
+//   sharded (FSDP, ZeRO: each rank holds its own slice): copies = 1;
+//   hybrid (tensor/pipeline-parallel shards within a model-parallel group,
+//     replicated across data parallel): copies = data-parallel size for the
+//     tensor-parallel shards, data-parallel x tensor-parallel size for the
+//     parameters every tensor-parallel rank holds whole (norms, biases).
+// The nonfinite and element counts are rounded to integers once, after the
+// reduction, so they come out exact.
+//
+// Where a nonfinite gradient can be localised: in a sharded layout only the
+// rank holding the shard sees it, so that rank's own record (and its
+// per-tensor report, StepInput::tensors) names the bad device. After a
+// replicated all-reduce every rank holding a copy sees the same NaN: the
+// record says which tensor, but not which rank produced it.
+struct GradGroup {
+  double sum_squares = 0.0;  // over finite elements
+  int64_t nonfinite = 0;     // 0 <= nonfinite <= elements
+  int64_t elements = 0;
+  int copies = 1;            // 1 <= copies <= world_size
+};
+
 // This rank's statistics of one step. Every field is optional: a NaN loss is
 // "reported NaN", an unset one unknown.
+//
+// Loss and log Z are means over the ranks (log Z weighted by rows) in every
+// layout, every rank that reports them counted once: in a hybrid layout the
+// ranks of one model-parallel group report the same loss (and the same rows,
+// once the logits are gathered), and since every data-parallel replica is
+// then counted by the same number of ranks the mean is the data-parallel
+// mean. Ranks without a loss (early pipeline stages) leave it unset.
 struct StepInput {
   int64_t step = 0;
   std::optional<double> loss;
   // Gradient statistics of this rank's gradients before clipping: sum of
   // squares over finite elements, nonfinite count, element count (from the
-  // statistics kernels, or the trainer's own).
+  // statistics kernels, or the trainer's own). Given this way they are one
+  // group with copies = 1: the sharded layout.
   std::optional<double> grad_sum_squares;
   int64_t grad_nonfinite = 0;
   int64_t grad_elements = 0;
+  // Or, for another layout, the same statistics per group of gradients with
+  // the copies of each (see GradGroup). Step() refuses both forms at once,
+  // and a group with copies outside [1, world_size] or nonfinite outside
+  // [0, elements], with INVALID_ARGUMENT before any collective.
+  absl::Span<const GradGroup> grad_groups;
   // Sum and count of per-row log Z (so ranks with different row counts
   // reduce to the true mean); or a ready mean with count 1.
   double log_z_sum = 0.0;
@@ -141,6 +180,12 @@ struct StepInput {
   // nonfinite gradient: they name the source tensor and the bad device.
   absl::Span<const core::TensorStat> tensors;
 };
+
+// OK, or INVALID_ARGUMENT naming the field: gradient statistics given both
+// as scalars and as groups, a group's copies outside [1, world_size], or its
+// counts negative or nonfinite > elements. Step() checks it first; the
+// Python binding too, to raise the caller's error instead of halting.
+absl::Status CheckGradLayout(const StepInput& in, int world_size);
 
 struct Command {
   enum class Kind { kRollback, kHalt, kResume };

@@ -106,17 +106,53 @@ class Borrowed {
   int64_t numel_ = 0;
 };
 
+// The numbers are the reduced record the engine judged (the same on every
+// rank, NaN where the step had none); `tensors` and `rank` are what this
+// rank saw on its own: the named gradients holding nonfinite elements.
 struct PyVerdict {
   std::string decision;
+  int64_t step = 0;
   int tier = 0;
   std::string rule;
   std::string reason;
+  double loss = 0;
   double loss_ema_ratio = 0;
   double grad_norm = 0;
   double nan_frac = 0;
   double log_z = 0;
+  int rank = 0;
+  // (name, nonfinite elements, elements) per named gradient with any.
+  std::vector<std::tuple<std::string, int64_t, int64_t>> tensors;
   std::vector<py::dict> events;
 };
+
+// Sum of log Z over the counted rows of [..., vocab] logits and the row
+// count, by the CPU kernel; the sum is NaN when a counted row's log Z is not
+// finite. Sums, not a mean, so that micro-batches and ranks add up.
+std::pair<double, int64_t> LogZSum(py::handle logits, py::handle labels, int32_t ignore_index) {
+  Borrowed t(logits);
+  if (t.ndim() < 1) throw py::value_error("logits need a vocabulary dimension");
+  kernels::LogitsView v;
+  v.data = t.data();
+  v.dtype = t.dtype();
+  v.vocab = t.dim(t.ndim() - 1);
+  v.rows = v.vocab > 0 ? t.numel() / v.vocab : 0;
+  kernels::LogitStatsOptions o;
+  o.ignore_index = ignore_index;
+  std::vector<int32_t> lab;
+  if (!labels.is_none()) {
+    lab = labels.cast<std::vector<int32_t>>();
+    if (static_cast<int64_t>(lab.size()) != v.rows) {
+      throw py::value_error(absl::StrCat("labels must have one entry per row of logits: ",
+                                         lab.size(), " labels, ", v.rows, " rows"));
+    }
+    o.labels = lab.data();
+  }
+  kernels::LogitStats ls;
+  kernels::Status s = kernels::ComputeLogitStats(v, o, &ls);
+  if (!s.ok()) throw py::value_error(s.ToString());
+  return {ls.nonfinite_rows > 0 ? std::nan("") : ls.sum_log_z, ls.rows_counted};
+}
 
 py::dict CommandToDict(const agent::Command& c) {
   py::dict d;
@@ -199,6 +235,7 @@ class PyAgent {
       reducer = std::make_unique<agent::SingleProcessReducer>();
     }
     world_size_ = world_size;
+    rank_ = rank;
     auto a = agent::Agent::Create(cfg, std::move(reducer));
     if (!a.ok()) throw py::value_error(std::string(a.status().message()));
     agent_ = *std::move(a);
@@ -208,7 +245,8 @@ class PyAgent {
                  py::object labels, std::optional<double> log_z,
                  py::object shards, std::optional<double> lr,
                  std::optional<double> z_loss_alpha, py::object grad_stats,
-                 py::object grad_tensors, py::object grad_copies) {
+                 py::object grad_tensors, py::object grad_copies,
+                 std::optional<std::pair<double, int64_t>> log_z_sum, int32_t ignore_index) {
     agent::StepInput in;
     groups_.clear();
     in.step = step;
@@ -314,28 +352,18 @@ class PyAgent {
         in.tensors = tensors_;
       }
     }
+    if (static_cast<int>(!logits.is_none()) + log_z.has_value() + log_z_sum.has_value() > 1) {
+      throw py::value_error("give one of logits, log_z and log_z_sum");
+    }
     if (!logits.is_none()) {
-      Borrowed t(logits);
-      if (t.ndim() < 1) throw py::value_error("logits need a vocabulary dimension");
-      kernels::LogitsView v;
-      v.data = t.data();
-      v.dtype = t.dtype();
-      v.vocab = t.dim(t.ndim() - 1);
-      v.rows = v.vocab > 0 ? t.numel() / v.vocab : 0;
-      kernels::LogitStatsOptions o;
-      std::vector<int32_t> lab;
-      if (!labels.is_none()) {
-        lab = labels.cast<std::vector<int32_t>>();
-        if (static_cast<int64_t>(lab.size()) != v.rows) {
-          throw py::value_error("labels must have one entry per row of logits");
-        }
-        o.labels = lab.data();
+      std::tie(in.log_z_sum, in.log_z_rows) = LogZSum(logits, labels, ignore_index);
+    } else if (log_z_sum) {
+      // Sums the caller kept (over micro-batches, or on a GPU).
+      if (log_z_sum->second < 0) throw py::value_error("log_z_sum: rows must be >= 0");
+      if (log_z_sum->second > 0) {
+        in.log_z_sum = log_z_sum->first;
+        in.log_z_rows = log_z_sum->second;
       }
-      kernels::LogitStats ls;
-      kernels::Status s = kernels::ComputeLogitStats(v, o, &ls);
-      if (!s.ok()) throw py::value_error(s.ToString());
-      in.log_z_sum = ls.nonfinite_rows > 0 ? std::nan("") : ls.sum_log_z;
-      in.log_z_rows = ls.rows_counted;
     } else if (log_z) {
       in.log_z_sum = *log_z;
       in.log_z_rows = 1;
@@ -362,17 +390,9 @@ class PyAgent {
     }
     in.shards = shard_ids;
     in.shard_names = shard_names;
-    // As groups, this rank's own counts above only served the tensor
-    // report: StepInput takes one form or the other.
-    double local_ss = in.grad_sum_squares.value_or(0.0);
-    int64_t local_nonfinite = in.grad_nonfinite, local_elements = in.grad_elements;
+    // As groups, this rank's own nonfinite count above only served the
+    // tensor report: StepInput takes one form or the other.
     if (!groups_.empty()) {
-      local_ss = local_nonfinite = local_elements = 0;
-      for (const agent::GradGroup& g : groups_) {
-        local_ss += g.sum_squares;
-        local_nonfinite += g.nonfinite;
-        local_elements += g.elements;
-      }
       in.grad_groups = groups_;
       in.grad_nonfinite = 0;
     }
@@ -389,15 +409,26 @@ class PyAgent {
                                                       core::EventKind::kNonfiniteValue};
     PyVerdict out;
     out.decision = std::string(core::DecisionName(v.decision));
+    out.step = step;
     out.tier = v.tier;
     out.rule = v.decision == core::Decision::kContinue ? "" : std::string(core::EventKindName(v.rule));
+    out.rank = rank_;
+    for (const core::TensorStat& t : in.tensors) {
+      if (t.nonfinite > 0) out.tensors.emplace_back(std::string(t.name), t.nonfinite, t.elements);
+    }
     const core::StepOutcome& o = agent_->last_outcome();
-    out.loss_ema_ratio = o.loss_ema_ratio;
-    const bool has_grad = in.grad_sum_squares.has_value() || !groups_.empty();
-    out.grad_norm = has_grad ? std::sqrt(local_ss) : std::nan("");
-    out.nan_frac = local_elements > 0 ? static_cast<double>(local_nonfinite) /
-                                            static_cast<double>(local_elements)
-                                      : std::nan("");
+    if (result.ok()) {
+      // What the engine judged, reduced across ranks.
+      const core::StepValues& r = agent_->last_values();
+      out.loss = r.Get(core::Signal::kLoss);
+      out.grad_norm = r.Get(core::Signal::kGradNorm);
+      out.nan_frac = r.Get(core::Signal::kNanFrac);
+      out.log_z = r.Get(core::Signal::kLogZ);
+      out.loss_ema_ratio = o.loss_ema_ratio;
+    } else {
+      // No record was judged (the ranks did not agree): no numbers.
+      out.loss = out.grad_norm = out.nan_frac = out.log_z = out.loss_ema_ratio = std::nan("");
+    }
     for (const core::Event& e : o.events) {
       py::dict d;
       d["step"] = e.step;
@@ -485,6 +516,7 @@ class PyAgent {
 
  private:
   std::unique_ptr<agent::Agent> agent_;
+  int rank_ = 0;
   std::vector<kernels::TensorView> views_;
   std::vector<std::string> names_;
   std::vector<core::TensorStat> tensors_;
@@ -501,14 +533,27 @@ PYBIND11_MODULE(_trainwatch, m) {
   using trainwatch::python::PyVerdict;
   m.doc() = "trainwatch agent (native part)";
   m.attr("__version__") = trainwatch::kVersion;
+  m.def("log_z_sum", &trainwatch::python::LogZSum, py::arg("logits"),
+        py::arg("labels") = py::none(), py::arg("ignore_index") = -100,
+        "(sum of log Z over counted rows, rows) of [..., vocab] host logits; the sum is NaN "
+        "when a counted row's log Z is not finite. Rows whose label is ignore_index are left out.");
   py::class_<PyVerdict>(m, "Verdict")
-      .def_readonly("decision", &PyVerdict::decision)
+      // A trainwatch.Decision (a str enum: == "continue" still holds).
+      .def_property_readonly("decision",
+                             [](const PyVerdict& v) {
+                               return py::module_::import("trainwatch").attr("Decision")(v.decision);
+                             })
+      .def_readonly("step", &PyVerdict::step)
       .def_readonly("tier", &PyVerdict::tier)
       .def_readonly("rule", &PyVerdict::rule)
       .def_readonly("reason", &PyVerdict::reason)
+      .def_readonly("loss", &PyVerdict::loss)
       .def_readonly("loss_ema_ratio", &PyVerdict::loss_ema_ratio)
       .def_readonly("grad_norm", &PyVerdict::grad_norm)
       .def_readonly("nan_frac", &PyVerdict::nan_frac)
+      .def_readonly("log_z", &PyVerdict::log_z)
+      .def_readonly("rank", &PyVerdict::rank)
+      .def_readonly("tensors", &PyVerdict::tensors)
       .def_readonly("events", &PyVerdict::events)
       .def_property_readonly("skip", [](const PyVerdict& v) { return v.decision == "skip_update"; })
       .def_property_readonly("halt", [](const PyVerdict& v) { return v.decision == "halt"; })
@@ -532,7 +577,8 @@ PYBIND11_MODULE(_trainwatch, m) {
            py::arg("labels") = py::none(), py::arg("log_z") = py::none(),
            py::arg("shards") = py::none(), py::arg("lr") = py::none(),
            py::arg("z_loss_alpha") = py::none(), py::arg("grad_stats") = py::none(),
-           py::arg("grad_tensors") = py::none(), py::arg("grad_copies") = py::none())
+           py::arg("grad_tensors") = py::none(), py::arg("grad_copies") = py::none(),
+           py::arg("log_z_sum") = py::none(), py::arg("ignore_index") = -100)
       .def("report_checkpoint", &PyAgent::ReportCheckpoint)
       .def("poll_command", &PyAgent::PollCommand)
       .def("on_command", &PyAgent::OnCommand)

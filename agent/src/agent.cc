@@ -9,6 +9,8 @@
 #include <limits>
 #include <random>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "reduction_layout.h"
@@ -16,6 +18,7 @@
 #include "sender.h"
 #include "spill.h"
 #include "step_message.h"
+#include "trainwatch/core/file_system.h"
 #include "trainwatch/v1/agent.pb.h"
 #include "trainwatch/wire/client_tls.h"
 #include "trainwatch/wire/run_id.h"
@@ -55,6 +58,7 @@ class Agent::Impl {
     return s;
   }
   const core::StepOutcome& outcome() const { return outcome_; }
+  const core::StepValues& values() const { return values_; }
   const std::string& run_id() const { return config_.run_id; }
   Sender& sender() { return sender_; }
 
@@ -87,6 +91,7 @@ class Agent::Impl {
   // The checkpoints reported, for a rule engine that starts over.
   std::vector<std::pair<int64_t, std::string>> checkpoints_;
   core::StepOutcome outcome_;
+  core::StepValues values_;  // the last reduced record, for last_values()
   std::atomic<int64_t> steps_{0};
   Sender sender_;
 };
@@ -110,7 +115,8 @@ absl::StatusOr<Verdict> Agent::Impl::Step(const StepInput& in) {
   if (absl::Status s = reducer_->AllReduce(reduced.sums(), reduced.maxes()); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("cross-rank reduction failed: ", s.message()));
   }
-  core::StepRecord rec(in.step, reduced.Values());
+  values_ = reduced.Values();
+  core::StepRecord rec(in.step, values_);
   rec.shards = in.shards;
   rec.shard_names = in.shard_names;
   Keep(rec);
@@ -236,6 +242,26 @@ absl::StatusOr<std::string> AgreeIncarnation(Reducer& reducer) {
 
 // ------------------------------------------------------------------ config
 
+namespace {
+
+// TRAINWATCH_RULES: inline JSON when it starts with '{' (a path never needs
+// to), else a file holding the JSON. Every error names the variable (the
+// parser also validates, naming its source), so a job launched with a typo
+// stops at Create with the place to look.
+absl::StatusOr<core::RuleConfig> RulesFromEnvironment(absl::string_view value) {
+  const absl::string_view json = absl::StripLeadingAsciiWhitespace(value);
+  if (absl::StartsWith(json, "{")) return core::ParseRuleConfigJson(json, "TRAINWATCH_RULES");
+  const std::string path(value);
+  absl::StatusOr<std::string> text = core::LocalFileSystem().ReadFile(path);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrCat("TRAINWATCH_RULES: ", text.status().message()));
+  }
+  return core::ParseRuleConfigJson(*text, absl::StrCat("TRAINWATCH_RULES file ", path));
+}
+
+}  // namespace
+
 absl::StatusOr<AgentConfig> AgentConfig::FromEnvironment() {
   return FromEnvironment(AgentConfig());
 }
@@ -269,6 +295,11 @@ absl::StatusOr<AgentConfig> AgentConfig::FromEnvironment(AgentConfig c) {
           absl::StrCat("TRAINWATCH_SPILL_MAX_BYTES=", v, " is not a byte count"));
     }
     c.spill_max_bytes = n;
+  }
+  if (const char* v = env("TRAINWATCH_RULES")) {
+    absl::StatusOr<core::RuleConfig> rules = RulesFromEnvironment(v);
+    if (!rules.ok()) return rules.status();
+    c.rules = *std::move(rules);
   }
   return c;
 }
@@ -397,6 +428,8 @@ bool Agent::IsQuarantined(absl::string_view shard_name) const {
 }
 
 const core::StepOutcome& Agent::last_outcome() const { return impl_->outcome(); }
+
+const core::StepValues& Agent::last_values() const { return impl_->values(); }
 
 AgentStats Agent::Stats() const { return impl_->Stats(); }
 

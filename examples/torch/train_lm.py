@@ -270,7 +270,7 @@ def main():
         try:
             opt.step()                                  # skipped or halted by the agent
         except trainwatch.TrainingHalted as e:
-            print(f"train_lm: halted at step {step}: {e}", flush=True)
+            print(f"train_lm: {e}", flush=True)  # one line: step, rule, reason, tensors
             agent.close()
             return 3
         if v.decision != "continue" or step % 100 == 0:

@@ -2,8 +2,13 @@
 // process, each with its own agent and its own local numbers, reduced
 // through one collective per step.
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <random>
 #include <thread>
 #include <vector>
@@ -14,6 +19,8 @@
 
 namespace trainwatch::agent {
 namespace {
+
+using core::Signal;
 
 TEST_CASE("ranks: identical verdicts from different local numbers", "[agent][ranks]") {
   constexpr int kRanks = 4;
@@ -190,6 +197,110 @@ TEST_CASE("config: from the environment - with clear errors", "[agent][config]")
   unsetenv("TRAINWATCH_SERVER");
   unsetenv("TRAINWATCH_RUN_ID");
   unsetenv("TRAINWATCH_MEMORY_RECORDS");
+}
+
+TEST_CASE("ranks: last_values is the reduced record - the same on every rank", "[agent][ranks]") {
+  constexpr int kRanks = 2;
+  InProcessGroup group(kRanks);
+  std::vector<core::StepValues> seen(kRanks);
+  std::vector<std::thread> threads;
+  std::atomic<int> failed{0};
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto agent = Agent::Create(AgentConfig(), group.ReducerFor(r));
+      if (!agent.ok()) return void(++failed);
+      StepInput in;
+      in.step = 1;
+      in.loss = r == 0 ? 2.0 : 4.0;
+      in.grad_sum_squares = r == 0 ? 1.0 : 9.0;
+      in.grad_elements = 100;
+      in.grad_nonfinite = 0;
+      in.log_z_sum = r == 0 ? 10.0 : 90.0;  // 1 row at 10, 3 rows at 30
+      in.log_z_rows = r == 0 ? 1 : 3;
+      if (!(*agent)->Step(in).ok()) return void(++failed);
+      seen[r] = (*agent)->last_values();
+    });
+  }
+  for (auto& t : threads) t.join();
+  REQUIRE(failed == 0);
+  CHECK(seen[0].Get(Signal::kLoss) == 3.0);            // the mean over ranks
+  CHECK(seen[0].Get(Signal::kLogZ) == 25.0);           // weighted by rows
+  CHECK(seen[0].Get(Signal::kNanFrac) == 0.0);
+  for (int s = 0; s < core::kNumSignals; ++s) {
+    const auto sig = static_cast<Signal>(s);
+    CHECK(seen[0].Has(sig) == seen[1].Has(sig));
+    if (seen[0].Has(sig)) CHECK(seen[0].Get(sig) == seen[1].Get(sig));
+  }
+  // Not either rank's own norm (1 and 3), whatever the gradient layout.
+  CHECK(seen[0].Get(Signal::kGradNorm) != 1.0);
+  CHECK(seen[0].Get(Signal::kGradNorm) != 3.0);
+}
+
+// Sets an environment variable for one scope, and unsets it on the way out,
+// also when a REQUIRE fails.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() { unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+TEST_CASE("config: TRAINWATCH_RULES as JSON or a file - below the caller's rules", "[agent][config]") {
+  AgentConfig defaults;
+  defaults.rules.warmup_min_records = 7;  // the caller's defaults: kept where the env is silent
+  {
+    ScopedEnv env("TRAINWATCH_RULES", R"( {"warmup_steps": 12})");
+    auto c = AgentConfig::FromEnvironment();
+    REQUIRE(c.ok());
+    CHECK(c->rules.warmup_steps == 12);
+    CHECK(c->rules.warmup_min_records == core::RuleConfig().warmup_min_records);
+  }
+  char path[] = "/tmp/tw_rules_XXXXXX";
+  const int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  const std::string body = R"({"warmup_steps": 34})";
+  REQUIRE(write(fd, body.data(), body.size()) == static_cast<ssize_t>(body.size()));
+  close(fd);
+  {
+    ScopedEnv env("TRAINWATCH_RULES", path);
+    auto c = AgentConfig::FromEnvironment();
+    std::remove(path);
+    REQUIRE(c.ok());
+    CHECK(c->rules.warmup_steps == 34);
+  }
+  {
+    // Unset: the defaults given stay.
+    auto c = AgentConfig::FromEnvironment(defaults);
+    REQUIRE(c.ok());
+    CHECK(c->rules.warmup_min_records == 7);
+  }
+}
+
+TEST_CASE("config: a bad TRAINWATCH_RULES is an error naming the variable", "[agent][config]") {
+  {
+    ScopedEnv env("TRAINWATCH_RULES", R"({"warmup_stepz": 1})");
+    auto c = AgentConfig::FromEnvironment();
+    REQUIRE_FALSE(c.ok());
+    CHECK_THAT(std::string(c.status().message()), Catch::Contains("TRAINWATCH_RULES"));
+    CHECK_THAT(std::string(c.status().message()), Catch::Contains("warmup_stepz"));
+  }
+  {
+    ScopedEnv env("TRAINWATCH_RULES", R"({"warmup_steps": -5})");
+    auto c = AgentConfig::FromEnvironment();
+    REQUIRE_FALSE(c.ok());
+    CHECK_THAT(std::string(c.status().message()), Catch::Contains("TRAINWATCH_RULES"));
+  }
+  {
+    ScopedEnv env("TRAINWATCH_RULES", "/nonexistent/rules.json");
+    auto c = AgentConfig::FromEnvironment();
+    REQUIRE_FALSE(c.ok());
+    CHECK_THAT(std::string(c.status().message()), Catch::Contains("TRAINWATCH_RULES"));
+    CHECK_THAT(std::string(c.status().message()), Catch::Contains("/nonexistent/rules.json"));
+  }
 }
 
 }  // namespace

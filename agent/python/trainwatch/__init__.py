@@ -9,10 +9,23 @@ Attach an agent to a trainer in a few lines::
     verdict = agent.step(step, loss=loss.item(), grads=[p.grad for p in model.parameters()],
                          logits=logits.detach(), shards=batch_shard_ids,
                          lr=optimizer.param_groups[0]["lr"])
-    if verdict.halt:
-        raise SystemExit(verdict.reason)
-    if not verdict.skip:
+    if verdict.decision == trainwatch.Decision.HALT:
+        raise trainwatch.TrainingHalted(verdict)
+    if verdict.decision != trainwatch.Decision.SKIP:
         optimizer.step()
+
+The verdict's numbers (loss, grad_norm, nan_frac, log_z, loss_ema_ratio)
+are the record the engine judged, reduced across ranks: the same on every
+rank, NaN for a signal the step did not have. verdict.tensors and
+verdict.rank are this rank's own: the named gradients (a dict of grads, or
+watch(..., params=model.named_parameters())) holding nonfinite elements.
+
+A halt ends the trainer the usual way under trainwatch.exit_on_halt(): one
+line on stderr naming the step, the rule, the reason and the tensors, and
+exit status 3 (trainwatch.EXIT_HALTED) instead of a traceback::
+
+    with trainwatch.exit_on_halt():
+        train()
 
 or let trainwatch.torch.watch() wrap the optimizer. The verdict is decided
 locally (tier 1 skip, tier 3 halt) by the same rule engine the server runs,
@@ -35,22 +48,83 @@ record names rank 0's batch only (ids are gathered from every rank on a
 skipped step, names are not).
 """
 
+import contextlib as _contextlib
+import enum as _enum
 import json as _json
+import sys as _sys
 
 from ._trainwatch import Verdict  # noqa: F401
 from ._trainwatch import __version__  # noqa: F401  (the C++ build's, one source)
 from ._trainwatch import Agent as _NativeAgent
 from .command import Command
 
-__all__ = ["Agent", "Command", "Verdict", "TrainingHalted", "__version__"]
+__all__ = ["Agent", "Command", "Decision", "Verdict", "TrainingHalted", "EXIT_HALTED",
+           "exit_on_halt", "__version__"]
+
+# The exit status of a trainer that trainwatch halted, under exit_on_halt():
+# distinct from 1 (a crash) and 2 (bad usage), so a launcher or a retry
+# policy can tell "the monitor stopped a diverging run" from a bug.
+EXIT_HALTED = 3
+
+
+class Decision(str, _enum.Enum):
+    """A verdict's decision. A str enum, so comparisons with the names of
+    older releases ("continue", "skip_update", "halt") still hold."""
+
+    CONTINUE = "continue"
+    SKIP = "skip_update"
+    HALT = "halt"
+
+    def __str__(self):
+        return self.value
 
 
 class TrainingHalted(RuntimeError):
-    """Raised by trainwatch.torch when the agent halts the run (tier 3)."""
+    """Raised by trainwatch.torch when the agent halts the run (tier 3).
+
+    step, tier, rule, reason: the halt's, as the engine decided it.
+    tensors: [(name, nonfinite elements, elements)], the gradients this rank
+        saw holding nonfinite values (named gradients only), [] otherwise.
+    ranks: the ranks those tensors were seen on: [this rank] or [] (a rank
+        knows only its own gradients; the server's incident has every rank's).
+    verdict: the Verdict itself.
+    str(e) is one line saying all of it.
+    """
 
     def __init__(self, verdict):
-        super().__init__(verdict.reason or "trainwatch halted the run")
         self.verdict = verdict
+        self.step = verdict.step
+        self.tier = verdict.tier
+        self.rule = verdict.rule
+        self.reason = verdict.reason or "trainwatch halted the run"
+        self.tensors = list(verdict.tensors)
+        self.ranks = [verdict.rank] if self.tensors else []
+        super().__init__(self._one_line())
+
+    def _one_line(self):
+        rule = f", {self.rule}" if self.rule else ""
+        line = f"halted at step {self.step} (tier {self.tier}{rule}): {self.reason}"
+        if self.tensors:
+            shown = ", ".join(f"{n} ({bad} of {total} nonfinite)"
+                              for n, bad, total in self.tensors[:5])
+            more = f" and {len(self.tensors) - 5} more" if len(self.tensors) > 5 else ""
+            line += f"; on rank {self.ranks[0]}: {shown}{more}"
+        # One line whatever the reason holds, for log scrapers and launchers.
+        return " ".join(line.split())
+
+
+@_contextlib.contextmanager
+def exit_on_halt():
+    """Turns a TrainingHalted raised inside (from optimizer.step(),
+    scaler.step(), anywhere) into one line on stderr ("trainwatch: halted at
+    step ...") and SystemExit(EXIT_HALTED), instead of a traceback. Also a
+    decorator. Put it outside ``with agent:`` so the agent flushes its
+    records on the way out. Other exceptions pass unchanged."""
+    try:
+        yield
+    except TrainingHalted as e:
+        print(f"trainwatch: {e}", file=_sys.stderr, flush=True)
+        raise SystemExit(EXIT_HALTED) from None
 
 
 class Agent(_NativeAgent):
@@ -69,6 +143,12 @@ class Agent(_NativeAgent):
     reduce: for world_size > 1, a callable (sums, maxes) -> (sums, maxes)
         running the job's all-reduce (see trainwatch.torch.distributed_reduce).
     rules: thresholds overriding the defaults, e.g. {"warmup_steps": 100}.
+        Precedence, highest first: rules given here, then TRAINWATCH_RULES
+        (inline JSON starting with "{", or the path of a JSON file), then
+        the defaults; the first one given is used whole, fields it leaves out
+        at their defaults. A bad TRAINWATCH_RULES (missing file, bad JSON, a
+        value out of bounds) raises ValueError naming the variable, also
+        when rules are given here.
     ca_file: TLS to the server, trusting this CA (PEM); cert_file and key_file,
         together: mutual TLS, for a trainwatchd started with --tls_client_ca.
         Each unset falls back to TRAINWATCH_CA_FILE / _CERT_FILE / _KEY_FILE;

@@ -15,6 +15,21 @@ weights or Adam's moments), or raises TrainingHalted (tier 3)::
         guard.observe(step, loss, logits=logits, shards=shard_ids)
         optimizer.step()          # skipped or halted as the agent decides
 
+With gradient accumulation, give each micro-batch to accumulate() and call
+observe(step) once per optimizer step: the step's loss is the mean of the
+micro-batches' losses, log Z covers every counted row of every micro-batch
+(kept as a running sum and a row count, so no logits stay alive) and the
+shards are all of theirs::
+
+    for micro in range(accum):
+        logits = model(x[micro])
+        loss = loss_fn(logits, y[micro])
+        (loss / accum).backward()
+        guard.accumulate(loss, logits=logits, labels=y[micro], shards=ids[micro],
+                         ignore_index=-1)
+    guard.observe(step)
+    optimizer.step()
+
 Host tensors are read in place by the package's statistics kernels. Tensors
 on a GPU (or anywhere else) are reduced there with torch's own operations
 (grad_stats() and log_z_stats()), and only a few numbers cross to the host.
@@ -50,9 +65,11 @@ import math as _math
 import torch as _torch
 
 from . import TrainingHalted
+from . import exit_on_halt  # noqa: F401  (trainwatch.torch.exit_on_halt, for trainers)
+from ._trainwatch import log_z_sum as _host_log_z_sum
 
 __all__ = ["watch", "Guard", "distributed_reduce", "grad_stats", "log_z_stats",
-           "mark_tensor_parallel", "LAYOUTS"]
+           "mark_tensor_parallel", "LAYOUTS", "exit_on_halt"]
 
 LAYOUTS = ("replicated", "sharded", "hybrid")
 
@@ -109,16 +126,25 @@ def _grouped_grad_stats(grads, names, copies):
     return groups, per_tensor
 
 
-def log_z_stats(logits, labels=None, ignore_index=-100):
-    """Mean log partition function over the rows of [..., vocab] logits (rows
-    whose label is ignore_index left out), computed on the logits' device in
-    float32; NaN when any counted row's log Z is not finite."""
+def _device_log_z_sum(logits, labels=None, ignore_index=-100):
+    """(sum of log Z over counted rows, rows) as tensors on the logits'
+    device, log Z in float32 and the sum in float64: no host sync, so
+    micro-batches add up on the device and cross to the host once."""
     lz = _torch.logsumexp(logits.reshape(-1, logits.shape[-1]).float(), dim=-1)
     if labels is not None:
         lz = lz[labels.reshape(-1).to(lz.device) != ignore_index]
-    if lz.numel() == 0:
+    return lz.double().sum(), lz.numel()
+
+
+def log_z_stats(logits, labels=None, ignore_index=-100):
+    """Mean log partition function over the rows of [..., vocab] logits (rows
+    whose label is ignore_index left out), computed on the logits' device in
+    float32; NaN when any counted row's log Z is not finite, None without
+    rows."""
+    total, rows = _device_log_z_sum(logits, labels, ignore_index)
+    if rows == 0:
         return None
-    mean = float(lz.mean())
+    mean = float(total) / rows
     return mean if _math.isfinite(mean) else _math.nan
 
 
@@ -141,8 +167,16 @@ class Guard:
         self.params = list(params) if params is not None else None
         self.verdict = None
         self.skipped = 0
+        self._clear_micro_batches()
         self._step = optimizer.step
         optimizer.step = self._gated_step
+
+    def _clear_micro_batches(self):
+        # The optimizer step being accumulated: the losses' sum (a float, or
+        # a device tensor until observe()), log Z's sum and rows, the shards.
+        self._losses, self._loss_sum = 0, 0.0
+        self._log_z_sum, self._log_z_rows = 0.0, 0
+        self._shards = []
 
     def _grads(self):
         """The gradients (a dict when named) and the copies of each (a list,
@@ -165,9 +199,56 @@ class Guard:
         return grads, copies
 
     @_torch.no_grad()
-    def observe(self, step, loss, logits=None, labels=None, shards=None):
-        """Statistics of this step (grads before clipping), and the verdict."""
-        loss_value = float(loss.detach()) if isinstance(loss, _torch.Tensor) else float(loss)
+    def accumulate(self, loss=None, logits=None, labels=None, shards=None, ignore_index=-100):
+        """One micro-batch of the optimizer step observe() will judge.
+
+        loss: the micro-batch's own loss (not divided by the accumulation
+            count; observe() reports the mean), a tensor or a number, or None.
+        logits, labels: [..., vocab] logits and their labels; rows whose label
+            is ignore_index (nanoGPT: -1, Hugging Face: -100) are left out of
+            log Z. Reduced at once to a sum and a row count: nothing is kept.
+        shards: the micro-batch's shard ids or names (see trainwatch.Agent).
+        """
+        if loss is not None:
+            # A device loss stays on its device until observe(): no sync here.
+            self._loss_sum = self._loss_sum + (
+                loss.detach().double() if isinstance(loss, _torch.Tensor) else float(loss))
+            self._losses += 1
+        if labels is not None and logits is None:
+            raise ValueError("accumulate: labels without logits")
+        if logits is not None:
+            logits = logits.detach()
+            if self.on_device or logits.device.type != "cpu":
+                total, rows = _device_log_z_sum(logits, labels, ignore_index)
+            else:
+                if logits.dtype not in (_torch.float32, _torch.bfloat16, _torch.float16):
+                    logits = logits.float()
+                total, rows = _host_log_z_sum(
+                    logits.reshape(-1, logits.shape[-1]).contiguous(),
+                    None if labels is None else labels.reshape(-1).tolist(), int(ignore_index))
+            self._log_z_sum = self._log_z_sum + total
+            self._log_z_rows += rows
+        if shards is not None:
+            # Names stay str; ids may come as tensors or numpy ints.
+            self._shards.extend(s if isinstance(s, str) else int(s) for s in shards)
+
+    @_torch.no_grad()
+    def observe(self, step, loss=None, logits=None, labels=None, shards=None, ignore_index=-100):
+        """Statistics of this optimizer step (grads before clipping), and the
+        verdict. With loss, logits, labels or shards given, they are one more
+        micro-batch (see accumulate()); a loop without accumulation gives
+        them here and never calls accumulate()."""
+        if loss is not None or logits is not None or labels is not None or shards is not None:
+            self.accumulate(loss, logits=logits, labels=labels, shards=shards,
+                            ignore_index=ignore_index)
+        loss_value = float(self._loss_sum) / self._losses if self._losses else None
+        log_z = None
+        if self._log_z_rows:
+            total = float(self._log_z_sum)
+            # Any counted row whose log Z is not finite makes the step's NaN.
+            log_z = (total if _math.isfinite(total) else _math.nan, self._log_z_rows)
+        shards = self._shards or None
+        self._clear_micro_batches()
         group = self.optimizer.param_groups[0]
         z = group.get("z_loss_alpha")
         kw = {}
@@ -190,21 +271,8 @@ class Guard:
         else:
             kw["grads"] = grads
             kw["grad_copies"] = copies
-        if logits is not None:
-            logits = logits.detach()
-            if self.on_device or logits.device.type != "cpu":
-                kw["log_z"] = log_z_stats(logits, labels)
-                logits = labels = None
-            else:
-                if logits.dtype not in (_torch.float32, _torch.bfloat16, _torch.float16):
-                    logits = logits.float()
-                logits = logits.reshape(-1, logits.shape[-1]).contiguous()
-        if labels is not None:
-            labels = [int(v) for v in labels.reshape(-1).tolist()]
         self.verdict = self.agent.step(
-            int(step), loss=loss_value, logits=logits, labels=labels,
-            # Names stay str; ids may come as tensors or numpy ints.
-            shards=None if shards is None else [s if isinstance(s, str) else int(s) for s in shards],
+            int(step), loss=loss_value, log_z_sum=log_z, shards=shards,
             lr=float(group["lr"]), z_loss_alpha=None if z is None else float(z), **kw)
         return self.verdict
 
@@ -223,6 +291,7 @@ class Guard:
     def resume_from(self, step):
         """After loading the checkpoint of `step` in a rollback."""
         self.verdict = None
+        self._clear_micro_batches()  # micro-batches of an abandoned step
         self.agent.resume_from(int(step))
 
     def detach(self):

@@ -62,6 +62,13 @@ struct AgentConfig {
   // naming it.
   std::string cert_file;
   std::string key_file;
+  // The thresholds of the local rule engine. Precedence, highest first: the
+  // caller's own (set after FromEnvironment(), as trainwatch.Agent(rules=)
+  // does), then TRAINWATCH_RULES, then RuleConfig's defaults. Env:
+  // TRAINWATCH_RULES, a JSON object of RuleConfig fields ('{"warmup_steps":
+  // 100}', recognised by its leading '{') or the path of a file holding one;
+  // fields not given keep their defaults. A missing file or bad JSON is
+  // FromEnvironment()'s error naming the variable.
   core::RuleConfig rules;
   // Records waiting for a durable ack, in memory; past this they spill.
   size_t memory_records = 16384;
@@ -293,6 +300,9 @@ class Agent {
   const std::string& run_id() const;
   // The last step's derived numbers (what was reported).
   const core::StepOutcome& last_outcome() const;
+  // The last step's record as the engine judged it: reduced across ranks,
+  // so the same on every rank (absent signals are absent, Get() is NaN).
+  const core::StepValues& last_values() const;
   AgentStats Stats() const;
   // Waits up to `timeout_ms` for every record to be durable, then stops the
   // background threads. Records not acknowledged stay in the spill folder;

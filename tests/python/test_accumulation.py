@@ -28,6 +28,10 @@ class RecordingAgent:
     def resume_from(self, step):
         self.agent.resume_from(step)
 
+    @property
+    def world_size(self):  # what watch() reads to tell the gradient layout
+        return self.agent.world_size
+
 
 def model_and_optimizer():
     torch.manual_seed(0)

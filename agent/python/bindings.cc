@@ -207,12 +207,15 @@ class PyAgent {
                  py::object labels, std::optional<double> log_z,
                  py::object shards, std::optional<double> lr,
                  std::optional<double> z_loss_alpha, py::object grad_stats,
-                 py::object grad_tensors) {
+                 py::object grad_tensors, std::optional<double> loss_scale,
+                 bool loss_scale_overflow) {
     agent::StepInput in;
     in.step = step;
     in.loss = loss;
     in.learning_rate = lr;
     in.z_loss_alpha = z_loss_alpha;
+    in.loss_scale = loss_scale;
+    in.loss_scale_overflow = loss_scale_overflow;
     if (!grads.is_none() && !grad_stats.is_none()) {
       throw py::value_error("give grads or grad_stats, not both");
     }
@@ -322,6 +325,9 @@ class PyAgent {
     }
     // A bad name is the caller's error, not the run's: raised, not a halt.
     if (absl::Status s = core::CheckShardNames("shards", shard_names); !s.ok()) {
+      throw py::value_error(std::string(s.message()));
+    }
+    if (absl::Status s = agent::CheckLossScale(in); !s.ok()) {
       throw py::value_error(std::string(s.message()));
     }
     in.shards = shard_ids;
@@ -474,7 +480,8 @@ PYBIND11_MODULE(_trainwatch, m) {
            py::arg("labels") = py::none(), py::arg("log_z") = py::none(),
            py::arg("shards") = py::none(), py::arg("lr") = py::none(),
            py::arg("z_loss_alpha") = py::none(), py::arg("grad_stats") = py::none(),
-           py::arg("grad_tensors") = py::none())
+           py::arg("grad_tensors") = py::none(), py::arg("loss_scale") = py::none(),
+           py::arg("loss_scale_overflow") = false)
       .def("report_checkpoint", &PyAgent::ReportCheckpoint)
       .def("poll_command", &PyAgent::PollCommand)
       .def("on_command", &PyAgent::OnCommand)

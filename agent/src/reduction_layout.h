@@ -40,7 +40,8 @@ class StepReduction {
     kLogZSum, kLogZRows, kLogZNonfinite, kNumSums
   };
   enum MaxIndex {
-    kLr, kZLoss, kActMax, kAttnP99, kHasLr, kHasZLoss, kHasAct, kHasAttn, kNumMaxes
+    kLr, kZLoss, kActMax, kAttnP99, kHasLr, kHasZLoss, kHasAct, kHasAttn,
+    kLossScale, kHasLossScale, kLossScaleOverflow, kNumMaxes
   };
 
   std::array<double, kNumSums> sums_{};

@@ -18,6 +18,23 @@ weights or Adam's moments), or raises TrainingHalted (tier 3)::
 Host tensors are read in place by the package's statistics kernels. Tensors
 on a GPU (or anywhere else) are reduced there with torch's own operations
 (grad_stats() and log_z_stats()), and only a few numbers cross to the host.
+
+fp16 with dynamic loss scaling: pass the GradScaler, and call observe()
+after backward() and before scaler.step()::
+
+    guard = trainwatch.torch.watch(optimizer, agent, scaler=scaler)
+    ...
+        scaler.scale(loss).backward()
+        guard.observe(step, loss)  # unscales the gradients, once
+        scaler.step(optimizer)     # does not unscale again; skips on overflow
+        scaler.update()
+
+The statistics are of the unscaled gradients: observe() calls
+scaler.unscale_(optimizer) unless the trainer already did this step (to clip,
+say), and GradScaler, which allows one unscale_ per step, then does not
+unscale again in step(). The record carries scaler.get_scale() and whether the
+scaler found inf (its found_inf per device): an overflow step is a tier 0
+record, not a halt (core/include/trainwatch/core/config.h, loss_scale_*).
 """
 
 import math as _math
@@ -75,9 +92,10 @@ def log_z_stats(logits, labels=None, ignore_index=-100):
 class Guard:
     """Holds the latest verdict and gates the wrapped optimizer's step()."""
 
-    def __init__(self, optimizer, agent, params=None, on_device=False):
+    def __init__(self, optimizer, agent, params=None, on_device=False, scaler=None):
         self.optimizer = optimizer
         self.agent = agent
+        self.scaler = scaler
         # Statistics with torch operations even for host tensors (they are
         # always used for tensors elsewhere).
         self.on_device = on_device
@@ -104,7 +122,7 @@ class Guard:
         loss_value = float(loss.detach()) if isinstance(loss, _torch.Tensor) else float(loss)
         group = self.optimizer.param_groups[0]
         z = group.get("z_loss_alpha")
-        kw = {}
+        kw = self._loss_scale()
         grads = self._grads()
         tensors = list(grads.values()) if isinstance(grads, dict) else grads
         if self._grads_on_device is None and tensors:
@@ -134,7 +152,30 @@ class Guard:
             # Names stay str; ids may come as tensors or numpy ints.
             shards=None if shards is None else [s if isinstance(s, str) else int(s) for s in shards],
             lr=float(group["lr"]), z_loss_alpha=None if z is None else float(z), **kw)
+        if self.verdict.halt and kw.get("loss_scale_overflow"):
+            # The scaler skips optimizer.step() on an overflow step, so the
+            # gated step would never see this halt (overflows persisting).
+            raise TrainingHalted(self.verdict)
         return self.verdict
+
+    def _loss_scale(self):
+        """Unscales the gradients (once per step) and reads the scaler's state:
+        {} without an enabled scaler (bf16, fp32), else the scale and whether
+        this step overflowed."""
+        scaler = self.scaler
+        if scaler is None or not scaler.is_enabled():
+            return {}
+        # GradScaler keeps each optimizer's stage and found_inf here (torch
+        # 1.13 to 2.x); unscale_ raises when called twice before update().
+        state = scaler._per_optimizer_states[id(self.optimizer)]
+        if state["stage"].name != "UNSCALED":
+            scaler.unscale_(self.optimizer)
+        found_inf = state["found_inf_per_device"]
+        if not found_inf:
+            raise RuntimeError("the GradScaler has no found_inf for this optimizer after "
+                               "unscale_(): was it given the optimizer that watch() wraps?")
+        overflow = any(float(v) != 0.0 for v in found_inf.values())
+        return {"loss_scale": float(scaler.get_scale()), "loss_scale_overflow": overflow}
 
     def _gated_step(self, *args, **kwargs):
         v = self.verdict
@@ -158,14 +199,16 @@ class Guard:
         self.optimizer.step = self._step
 
 
-def watch(optimizer, agent, params=None, on_device=False):
+def watch(optimizer, agent, params=None, on_device=False, scaler=None):
     """Wraps `optimizer` so that its step() obeys the agent's verdicts.
 
     params: the parameters whose gradients count (default: the optimizer's);
     model.named_parameters() also names the tensor behind a NaN.
     on_device: compute statistics with torch operations even for host
-    tensors (always done for tensors on a GPU)."""
-    return Guard(optimizer, agent, params, on_device)
+    tensors (always done for tensors on a GPU).
+    scaler: the fp16 run's torch.cuda.amp.GradScaler: statistics of the
+    unscaled gradients, and its scale and overflows in the record."""
+    return Guard(optimizer, agent, params, on_device, scaler)
 
 
 def distributed_reduce(group=None):

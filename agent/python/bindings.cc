@@ -246,13 +246,16 @@ class PyAgent {
                  py::object shards, std::optional<double> lr,
                  std::optional<double> z_loss_alpha, py::object grad_stats,
                  py::object grad_tensors, py::object grad_copies,
-                 std::optional<std::pair<double, int64_t>> log_z_sum, int32_t ignore_index) {
+                 std::optional<std::pair<double, int64_t>> log_z_sum, int32_t ignore_index,
+                 std::optional<double> loss_scale, bool loss_scale_overflow) {
     agent::StepInput in;
     groups_.clear();
     in.step = step;
     in.loss = loss;
     in.learning_rate = lr;
     in.z_loss_alpha = z_loss_alpha;
+    in.loss_scale = loss_scale;
+    in.loss_scale_overflow = loss_scale_overflow;
     if (!grads.is_none() && !grad_stats.is_none()) {
       throw py::value_error("give grads or grad_stats, not both");
     }
@@ -386,6 +389,9 @@ class PyAgent {
     }
     // A bad name is the caller's error, not the run's: raised, not a halt.
     if (absl::Status s = core::CheckShardNames("shards", shard_names); !s.ok()) {
+      throw py::value_error(std::string(s.message()));
+    }
+    if (absl::Status s = agent::CheckLossScale(in); !s.ok()) {
       throw py::value_error(std::string(s.message()));
     }
     in.shards = shard_ids;
@@ -578,7 +584,8 @@ PYBIND11_MODULE(_trainwatch, m) {
            py::arg("shards") = py::none(), py::arg("lr") = py::none(),
            py::arg("z_loss_alpha") = py::none(), py::arg("grad_stats") = py::none(),
            py::arg("grad_tensors") = py::none(), py::arg("grad_copies") = py::none(),
-           py::arg("log_z_sum") = py::none(), py::arg("ignore_index") = -100)
+           py::arg("log_z_sum") = py::none(), py::arg("ignore_index") = -100,
+           py::arg("loss_scale") = py::none(), py::arg("loss_scale_overflow") = false)
       .def("report_checkpoint", &PyAgent::ReportCheckpoint)
       .def("poll_command", &PyAgent::PollCommand)
       .def("on_command", &PyAgent::OnCommand)

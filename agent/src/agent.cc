@@ -26,6 +26,21 @@
 namespace trainwatch::agent {
 
 namespace v1 = trainwatch::v1;
+
+// A NaN or inf scale is the scaler's failure: reported and judged
+// (numerical_rule.cc), not refused.
+absl::Status CheckLossScale(const StepInput& in) {
+  if (in.loss_scale.has_value() && *in.loss_scale <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", in.step, ": loss_scale ", *in.loss_scale, " is not > 0"));
+  }
+  if (in.loss_scale_overflow && !in.loss_scale.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", in.step, ": loss_scale_overflow is set without a loss_scale"));
+  }
+  return absl::OkStatus();
+}
+
 using core::Signal;
 using internal::Sender;
 using internal::Slot;
@@ -110,6 +125,7 @@ absl::StatusOr<Verdict> Agent::Impl::Step(const StepInput& in) {
   // Checked first, so that nothing is reduced or queued for a step refused.
   if (absl::Status s = core::CheckShardNames("step", in.shard_names); !s.ok()) return s;
   if (absl::Status s = CheckGradLayout(in, reducer_->world_size()); !s.ok()) return s;
+  if (absl::Status s = CheckLossScale(in); !s.ok()) return s;
   steps_.fetch_add(1, std::memory_order_relaxed);
   internal::StepReduction reduced(in);
   if (absl::Status s = reducer_->AllReduce(reduced.sums(), reduced.maxes()); !s.ok()) {

@@ -93,6 +93,8 @@ StepReduction::StepReduction(const StepInput& in) {
   put(in.z_loss_alpha, kZLoss, kHasZLoss);
   put(in.activation_max, kActMax, kHasAct);
   put(in.attention_logit_p99, kAttnP99, kHasAttn);
+  put(in.loss_scale, kLossScale, kHasLossScale);
+  maxes_[kLossScaleOverflow] = in.loss_scale_overflow ? 1 : 0;
   // A max over NaN is not defined the same way by every collective (NCCL's
   // is not): a nonfinite value travels as +inf, still nonfinite, still seen.
   for (double& m : maxes_) {
@@ -120,6 +122,7 @@ core::StepValues StepReduction::Values() const {
   if (maxes_[kHasZLoss] > 0) v.Set(Signal::kZLossAlpha, maxes_[kZLoss]);
   if (maxes_[kHasAct] > 0) v.Set(Signal::kActivationMax, maxes_[kActMax]);
   if (maxes_[kHasAttn] > 0) v.Set(Signal::kAttentionLogitP99, maxes_[kAttnP99]);
+  if (maxes_[kHasLossScale] > 0) v.SetLossScale(maxes_[kLossScale], maxes_[kLossScaleOverflow] > 0);
   return v;
 }
 

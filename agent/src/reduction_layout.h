@@ -51,7 +51,8 @@ class StepReduction {
     kLogZSum, kLogZRows, kLogZNonfinite, kNumSums
   };
   enum MaxIndex {
-    kLr, kZLoss, kActMax, kAttnP99, kHasLr, kHasZLoss, kHasAct, kHasAttn, kNumMaxes
+    kLr, kZLoss, kActMax, kAttnP99, kHasLr, kHasZLoss, kHasAct, kHasAttn,
+    kLossScale, kHasLossScale, kLossScaleOverflow, kNumMaxes
   };
 
   static uint64_t Count(double weighted) {

@@ -68,6 +68,8 @@ const Field kFields[] = {
     TW_D(z_loss_alpha_recommended, 1.0),
     TW_D(tier3_loss_nats, kMaxLevel),
     TW_I(tier3_clear_steps, kMaxSteps),
+    TW_I(loss_scale_max_overflow_steps, kMaxSteps),
+    TW_D(loss_scale_floor, kMaxActivation),
     TW_D(warn_logz_level, kMaxLevel),
     TW_I(warn_logz_rising_steps, kMaxSteps),
     TW_D(warn_logz_min_rise, kMaxLevel),

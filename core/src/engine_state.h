@@ -135,6 +135,8 @@ struct EngineState {
 
   bool t3_active = false;
   int64_t t3_clean = 0;
+  // Loss-scale overflow steps in a row, up to this record.
+  int64_t overflow_run = 0;
 
   bool warn_active[kNumWarn] = {};
 
@@ -222,8 +224,10 @@ struct StepFacts {
 // ---- the rule families, in the order Observe calls them
 
 // Tier 3, numerical failure (numerical_rule.cc): a nonfinite value, nonfinite
-// gradients, or a loss explosion without a gradient explanation. True when
-// this step is one: the verdict is a halt and the step feeds no window.
+// gradients, a loss explosion without a gradient explanation, or a collapsing
+// fp16 loss scale. True when this step is one (the verdict is a halt) or a
+// loss-scale overflow the scaler skipped (tier 0, the verdict continue): either
+// way the step feeds no window.
 bool CheckNumericalFailure(EngineState& s, const StepFacts& f, StepOutcome* out);
 
 // Tier 1, data anomaly: a grad-norm outlier with a loss jump, or a loss

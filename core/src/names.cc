@@ -60,6 +60,8 @@ absl::string_view EventKindName(EventKind k) {
     case EventKind::kWarnAttentionLogits: return "warn_attention_logits";
     case EventKind::kWarnActivations: return "warn_activations";
     case EventKind::kTransient: return "transient";
+    case EventKind::kLossScaleOverflow: return "loss_scale_overflow";
+    case EventKind::kLossScaleCollapse: return "loss_scale_collapse";
   }
   return "unknown";
 }

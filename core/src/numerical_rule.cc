@@ -1,5 +1,13 @@
 // Tier 3: numerical failure. Halt at once and name the source tensors; never
 // held back by the warm-up, a NaN is never benign.
+//
+// One exception, fp16 dynamic loss scaling: on a step the loss scaler marks
+// as an overflow (StepValues::loss_scale_overflow), inf gradients are the
+// scaler's normal probe for a too-high scale; it skips the update and lowers
+// the scale. Such a step is a tier 0 record (one event per run of overflows),
+// and only its gradient signals (grad_norm, nan_frac) are excused: a nonfinite
+// loss still halts, as do persisting overflows and a scale below its floor
+// (RuleConfig's loss_scale_*).
 
 #include <algorithm>
 #include <string>
@@ -53,6 +61,24 @@ void NameSourceTensors(const StepRecord& r, Event* e) {
   }
 }
 
+// The loss-scale rules' reasons, and whether there are any.
+bool LossScaleCollapse(const EngineState& s, const StepRecord& r, std::vector<std::string>* reasons) {
+  const RuleConfig& c = s.c;
+  const size_t before = reasons->size();
+  if (c.loss_scale_max_overflow_steps > 0 && s.overflow_run >= c.loss_scale_max_overflow_steps) {
+    reasons->push_back(absl::StrFormat(
+        "%d loss-scale overflow steps in a row (loss_scale_max_overflow_steps = %d): the "
+        "scaler is not recovering",
+        s.overflow_run, c.loss_scale_max_overflow_steps));
+  }
+  const double scale = r.loss_scale();
+  if (!Finite(scale) || scale < c.loss_scale_floor) {
+    reasons->push_back(absl::StrFormat("loss scale %g is below its floor %g (loss_scale_floor)",
+                                       scale, c.loss_scale_floor));
+  }
+  return reasons->size() > before;
+}
+
 }  // namespace
 
 bool CheckNumericalFailure(EngineState& s, const StepFacts& f, StepOutcome* out) {
@@ -60,13 +86,17 @@ bool CheckNumericalFailure(EngineState& s, const StepFacts& f, StepOutcome* out)
   const StepRecord& r = f.r;
   std::vector<std::string>& reasons = s.reasons;
   reasons.clear();
+  const bool overflow = r.loss_scale_overflow();
+  s.overflow_run = overflow ? s.overflow_run + 1 : 0;
   for (int i = 0; i < kNumSignals; ++i) {
     const Signal sig = static_cast<Signal>(i);
+    // The inf gradients of an overflow step are the scaler's, not a failure.
+    if (overflow && (sig == Signal::kGradNorm || sig == Signal::kNanFrac)) continue;
     if (r.Has(sig) && !Finite(r.Get(sig))) {
       reasons.push_back(absl::StrCat(SignalName(sig), " is ", r.Get(sig)));
     }
   }
-  const double nan_frac = r.Get(Signal::kNanFrac);
+  const double nan_frac = overflow ? 0.0 : r.Get(Signal::kNanFrac);
   bool nonfinite_grads = !reasons.empty() && r.Has(Signal::kNanFrac) && !Finite(nan_frac);
   if (Finite(nan_frac) && nan_frac > 0.0) {
     nonfinite_grads = true;
@@ -74,6 +104,9 @@ bool CheckNumericalFailure(EngineState& s, const StepFacts& f, StepOutcome* out)
   }
   EventKind kind = nonfinite_grads ? EventKind::kNonfiniteGradients
                                    : EventKind::kNonfiniteValue;
+  if (reasons.empty() && r.HasLossScale() && LossScaleCollapse(s, r, &reasons)) {
+    kind = EventKind::kLossScaleCollapse;
+  }
   const double loss = f.loss, g = f.grad, med = f.grad_median, ratio = f.ratio;
   if (reasons.empty() && f.warm && Finite(loss) && loss > c.tier3_loss_nats &&
       Finite(ratio) && ratio > c.tier1_loss_ratio && Finite(g) && Finite(med) &&
@@ -83,6 +116,18 @@ bool CheckNumericalFailure(EngineState& s, const StepFacts& f, StepOutcome* out)
         "loss %.3f nats is above %.1f (ratio %.2f to its EMA) while grad_norm "
         "%.3g is within %.1fx its median %.3g: no gradient explanation",
         loss, c.tier3_loss_nats, ratio, g, c.tier1_grad_ratio, med));
+  }
+  if (reasons.empty() && overflow) {
+    // Tier 0: the scaler skipped the step. One event per run of overflows,
+    // resolved on arrival; every overflow step is counted from its record.
+    if (s.overflow_run == 1) {
+      Event& e = s.NewEvent(out, r, 0, Action::kRecord, EventKind::kLossScaleOverflow,
+                            s.next_episode++, r.step);
+      e.reason = absl::StrFormat(
+          "loss-scale overflow at scale %g: the scaler skipped the update and lowers the scale",
+          r.loss_scale());
+    }
+    return true;
   }
   if (reasons.empty()) {
     if (s.t3_active && ++s.t3_clean >= c.tier3_clear_steps) s.t3_active = false;

@@ -71,6 +71,24 @@ class Exporter : public prometheus::Collectable {
       }
     }
     {
+      // fp16 runs only: a bf16 or fp32 run has no loss scale and no series.
+      MetricFamily& f = family("trainwatch_loss_scale",
+                               "fp16 dynamic loss scale of the last evaluated step.",
+                               MetricType::Gauge);
+      MetricFamily& o = family("trainwatch_loss_scale_overflows_total",
+                               "Steps on which the fp16 loss scaler found inf gradients and "
+                               "skipped the update (tier 0, never a halt).",
+                               MetricType::Counter);
+      for (const RunSnapshot& r : runs) {
+        if (r.has_latest && r.latest.HasLossScale()) {
+          add(f, {{"run", r.row.run_id}}, r.latest.loss_scale());
+        }
+        if (r.loss_scale_overflows_total > 0 || (r.has_latest && r.latest.HasLossScale())) {
+          add(o, {{"run", r.row.run_id}}, double(r.loss_scale_overflows_total));
+        }
+      }
+    }
+    {
       MetricFamily& f = family("trainwatch_loss_ema_ratio",
                                "Loss over the EMA of the previous 1,000 steps.",
                                MetricType::Gauge);

@@ -14,8 +14,11 @@ IncidentState InitialState(const core::Event& e) {
   if (e.action == core::Action::kPage || e.action == core::Action::kHalt) {
     return IncidentState::kAwaitingDecision;
   }
-  // A transient is over when it is reported: a record, not an open matter.
-  if (e.kind == core::EventKind::kTransient) return IncidentState::kResolved;
+  // A transient, or a loss-scale overflow the scaler already skipped, is
+  // over when it is reported: a record, not an open matter.
+  if (e.kind == core::EventKind::kTransient || e.kind == core::EventKind::kLossScaleOverflow) {
+    return IncidentState::kResolved;
+  }
   return IncidentState::kOpen;
 }
 

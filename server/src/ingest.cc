@@ -339,6 +339,7 @@ void Ingestor::Evaluate(RunState& run, StepRow s, int64_t now,
   s.loss_ema_ratio = run.out.loss_ema_ratio;
   s.decision = static_cast<int>(run.out.verdict.decision);
   if (run.out.verdict.decision == core::Decision::kSkipUpdate) ++run.skipped_total;
+  run.loss_scale_overflows_total += s.loss_scale_overflow();
   run.row.last_step = s.step;
   run.row_dirty = true;
   run.latest = s;

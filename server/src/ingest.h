@@ -172,6 +172,8 @@ struct RunSnapshot {
   StepRow latest;  // the last evaluated global step
   bool has_latest = false;
   int64_t skipped_total = 0;
+  // Evaluated steps on which the fp16 loss scaler overflowed (and skipped).
+  int64_t loss_scale_overflows_total = 0;
   int64_t incidents_total[4] = {0, 0, 0, 0};  // by tier
   int64_t open_incidents[4] = {0, 0, 0, 0};
   int64_t missing_rank_steps_total = 0;
@@ -270,6 +272,7 @@ class Ingestor {
     bool has_latest = false;
     bool row_dirty = false;
     int64_t skipped_total = 0;
+    int64_t loss_scale_overflows_total = 0;
     int64_t missing_rank_steps_total = 0;
     // The approved rollback being carried out, until every rank applied it.
     std::optional<RollbackCommand> command;

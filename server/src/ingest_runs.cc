@@ -187,6 +187,7 @@ absl::StatusOr<Ingestor::RunState*> Ingestor::RecoverRun(const RunRow& row) {
           r.latest = s;
           r.has_latest = true;
           r.skipped_total += s.decision == static_cast<int>(core::Decision::kSkipUpdate);
+          r.loss_scale_overflows_total += s.loss_scale_overflow();
         }
       });
   if (!st.ok()) return st;
@@ -279,6 +280,9 @@ absl::StatusOr<RunSnapshot> Ingestor::StoredSnapshot(const RunRow& row) {
       row.run_id, row.attempt, static_cast<int>(core::Decision::kSkipUpdate));
   if (!skipped.ok()) return skipped.status();
   r.skipped_total = *skipped;
+  absl::StatusOr<int64_t> overflows = store_->CountLossScaleOverflows(row.run_id, row.attempt);
+  if (!overflows.ok()) return overflows.status();
+  r.loss_scale_overflows_total = *overflows;
   if (absl::Status st = RestoreIncidents(store_, &r.incidents, row.run_id); !st.ok()) return st;
   return SnapshotOf(r);
 }
@@ -290,6 +294,7 @@ RunSnapshot Ingestor::SnapshotOf(const RunState& r) {
   s.latest = r.latest;
   s.has_latest = r.has_latest;
   s.skipped_total = r.skipped_total;
+  s.loss_scale_overflows_total = r.loss_scale_overflows_total;
   s.missing_rank_steps_total = r.missing_rank_steps_total;
   for (int t = 0; t < 4; ++t) s.incidents_total[t] = r.incidents.totals()[t];
   for (const auto& [ep, inc] : r.incidents.open()) {

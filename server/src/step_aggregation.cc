@@ -67,6 +67,12 @@ void StepAggregate::Merge(const wire::ReportedStep& r) {
   for (Signal s : {Signal::kActivationMax, Signal::kAttentionLogitP99}) {
     if (r.Has(s)) max_of(s, r.Get(s));
   }
+  // As the agent reduces them: the largest scale, any rank's overflow.
+  if (r.HasLossScale()) {
+    const double scale = extras_.HasLossScale() ? std::max(extras_.loss_scale(), r.loss_scale())
+                                                : r.loss_scale();
+    extras_.SetLossScale(scale, extras_.loss_scale_overflow() || r.loss_scale_overflow());
+  }
   shards_.insert(r.shards.begin(), r.shards.end());
   // Each report is bounded (agent_message_checks.h); their union is held to
   // the same bound, so that a step of many ranks does not multiply it.

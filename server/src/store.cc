@@ -237,6 +237,12 @@ absl::StatusOr<int64_t> Store::CountDecided(const std::string& run_id, int64_t a
   return rows::CountDecided(read_db_, run_id, attempt, decision);
 }
 
+absl::StatusOr<int64_t> Store::CountLossScaleOverflows(const std::string& run_id,
+                                                       int64_t attempt) {
+  absl::MutexLock lock(&read_mu_);
+  return rows::CountLossScaleOverflows(read_db_, run_id, attempt);
+}
+
 absl::StatusOr<std::vector<DecisionRow>> Store::DecisionsOfIncident(int64_t incident_id) {
   absl::MutexLock lock(&read_mu_);
   return rows::DecisionsOfIncident(read_db_, incident_id);

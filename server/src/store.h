@@ -328,6 +328,7 @@ class Store {
   // `decision` (a core::Decision).
   absl::StatusOr<int64_t> CountDecided(const std::string& run_id, int64_t attempt,
                                        int decision);
+  absl::StatusOr<int64_t> CountLossScaleOverflows(const std::string& run_id, int64_t attempt);
   absl::StatusOr<std::vector<DecisionRow>> DecisionsOfIncident(int64_t incident_id);
   absl::StatusOr<std::vector<QuarantineRow>> Quarantines(const std::string& run_id);
   // Pages due for delivery (pending, next attempt reached), oldest first.

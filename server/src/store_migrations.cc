@@ -205,6 +205,16 @@ CREATE TABLE attempts (
   PRIMARY KEY (run_id, attempt)
 ) WITHOUT ROWID;
 )sql",
+    // 6: fp16 dynamic loss scaling (StepReport.loss_scale and
+    // loss_scale_overflow), so that an engine rebuilt from the store after a
+    // restart tells an overflow step from a numerical failure as the live one
+    // did. loss_scale_overflow is NULL on steps without a loss scale (bf16,
+    // fp32, every row from before), 0 or 1 otherwise; a NaN scale is stored
+    // as NULL beside a non-NULL flag.
+    R"sql(
+ALTER TABLE steps ADD COLUMN loss_scale REAL;
+ALTER TABLE steps ADD COLUMN loss_scale_overflow INTEGER;
+)sql",
 };
 
 }  // namespace

@@ -15,9 +15,9 @@ namespace {
 constexpr char kStepColumns[] =
     "step, loss, grad_norm, log_z, nan_frac, lr, z_loss_alpha, activation_max, attention_p99, "
     "present, loss_ema_ratio, nonfinite, elements, decision, shards, missing_ranks, late, "
-    "received_ms, shard_names";
+    "received_ms, shard_names, loss_scale, loss_scale_overflow";
 // How many: a query selecting more after them reads those from this index.
-constexpr int kStepColumnCount = 19;
+constexpr int kStepColumnCount = 21;
 
 // -1 (not reported) is stored as NULL.
 void BindCount(SqlStatement& q, int i, int64_t v) {
@@ -47,6 +47,8 @@ StepRow ReadStep(const SqlStatement& q) {
   s.late = q.Int(16) != 0;
   s.received_ms = q.Int(17);
   s.shard_names = q.ShardNames(18);
+  // The flag's NULL says "no loss scale"; the scale's may be a NaN's.
+  if (!q.IsNull(20)) s.SetLossScale(q.Real(19), q.Int(20) != 0);
   return s;
 }
 
@@ -113,7 +115,7 @@ absl::Status InsertSteps(sqlite3* db, const std::vector<WriteBatch::Step>& steps
   if (steps.empty()) return absl::OkStatus();
   SqlStatement q(db, absl::StrCat("INSERT OR IGNORE INTO steps (run_id, attempt, ", kStepColumns,
                                   ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
-                                  "?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)"));
+                                  "?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)"));
   return q.RunEach(steps, [](SqlStatement& q, const WriteBatch::Step& w) {
     const StepRow& s = w.step;
     q.Bind(1, w.run_id).Bind(2, w.attempt).Bind(3, s.step);
@@ -131,6 +133,11 @@ absl::Status InsertSteps(sqlite3* db, const std::vector<WriteBatch::Step>& steps
     q.Bind(16, int64_t{s.decision}).BindShards(17, s.shards);
     q.Bind(18, s.missing_ranks).Bind(19, int64_t{s.late}).Bind(20, s.received_ms);
     q.BindShardNames(21, s.shard_names);
+    if (s.HasLossScale()) {
+      q.Bind(22, s.loss_scale()).Bind(23, int64_t{s.loss_scale_overflow()});
+    } else {
+      q.BindNull(22).BindNull(23);
+    }
   });
 }
 
@@ -249,6 +256,15 @@ absl::StatusOr<int64_t> CountDecided(sqlite3* db, const std::string& run_id, int
                  "SELECT COUNT(*) FROM steps WHERE run_id = ?1 AND attempt = ?2 AND late = 0 AND "
                  "decision = ?3");
   q.Bind(1, run_id).Bind(2, attempt).Bind(3, int64_t{decision});
+  return QueryInt(q);
+}
+
+absl::StatusOr<int64_t> CountLossScaleOverflows(sqlite3* db, const std::string& run_id,
+                                                int64_t attempt) {
+  SqlStatement q(db,
+                 "SELECT COUNT(*) FROM steps WHERE run_id = ?1 AND attempt = ?2 AND late = 0 AND "
+                 "loss_scale_overflow = 1");
+  q.Bind(1, run_id).Bind(2, attempt);
   return QueryInt(q);
 }
 

@@ -47,6 +47,9 @@ absl::StatusOr<int64_t> CountSteps(sqlite3* db, const std::string& run_id);
 // Evaluated (not late) steps of the attempt that the rules decided `decision`.
 absl::StatusOr<int64_t> CountDecided(sqlite3* db, const std::string& run_id, int64_t attempt,
                                      int decision);
+// The evaluated steps of the attempt on which the fp16 loss scaler overflowed.
+absl::StatusOr<int64_t> CountLossScaleOverflows(sqlite3* db, const std::string& run_id,
+                                                int64_t attempt);
 
 // rank_steps: a repeated (run, attempt, step, rank) is ignored.
 absl::Status InsertRankSteps(sqlite3* db, const std::vector<RankStepRow>& rows);

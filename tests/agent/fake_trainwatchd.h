@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -98,6 +99,7 @@ class FakeServer final : public v1::AgentService::Service {
         }
         if (m.step_report().scope() != v1::REPORT_SCOPE_RANK) {
           global_steps_.insert(m.step_report().step());
+          global_reports_[m.step_report().step()] = m.step_report();
           shards_[m.step_report().step()].assign(m.step_report().shard_ids().begin(),
                                                  m.step_report().shard_ids().end());
           shard_names_[m.step_report().step()].assign(m.step_report().shard_names().begin(),
@@ -155,6 +157,13 @@ class FakeServer final : public v1::AgentService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return shard_names_[step];
   }
+  // The run's (global) record of `step`, whole; nullopt until it arrived.
+  std::optional<v1::StepReport> global_report(int64_t step) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = global_reports_.find(step);
+    if (it == global_reports_.end()) return std::nullopt;
+    return it->second;
+  }
 
  private:
   std::mutex mu_;
@@ -163,6 +172,7 @@ class FakeServer final : public v1::AgentService::Service {
   std::vector<size_t> globals_before_report_;
   std::map<int64_t, std::vector<uint64_t>> shards_;
   std::map<int64_t, std::vector<std::string>> shard_names_;
+  std::map<int64_t, v1::StepReport> global_reports_;
   int64_t duplicates_ = 0, received_ = 0;
   std::vector<v1::CommandAck> acks_;
   std::vector<v1::Hello> hellos_;

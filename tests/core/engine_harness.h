@@ -32,6 +32,10 @@ struct Values {
   // Extra signals, set only when finite-or-nonfinite values are wanted.
   std::map<Signal, double> extra;
   std::vector<TensorStat> tensors;
+  // fp16 runs: the loss scale (NaN: no loss scale, a bf16/fp32 run) and
+  // whether the scaler overflowed on the step.
+  double loss_scale = std::nan("");
+  bool overflow = false;
 };
 
 class Harness {
@@ -62,6 +66,7 @@ class Harness {
     if (v.has_log_z) r.Set(Signal::kLogZ, v.log_z);
     if (v.has_nan_frac) r.Set(Signal::kNanFrac, v.nan_frac);
     for (const auto& [s, x] : v.extra) r.Set(s, x);
+    if (!std::isnan(v.loss_scale)) r.SetLossScale(v.loss_scale, v.overflow);
     const uint64_t shard = 1000000 + static_cast<uint64_t>(step);
     r.shards = absl::MakeConstSpan(&shard, 1);
     const std::string uri = absl::StrFormat("ckpt://test/%d", step);

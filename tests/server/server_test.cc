@@ -477,5 +477,62 @@ TEST_CASE("server: /metrics passes promtool check metrics on a live scrape",
   CHECK(a.Close().ok());
 }
 
+TEST_CASE("server: fp16 loss-scale overflows are counted and exported - never a halt",
+          "[server][metrics][fp16]") {
+  TempDir dir;
+  const std::string db = dir.File("tw.db");
+  // An fp16 step: the scaler halves the scale on each overflow, whose
+  // gradients hold inf.
+  auto fp16 = [](int64_t s, bool overflow, double scale) {
+    v1::AgentMessage m = Step("run-h", 0, 1, s, Loss(s), overflow ? HUGE_VAL : Grad(s));
+    v1::StepReport* r = m.mutable_step_report();
+    if (overflow) r->mutable_metrics()->set_nan_frac(0.5);
+    r->set_loss_scale(scale);
+    r->set_loss_scale_overflow(overflow);
+    return m;
+  };
+  auto expect = [](const std::string& body, const std::string& line) {
+    INFO(body);
+    CHECK(body.find(line) != std::string::npos);
+  };
+  {
+    Running r = StartServer(db);
+    TestAgent a(r.channel);
+    a.Send(Hello("run-h", 0, 1));
+    a.Send(Hello("run-bf16", 0, 1));
+    double scale = 65536.0;
+    for (int64_t s = 0; s < 300; ++s) {
+      const bool overflow = s == 100 || s == 200 || s == 201;
+      if (overflow) scale /= 2;
+      a.Send(fp16(s, overflow, scale));
+      a.Send(Step("run-bf16", 0, 1, s, Loss(s), Grad(s)));
+    }
+    REQUIRE(a.WaitDurable(0, 299));
+    const std::string body = testing::HttpGet(r.server->metrics_port(), "/metrics");
+    expect(body, "trainwatch_loss_scale{run=\"run-h\"} 8192");
+    expect(body, "trainwatch_loss_scale_overflows_total{run=\"run-h\"} 3");
+    expect(body, "trainwatch_incidents_total{run=\"run-h\",tier=\"3\"} 0");
+    expect(body, "trainwatch_incidents_total{run=\"run-h\",tier=\"0\"} 2");
+    // A bf16 run has no loss-scale series.
+    CHECK(body.find("trainwatch_loss_scale{run=\"run-bf16\"}") == std::string::npos);
+    CHECK(body.find("trainwatch_loss_scale_overflows_total{run=\"run-bf16\"}") ==
+          std::string::npos);
+    REQUIRE(a.Close().ok());
+    r.server->Shutdown();
+  }
+  // The store kept the scale and the flags: a restarted server counts the
+  // same, and its rebuilt engine still takes an overflow for one.
+  Running r = StartServer(db);
+  TestAgent a(r.channel);
+  a.Send(Hello("run-h", 0, 1));
+  a.Send(fp16(300, true, 4096.0));
+  REQUIRE(a.WaitDurable(0, 300));
+  const std::string body = testing::HttpGet(r.server->metrics_port(), "/metrics");
+  expect(body, "trainwatch_loss_scale{run=\"run-h\"} 4096");
+  expect(body, "trainwatch_loss_scale_overflows_total{run=\"run-h\"} 4");
+  expect(body, "trainwatch_incidents_total{run=\"run-h\",tier=\"3\"} 0");
+  CHECK(a.Close().ok());
+}
+
 }  // namespace
 }  // namespace trainwatch::server

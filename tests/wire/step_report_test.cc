@@ -98,6 +98,30 @@ TEST_CASE("wire step: absent stays absent and NaN stays NaN and present", "[wire
   CHECK(back.tensors.empty());
 }
 
+TEST_CASE("wire step: the fp16 loss scale and overflow round-trip - absent stays absent",
+          "[wire][fp16]") {
+  ReportedStep s;
+  s.SetLossScale(32768.0, true);
+  v1::StepReport proto;
+  StepToProto(s, &proto);
+  REQUIRE(proto.has_loss_scale());
+  CHECK(proto.loss_scale() == 32768.0);
+  CHECK(proto.loss_scale_overflow());
+  const ReportedStep back = StepFromProto(proto);
+  REQUIRE(back.HasLossScale());
+  CHECK(back.loss_scale() == 32768.0);
+  CHECK(back.loss_scale_overflow());
+  // A bf16 record sends neither field.
+  v1::StepReport plain;
+  StepToProto(ReportedStep{}, &plain);
+  CHECK_FALSE(plain.has_loss_scale());
+  CHECK_FALSE(plain.loss_scale_overflow());
+  // An overflow flag without a scale excuses nothing: read as no loss scale.
+  plain.set_loss_scale_overflow(true);
+  CHECK_FALSE(StepFromProto(plain).HasLossScale());
+  CHECK_FALSE(StepFromProto(plain).loss_scale_overflow());
+}
+
 TEST_CASE("wire step: several layers' attention p99 read as their maximum - NaN wins", "[wire]") {
   v1::StepReport proto;
   for (double v : {3.0, 9.0, 4.0}) proto.add_attention_logit_p99(v);

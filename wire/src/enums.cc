@@ -51,12 +51,14 @@ v1::Rule RuleToProto(EventKind kind) {
     case EventKind::kWarnAttentionLogits: return v1::RULE_ATTENTION_LOGIT_RISING;
     case EventKind::kWarnActivations: return v1::RULE_ACTIVATION_MAX_RISING;
     case EventKind::kTransient: return v1::RULE_LOSS_TRANSIENT;
+    case EventKind::kLossScaleOverflow: return v1::RULE_LOSS_SCALE_OVERFLOW;
+    case EventKind::kLossScaleCollapse: return v1::RULE_LOSS_SCALE_COLLAPSE;
   }
   return v1::RULE_UNSPECIFIED;
 }
 
 std::optional<EventKind> RuleFromProto(v1::Rule rule) {
-  return Invert(RuleToProto, EventKind::kTransient, rule);  // kTransient: the last kind
+  return Invert(RuleToProto, EventKind::kLossScaleCollapse, rule);  // the last kind
 }
 
 v1::Verdict DecisionToProto(Decision d) {

@@ -48,6 +48,10 @@ void StepToProto(const ReportedStep& s, v1::StepReport* r) {
     ts->set_element_count(static_cast<uint64_t>(t.elements));
   }
   r->set_update_skipped(s.update_skipped);
+  if (s.HasLossScale()) {
+    r->set_loss_scale(s.loss_scale());
+    r->set_loss_scale_overflow(s.loss_scale_overflow());
+  }
 }
 
 ReportedStep StepFromProto(const v1::StepReport& r) {
@@ -72,6 +76,9 @@ ReportedStep StepFromProto(const v1::StepReport& r) {
                          static_cast<int64_t>(t.element_count())});
   }
   s.update_skipped = r.update_skipped();
+  // An overflow flag without a scale is not fp16 loss scaling: it excuses
+  // nothing (numerical_rule.cc).
+  if (r.has_loss_scale()) s.SetLossScale(r.loss_scale(), r.loss_scale_overflow());
   return s;
 }
 

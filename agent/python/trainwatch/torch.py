@@ -58,6 +58,23 @@ Where a nonfinite gradient can be localised: sharded, only the rank holding
 the shard sees it, and that rank's record names it and the tensor; after
 DDP's all-reduce every rank sees the same NaN, so the record names the
 tensor but cannot say which rank's backward produced it.
+
+fp16 with dynamic loss scaling: pass the GradScaler, and call observe()
+after backward() and before scaler.step()::
+
+    guard = trainwatch.torch.watch(optimizer, agent, scaler=scaler)
+    ...
+        scaler.scale(loss).backward()
+        guard.observe(step, loss)  # unscales the gradients, once
+        scaler.step(optimizer)     # does not unscale again; skips on overflow
+        scaler.update()
+
+The statistics are of the unscaled gradients: observe() calls
+scaler.unscale_(optimizer) unless the trainer already did this step (to clip,
+say), and GradScaler, which allows one unscale_ per step, then does not
+unscale again in step(). The record carries scaler.get_scale() and whether the
+scaler found inf (its found_inf per device): an overflow step is a tier 0
+record, not a halt (core/include/trainwatch/core/config.h, loss_scale_*).
 """
 
 import math as _math
@@ -152,9 +169,10 @@ class Guard:
     """Holds the latest verdict and gates the wrapped optimizer's step()."""
 
     def __init__(self, optimizer, agent, params=None, on_device=False, model=None, layout=None,
-                 data_parallel_size=None, tensor_parallel_size=None):
+                 data_parallel_size=None, tensor_parallel_size=None, scaler=None):
         self.optimizer = optimizer
         self.agent = agent
+        self.scaler = scaler
         if params is None and model is not None:
             params = model.named_parameters()
         self.layout = _resolve_layout(agent, model, layout)
@@ -251,7 +269,7 @@ class Guard:
         self._clear_micro_batches()
         group = self.optimizer.param_groups[0]
         z = group.get("z_loss_alpha")
-        kw = {}
+        kw = self._loss_scale()
         grads, copies = self._grads()
         tensors = list(grads.values()) if isinstance(grads, dict) else grads
         if self._grads_on_device is None and tensors:
@@ -274,7 +292,30 @@ class Guard:
         self.verdict = self.agent.step(
             int(step), loss=loss_value, log_z_sum=log_z, shards=shards,
             lr=float(group["lr"]), z_loss_alpha=None if z is None else float(z), **kw)
+        if self.verdict.halt and kw.get("loss_scale_overflow"):
+            # The scaler skips optimizer.step() on an overflow step, so the
+            # gated step would never see this halt (overflows persisting).
+            raise TrainingHalted(self.verdict)
         return self.verdict
+
+    def _loss_scale(self):
+        """Unscales the gradients (once per step) and reads the scaler's state:
+        {} without an enabled scaler (bf16, fp32), else the scale and whether
+        this step overflowed."""
+        scaler = self.scaler
+        if scaler is None or not scaler.is_enabled():
+            return {}
+        # GradScaler keeps each optimizer's stage and found_inf here (torch
+        # 1.13 to 2.x); unscale_ raises when called twice before update().
+        state = scaler._per_optimizer_states[id(self.optimizer)]
+        if state["stage"].name != "UNSCALED":
+            scaler.unscale_(self.optimizer)
+        found_inf = state["found_inf_per_device"]
+        if not found_inf:
+            raise RuntimeError("the GradScaler has no found_inf for this optimizer after "
+                               "unscale_(): was it given the optimizer that watch() wraps?")
+        overflow = any(float(v) != 0.0 for v in found_inf.values())
+        return {"loss_scale": float(scaler.get_scale()), "loss_scale_overflow": overflow}
 
     def _gated_step(self, *args, **kwargs):
         v = self.verdict
@@ -337,7 +378,7 @@ def _layout_copies(layout, world, dp, tp):
 
 
 def watch(optimizer, agent, params=None, on_device=False, model=None, layout=None,
-          data_parallel_size=None, tensor_parallel_size=None):
+          data_parallel_size=None, tensor_parallel_size=None, scaler=None):
     """Wraps `optimizer` so that its step() obeys the agent's verdicts.
 
     params: the parameters whose gradients count (default: model's named
@@ -352,9 +393,11 @@ def watch(optimizer, agent, params=None, on_device=False, model=None, layout=Non
     data_parallel_size, tensor_parallel_size: for "hybrid" only, both
     required; their product divides world_size (the rest: pipeline stages).
     Parameters that are tensor-parallel shards carry tensor_model_parallel
-    (Megatron-LM sets it; else mark_tensor_parallel())."""
+    (Megatron-LM sets it; else mark_tensor_parallel()).
+    scaler: the fp16 run's torch.cuda.amp.GradScaler: statistics of the
+    unscaled gradients, and its scale and overflows in the record."""
     return Guard(optimizer, agent, params, on_device, model, layout, data_parallel_size,
-                 tensor_parallel_size)
+                 tensor_parallel_size, scaler)
 
 
 def distributed_reduce(group=None):

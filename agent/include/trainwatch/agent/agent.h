@@ -173,6 +173,13 @@ struct StepInput {
   std::optional<double> z_loss_alpha;
   std::optional<double> activation_max;
   std::optional<double> attention_logit_p99;
+  // fp16 dynamic loss scaling: the scaler's scale for this step (its
+  // get_scale()) and whether it found inf/NaN in this rank's gradients and
+  // so skips the update. Unset for bf16 and fp32 runs. Reduced as maxes over
+  // the ranks: one rank's overflow is the step's, since the scaler skips on
+  // every rank. The statistics above are of the unscaled gradients.
+  std::optional<double> loss_scale;
+  bool loss_scale_overflow = false;
   absl::Span<const uint64_t> shards;
   // This rank's batch's shards as names, for loaders that name their data
   // with strings (a webdataset url, "train-00012-of-01024.parquet:7"); may
@@ -193,6 +200,12 @@ struct StepInput {
 // counts negative or nonfinite > elements. Step() checks it first; the
 // Python binding too, to raise the caller's error instead of halting.
 absl::Status CheckGradLayout(const StepInput& in, int world_size);
+
+// INVALID_ARGUMENT, naming the step, for a loss_scale not above 0 or an
+// overflow without a loss_scale (which could not be told from a numerical
+// failure). Step() checks it first, before any collective; callers that turn
+// Step()'s errors into halts (the Python binding) check it before.
+absl::Status CheckLossScale(const StepInput& in);
 
 struct Command {
   enum class Kind { kRollback, kHalt, kResume };

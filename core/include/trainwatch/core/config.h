@@ -132,6 +132,25 @@ struct RuleConfig {
   // A tier 3 episode ends after this many clean steps in a row.
   int64_t tier3_clear_steps = 100;
 
+  // ---- fp16 dynamic loss scaling (records with a loss scale only;
+  // StepValues::SetLossScale). An overflow step (the scaler found inf in the
+  // gradients and skipped the update) is tier 0: recorded, counted, never a
+  // halt, and it feeds no window (its grad_norm is inf). A nonfinite loss
+  // still halts. Tier 3 when the scaler cannot recover:
+  // - this many overflow steps in a row. Megatron-LM starts at
+  //   initial_loss_scale 2^32 and, with hysteresis 2 and backoff 0.5, needs
+  //   2 overflows per halving: 64 in a row take it from 2^32 to its
+  //   min_loss_scale of 1.0, the longest start-up descent a healthy run
+  //   makes (DeepSpeed from 2^16, hysteresis 2: 32; torch's GradScaler from
+  //   2^16, no hysteresis: 16). 0 turns this rule off.
+  int64_t loss_scale_max_overflow_steps = 64;
+  // - the scale below this. Megatron's min_loss_scale is 1.0 and DeepSpeed's
+  //   min_loss_scale defaults to 1 (it stops the run when an overflow comes
+  //   at that minimum); torch's GradScaler has no minimum and keeps halving,
+  //   so a scale under 1 means the fp16 gradients no longer fit even
+  //   unscaled. 0 turns this rule off.
+  double loss_scale_floor = 1.0;
+
   // ---- early warnings (alerts, not pages)
   double warn_logz_level = 12.0;         // log_z above this ...
   int64_t warn_logz_rising_steps = 5000;  // ... and rising for this long:

@@ -44,6 +44,8 @@ enum class EventKind : uint8_t {
   kWarnAttentionLogits,  // early warning: attention logit p99 rising
   kWarnActivations,      // early warning: activation max trending to the limit
   kTransient,            // tier 0: a short loss excursion over its local level
+  kLossScaleOverflow,    // tier 0: the fp16 loss scaler skipped an overflow step
+  kLossScaleCollapse,    // tier 3: overflows persist or the loss scale is below its floor
 };
 
 absl::string_view DecisionName(Decision d);

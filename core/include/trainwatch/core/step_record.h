@@ -69,9 +69,33 @@ class StepValues {
   }
   uint32_t present() const { return present_; }
 
+  // fp16 dynamic loss scaling (torch's GradScaler, Megatron, DeepSpeed): the
+  // scale the step's loss was multiplied by, and whether the scaler found
+  // inf/NaN in the gradients and so skipped the update (an overflow step).
+  // Not a Signal: it is the scaler's state, not a health metric, and the
+  // engine judges it apart (numerical_rule.cc). Absent for bf16 and fp32 runs,
+  // which the engine judges as before.
+  StepValues& SetLossScale(double scale, bool overflow) {
+    loss_scale_ = scale;
+    has_loss_scale_ = true;
+    loss_scale_overflow_ = overflow;
+    return *this;
+  }
+  void ClearLossScale() { has_loss_scale_ = loss_scale_overflow_ = false; }
+  bool HasLossScale() const { return has_loss_scale_; }
+  // NaN when absent.
+  double loss_scale() const {
+    return has_loss_scale_ ? loss_scale_ : std::numeric_limits<double>::quiet_NaN();
+  }
+  // False when absent.
+  bool loss_scale_overflow() const { return has_loss_scale_ && loss_scale_overflow_; }
+
  private:
   std::array<double, kNumSignals> values_{};
   uint32_t present_ = 0;
+  double loss_scale_ = 0.0;
+  bool has_loss_scale_ = false;
+  bool loss_scale_overflow_ = false;
 };
 
 struct StepRecord : StepValues {

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "dlpack_view.h"
+#include "borrowed_tensor.h"
 #include "trainwatch/core/shard_names.h"
 #include "trainwatch/agent/agent.h"
 #include "trainwatch/core/config.h"
@@ -30,81 +30,6 @@ namespace py = pybind11;
 
 namespace trainwatch::python {
 namespace {
-
-// One tensor borrowed through DLPack for the duration of a call.
-class Borrowed {
- public:
-  explicit Borrowed(py::handle obj) {
-    py::object capsule = py::reinterpret_borrow<py::object>(obj);
-    if (py::hasattr(obj, "__dlpack__")) {
-      // Gradients may be views; a contiguous copy is the framework's business.
-      capsule = obj.attr("__dlpack__")();
-    }
-    if (!PyCapsule_IsValid(capsule.ptr(), "dltensor")) {
-      throw py::type_error(
-          "expected a tensor with __dlpack__ (torch.Tensor, numpy.ndarray) or a DLPack capsule");
-    }
-    managed_ = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
-    // We own it now: the capsule must not free it again.
-    PyCapsule_SetName(capsule.ptr(), "used_dltensor");
-    const DLTensor& t = managed_->dl_tensor;
-    if (t.device.device_type != kDLCPU) {
-      Release();
-      throw py::value_error(
-          "this build reads CPU tensors; move statistics to the host or use the CUDA build");
-    }
-    numel_ = 1;
-    for (int i = 0; i < t.ndim; ++i) numel_ *= t.shape[i];
-    if (t.strides != nullptr && numel_ > 1) {
-      int64_t expect = 1;
-      for (int i = t.ndim - 1; i >= 0; --i) {
-        if (t.shape[i] != 1 && t.strides[i] != expect) {
-          Release();
-          throw py::value_error("tensor is not contiguous: call .contiguous() first");
-        }
-        expect *= t.shape[i];
-      }
-    }
-    if (t.dtype.lanes != 1) {
-      Release();
-      throw py::value_error("vector dtypes are not supported");
-    }
-    if (t.dtype.code == kDLFloat && t.dtype.bits == 32) {
-      dtype_ = kernels::DType::kFloat32;
-    } else if (t.dtype.code == kDLFloat && t.dtype.bits == 16) {
-      dtype_ = kernels::DType::kFloat16;
-    } else if (t.dtype.code == kDLBfloat && t.dtype.bits == 16) {
-      dtype_ = kernels::DType::kBFloat16;
-    } else {
-      Release();
-      throw py::value_error("tensor dtype must be float32, bfloat16 or float16");
-    }
-  }
-  ~Borrowed() { Release(); }
-  Borrowed(const Borrowed&) = delete;
-  Borrowed& operator=(const Borrowed&) = delete;
-  Borrowed(Borrowed&& o) noexcept
-      : managed_(o.managed_), dtype_(o.dtype_), numel_(o.numel_) {
-    o.managed_ = nullptr;
-  }
-
-  const void* data() const {
-    return static_cast<const char*>(managed_->dl_tensor.data) + managed_->dl_tensor.byte_offset;
-  }
-  kernels::DType dtype() const { return dtype_; }
-  int64_t numel() const { return numel_; }
-  int ndim() const { return managed_->dl_tensor.ndim; }
-  int64_t dim(int i) const { return managed_->dl_tensor.shape[i]; }
-
- private:
-  void Release() {
-    if (managed_ != nullptr && managed_->deleter != nullptr) managed_->deleter(managed_);
-    managed_ = nullptr;
-  }
-  DLManagedTensor* managed_ = nullptr;
-  kernels::DType dtype_ = kernels::DType::kFloat32;
-  int64_t numel_ = 0;
-};
 
 // The numbers are the reduced record the engine judged (the same on every
 // rank, NaN where the step had none); `tensors` and `rank` are what this

@@ -10,7 +10,6 @@ import datetime
 import json
 import math
 import os
-import socket
 import tempfile
 import unittest
 
@@ -20,6 +19,7 @@ import torch.multiprocessing as mp
 
 import trainwatch
 import trainwatch.torch as twt
+from test_grad_layout import free_port, shard_mean_grads
 from test_loss_scale import FakeScaler
 
 RULES = {"warmup_steps": 50, "warmup_min_records": 20, "warmup_min_grad_samples": 20}
@@ -201,11 +201,6 @@ class ClipTest(unittest.TestCase):
 
 # Two gloo ranks.
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def rank_main(rank, world, port, out_dir):
     # A bounded wait: a rank that dies fails the test instead of hanging it.
@@ -259,13 +254,7 @@ def sharded_steps(agent, rank, world):
     for step, max_norm in enumerate((0.05, 1e3)):
         model.zero_grad()
         loss = backward(model, seed=10 * step + rank)
-        full = []
-        for p, s in zip(model.parameters(), shards):
-            g = p.grad.flatten()
-            dist.all_reduce(g)
-            g /= world
-            s.grad = g.chunk(world)[rank].clone()
-            full.append(g)
+        full = shard_mean_grads(model, shards, world, rank)
         want, want_norm = torch_clip(full, max_norm)
         guard.observe(step, loss)
         norm = guard.clip_grad_norm_(max_norm)

@@ -124,6 +124,20 @@ def ddp_rank(rank, world, port, out_dir):
     run_steps(agent, guard, rank, out_dir, compute)
 
 
+def shard_mean_grads(model, shards, world, rank):
+    """ZeRO's gradient step by hand: every rank's mean gradient, of which
+    each shard keeps its rank's slice as its grad. Returns the whole (flat)
+    mean gradients, the reference."""
+    full = []
+    for p, s in zip(model.parameters(), shards):
+        g = p.grad.flatten()
+        dist.all_reduce(g)
+        g /= world
+        s.grad = g.chunk(world)[rank].clone()
+        full.append(g)
+    return full
+
+
 def sharded_rank(rank, world, port, out_dir):
     agent = start(rank, world, port)
     model = mlp()  # the same initial weights on every rank (seeded)
@@ -147,13 +161,7 @@ def sharded_rank(rank, world, port, out_dir):
         model.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
-        full = []
-        for p, s in zip(model.parameters(), shards):
-            g = p.grad.flatten()
-            dist.all_reduce(g)
-            g /= world
-            s.grad = g.chunk(world)[rank].clone()
-            full.append(g)
+        full = shard_mean_grads(model, shards, world, rank)
         if step == NAN_AT:
             # 2 NaN elements in rank 1's slice of the second weight, on that
             # rank only; every rank's reference (the whole gradient) has them.

@@ -21,6 +21,7 @@ micro-batches' losses, log Z covers every counted row of every micro-batch
 (kept as a running sum and a row count, so no logits stay alive) and the
 shards are all of theirs::
 
+    optimizer.zero_grad()
     for micro in range(accum):
         logits = model(x[micro])
         loss = loss_fn(logits, y[micro])
@@ -75,9 +76,21 @@ say), and GradScaler, which allows one unscale_ per step, then does not
 unscale again in step(). The record carries scaler.get_scale() and whether the
 scaler found inf (its found_inf per device): an overflow step is a tier 0
 record, not a halt (core/include/trainwatch/core/config.h, loss_scale_*).
+
+Gradient clipping: the verdict's grad_norm is already the global norm before
+clipping, so guard.clip_grad_norm_(max_norm) in place of
+torch.nn.utils.clip_grad_norm_ clips with it instead of taking the norm a
+second time (the same gradients and return value as torch's, in every
+layout; statistics plus clip cost about what torch's clip alone does,
+bench/agent/clip_overhead.py)::
+
+    guard.observe(step, loss)      # with a scaler: after scaler.unscale_, or it unscales
+    guard.clip_grad_norm_(1.0)
+    optimizer.step()               # or scaler.step(optimizer)
 """
 
 import math as _math
+import weakref as _weakref
 
 import torch as _torch
 
@@ -185,6 +198,9 @@ class Guard:
         self.params = list(params) if params is not None else None
         self.verdict = None
         self.skipped = 0
+        # The gradients the verdict's norm is of (set by observe(), emptied
+        # once clipped or stepped): clip_grad_norm_()'s guard against misuse.
+        self._observed = None
         self._clear_micro_batches()
         self._step = optimizer.step
         optimizer.step = self._gated_step
@@ -197,8 +213,8 @@ class Guard:
         self._shards = []
 
     def _grads(self):
-        """The gradients (a dict when named) and the copies of each (a list,
-        an int for all, or None: sharded)."""
+        """The gradients (a dict when named), the copies of each (a list, an
+        int for all, or None: sharded), and what clip_grad_norm_() checks."""
         # Named when the parameters are (watch(..., params=model.named_parameters())):
         # a NaN is then reported with the tensor that holds it.
         if self.params is not None and self.params and isinstance(self.params[0], tuple):
@@ -211,10 +227,14 @@ class Guard:
                 params = [p for g in self.optimizer.param_groups for p in g["params"]]
             params = [p for p in params if p.grad is not None]
             grads = [p.grad.detach().contiguous() for p in params]
+        # What clip_grad_norm_() may scale: these very gradients, unchanged.
+        # Weak references, so that a zero_grad(set_to_none=True) still frees
+        # them; the version counter moves with every in-place change.
+        observed = [(p, _weakref.ref(p.grad), p.grad._version) for p in params]
         copies = self._copies
         if callable(copies):
             copies = [copies(p) for p in params]
-        return grads, copies
+        return grads, copies, observed
 
     @_torch.no_grad()
     def accumulate(self, loss=None, logits=None, labels=None, shards=None, ignore_index=-100):
@@ -270,7 +290,8 @@ class Guard:
         group = self.optimizer.param_groups[0]
         z = group.get("z_loss_alpha")
         kw = self._loss_scale()
-        grads, copies = self._grads()
+        self._observed = None  # until this step's verdict is in
+        grads, copies, observed = self._grads()
         tensors = list(grads.values()) if isinstance(grads, dict) else grads
         if self._grads_on_device is None and tensors:
             # Parameters do not change devices while training: decided once.
@@ -292,11 +313,93 @@ class Guard:
         self.verdict = self.agent.step(
             int(step), loss=loss_value, log_z_sum=log_z, shards=shards,
             lr=float(group["lr"]), z_loss_alpha=None if z is None else float(z), **kw)
+        self._observed = observed
         if self.verdict.halt and kw.get("loss_scale_overflow"):
             # The scaler skips optimizer.step() on an overflow step, so the
             # gated step would never see this halt (overflows persisting).
             raise TrainingHalted(self.verdict)
         return self.verdict
+
+    @_torch.no_grad()
+    def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False):
+        """torch.nn.utils.clip_grad_norm_ on the gradients observe() just
+        judged, without a second norm pass: the verdict's grad_norm is their
+        global norm before clipping, so this only scales them, by torch's
+        coefficient min(1, max_norm / (norm + 1e-6)), and returns the norm as
+        torch does (a tensor of the gradients' dtype, on their device)::
+
+            loss.backward()
+            guard.observe(step, loss)
+            guard.clip_grad_norm_(1.0)   # instead of torch's, same result
+            optimizer.step()
+
+        The norm is the layout's global one (watch(layout=)), the same on
+        every rank: under DDP that of the replicated gradients; sharded
+        (FSDP, ZeRO), the norm over every rank's shard, which is exactly what
+        FullyShardedDataParallel.clip_grad_norm_ all-reduces, so each rank
+        scaling its own shard by it clips the whole model; hybrid, every
+        parameter counted once, as Megatron-LM's clip counts them. With a
+        GradScaler the gradients are unscaled before observe() (it unscales
+        them itself unless the trainer did), so this clips unscaled
+        gradients, as torch's clip after scaler.unscale_(optimizer) does.
+        The gradients scaled are those watch() observes (its params, or the
+        optimizer's).
+
+        Only the 2-norm (the verdict's); norm_type is there to refuse others.
+        A step holding a NaN or inf gradient has no finite norm: the exact
+        local norm is then taken as torch takes it (NaN or inf; on a rank
+        whose own gradients are finite while another rank's are not, NaN),
+        error_if_nonfinite raises as torch does, and a skip or halt verdict
+        leaves the gradients unscaled (the update never happens; torch would
+        multiply them by NaN). A continue verdict with a nonfinite norm (an
+        fp16 overflow the scaler skips, say) scales as torch does.
+
+        Raises RuntimeError when called before this step's observe(), twice,
+        after optimizer.step(), or when the gradients changed since
+        observe() (another backward, an unscale_ after it, an edit in
+        place): the verdict's norm would not be theirs.
+        """
+        if float(norm_type) != 2.0:
+            raise ValueError(f"clip_grad_norm_: norm_type {norm_type!r}: only the 2-norm the "
+                             "verdict carries (use torch.nn.utils.clip_grad_norm_ for others)")
+        max_norm = float(max_norm)
+        if not max_norm >= 0.0:
+            raise ValueError(f"clip_grad_norm_: max_norm must be >= 0 (got {max_norm!r})")
+        observed, v = self._observed, self.verdict
+        if observed is None or v is None:
+            raise RuntimeError("clip_grad_norm_() needs this step's observe() first (and at "
+                               "most one clip per observe(), before optimizer.step())")
+        grads = []
+        for p, ref, version in observed:
+            g = ref()
+            if g is None or p.grad is not g or g._version != version:
+                raise RuntimeError(
+                    "clip_grad_norm_(): the gradients changed after observe() (another "
+                    "backward, zero_grad, scaler.unscale_ or an in-place edit): the verdict's "
+                    "norm is not theirs; call observe() after the last change")
+            grads.append(g)
+        if not grads:
+            self._observed = None
+            return _torch.tensor(0.0)  # as torch, for no gradients
+        norm = v.grad_norm
+        if v.nan_frac > 0 or not _math.isfinite(norm):
+            norm = _nonfinite_norm(grads)
+            if error_if_nonfinite:
+                # Nothing consumed: a retry with error_if_nonfinite=False works.
+                raise RuntimeError(
+                    f"clip_grad_norm_: the total norm of the gradients is {norm} (verdict "
+                    f"{v.decision}, nan_frac {v.nan_frac:.3g}), so it cannot be clipped; set "
+                    "error_if_nonfinite=False to scale them by the non-finite norm anyway")
+        self._observed = None  # one clip per observe()
+        total = _torch.tensor(norm, dtype=grads[0].dtype, device=grads[0].device)
+        if v.skip or v.halt:
+            return total  # the gated step drops them (skip) or raises (halt)
+        coef = max_norm / (norm + 1e-6)
+        # torch multiplies by a clamped coefficient of 1 too, only to avoid a
+        # host sync; here the norm is on the host already, so that pass goes.
+        if not coef >= 1.0:  # NaN included, as torch's clamp keeps it
+            _torch._foreach_mul_(grads, coef)
+        return total
 
     def _loss_scale(self):
         """Unscales the gradients (once per step) and reads the scaler's state:
@@ -320,6 +423,7 @@ class Guard:
     def _gated_step(self, *args, **kwargs):
         v = self.verdict
         self.verdict = None
+        self._observed = None
         if v is not None and v.halt:
             raise TrainingHalted(v)
         if v is not None and v.skip:
@@ -332,12 +436,23 @@ class Guard:
     def resume_from(self, step):
         """After loading the checkpoint of `step` in a rollback."""
         self.verdict = None
+        self._observed = None
         self._clear_micro_batches()  # micro-batches of an abandoned step
         self.agent.resume_from(int(step))
 
     def detach(self):
         """Gives the optimizer its own step() back."""
         self.optimizer.step = self._step
+
+
+def _nonfinite_norm(grads):
+    """This rank's total 2-norm as torch.nn.utils.clip_grad_norm_ computes
+    it (inf, or NaN where a NaN is), for a step whose global count found a
+    nonfinite element; NaN where this rank's own gradients are all finite
+    (another rank holds it: which of the two is not known here)."""
+    norm = float(_torch.norm(_torch.stack([_torch.norm(g, 2.0).to(grads[0].device)
+                                           for g in grads]), 2.0))
+    return norm if not _math.isfinite(norm) else _math.nan
 
 
 def _resolve_layout(agent, model, layout):

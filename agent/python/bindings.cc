@@ -1,6 +1,7 @@
 // The Python module `trainwatch._trainwatch`: the agent, with gradients and
 // logits read in place through DLPack (no copy, no libtorch), statistics
-// computed by the CPU kernels. The pure-Python package around it
+// computed by the CPU kernels; in a CUDA build also DeviceStats, the CUDA
+// kernels for device tensors (device_stats.h). The pure-Python package around it
 // (trainwatch/__init__.py, trainwatch/torch.py) is what users import.
 
 #include <pybind11/functional.h>
@@ -18,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "borrowed_tensor.h"
+#include "device_stats.h"
 #include "trainwatch/core/shard_names.h"
 #include "trainwatch/agent/agent.h"
 #include "trainwatch/core/config.h"
@@ -464,6 +466,7 @@ PYBIND11_MODULE(_trainwatch, m) {
   using trainwatch::python::PyVerdict;
   m.doc() = "trainwatch agent (native part)";
   m.attr("__version__") = trainwatch::kVersion;
+  trainwatch::python::RegisterDeviceStats(m);
   m.def("log_z_sum", &trainwatch::python::LogZSum, py::arg("logits"),
         py::arg("labels") = py::none(), py::arg("ignore_index") = -100,
         "(sum of log Z over counted rows, rows) of [..., vocab] host logits; the sum is NaN "

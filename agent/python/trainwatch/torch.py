@@ -40,7 +40,8 @@ one wait is needed because the verdict is acted on by the host, before
 optimizer.step(). Without a CUDA build, for other dtypes and for tensors on
 other devices, torch's own operations reduce them on their device
 (grad_stats() and log_z_stats()). Guard.stats_path says which ran last:
-"host", "cuda" or "torch".
+"host", "cuda" or "torch". With a GradScaler, the scaler's own reads of
+found_inf and the scale add theirs (its step() waits for found_inf anyway).
 
 Gradient layout (watch(layout=...)): with several ranks the agent must know
 how many ranks hold each gradient, or the global norm is wrong (DDP counted
@@ -235,8 +236,8 @@ class Guard:
         self.layout = _resolve_layout(agent, model, layout)
         self._copies = _layout_copies(self.layout, agent.world_size, data_parallel_size,
                                       tensor_parallel_size)
-        # Statistics with torch operations even for host tensors (they are
-        # always used for tensors elsewhere).
+        # Statistics with torch operations even for host tensors (CUDA
+        # tensors take the CUDA kernels where the build has them).
         self.on_device = on_device
         self._grads_on_device = None
         self._device_stats = None  # kernels/' CUDA path, made at first use
@@ -484,7 +485,8 @@ def watch(optimizer, agent, params=None, on_device=False, model=None, layout=Non
     parameters when model is given, else the optimizer's);
     model.named_parameters() also names the tensor behind a NaN.
     on_device: compute statistics with torch operations even for host
-    tensors (always done for tensors on a GPU).
+    tensors (CUDA tensors take the CUDA kernels in a CUDA build, torch
+    operations otherwise).
     model: the trained module; a DistributedDataParallel makes the layout
     "replicated", a FullyShardedDataParallel "sharded".
     layout: "replicated", "sharded" or "hybrid" (see the module's docstring);

@@ -345,8 +345,9 @@ class Guard:
         if fused or (dev is not None and dev.pending_logits):
             # Gradients, the micro-batches' log Z and the loss: the step's
             # one copy to the host (DeviceStats.finish).
-            on_dev = (isinstance(loss_sum, _torch.Tensor) and _fused_cuda([loss_sum])
-                      and loss_sum.dtype == _torch.float64)
+            on_dev = (isinstance(loss_sum, _torch.Tensor) and loss_sum.is_cuda
+                      and loss_sum.dtype == _torch.float64
+                      and loss_sum.device.index == _torch.cuda.current_device())
             per_tensor = names is not None or isinstance(copies, list)
             r = self._cuda_stats().finish(
                 tensors if fused else [], _torch.cuda.current_stream().cuda_stream,

@@ -58,21 +58,13 @@ struct PyVerdict {
 // finite. Sums, not a mean, so that micro-batches and ranks add up.
 std::pair<double, int64_t> LogZSum(py::handle logits, py::handle labels, int32_t ignore_index) {
   Borrowed t(logits);
-  if (t.ndim() < 1) throw py::value_error("logits need a vocabulary dimension");
-  kernels::LogitsView v;
-  v.data = t.data();
-  v.dtype = t.dtype();
-  v.vocab = t.dim(t.ndim() - 1);
-  v.rows = v.vocab > 0 ? t.numel() / v.vocab : 0;
+  const kernels::LogitsView v = LogitsViewOf(t);
   kernels::LogitStatsOptions o;
   o.ignore_index = ignore_index;
   std::vector<int32_t> lab;
   if (!labels.is_none()) {
     lab = labels.cast<std::vector<int32_t>>();
-    if (static_cast<int64_t>(lab.size()) != v.rows) {
-      throw py::value_error(absl::StrCat("labels must have one entry per row of logits: ",
-                                         lab.size(), " labels, ", v.rows, " rows"));
-    }
+    CheckLabelCount(static_cast<int64_t>(lab.size()), v.rows);
     o.labels = lab.data();
   }
   kernels::LogitStats ls;

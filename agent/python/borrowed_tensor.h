@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <string>
 
 #include "dlpack_view.h"
 #include "trainwatch/kernels/grad_stats.h"
@@ -120,6 +121,25 @@ class Borrowed {
   bool cuda_ = false;
   int device_id_ = 0;
 };
+
+// Borrowed [..., vocab] logits as the kernels' [rows x vocab] view.
+inline kernels::LogitsView LogitsViewOf(const Borrowed& t) {
+  if (t.ndim() < 1) throw py::value_error("logits need a vocabulary dimension");
+  kernels::LogitsView v;
+  v.data = t.data();
+  v.dtype = t.dtype();
+  v.vocab = t.dim(t.ndim() - 1);
+  v.rows = v.vocab > 0 ? t.numel() / v.vocab : 0;
+  return v;
+}
+
+// Labels are one per row of the logits.
+inline void CheckLabelCount(int64_t labels, int64_t rows) {
+  if (labels != rows) {
+    throw py::value_error("labels must have one entry per row of logits: " +
+                          std::to_string(labels) + " labels, " + std::to_string(rows) + " rows");
+  }
+}
 
 }  // namespace trainwatch::python
 

@@ -90,22 +90,13 @@ class DeviceStats {
   // memory only to work on the same stream, which runs after these kernels.
   void AddLogits(py::handle logits, py::handle labels, int32_t ignore_index, uintptr_t stream) {
     Borrowed t = BorrowCuda(logits, "logits", BorrowOptions::Kind::kKernelFloat);
-    if (t.ndim() < 1) throw py::value_error("logits need a vocabulary dimension");
-    kernels::LogitsView v;
-    v.data = t.data();
-    v.dtype = t.dtype();
-    v.vocab = t.dim(t.ndim() - 1);
-    v.rows = v.vocab > 0 ? t.numel() / v.vocab : 0;
+    const kernels::LogitsView v = LogitsViewOf(t);
     kernels::LogitStatsOptions o;
     o.ignore_index = ignore_index;
     std::optional<Borrowed> lab;
     if (!labels.is_none()) {
       lab.emplace(BorrowCuda(labels, "labels", BorrowOptions::Kind::kInt32));
-      if (lab->numel() != v.rows) {
-        throw py::value_error("labels must have one entry per row of logits: " +
-                              std::to_string(lab->numel()) + " labels, " +
-                              std::to_string(v.rows) + " rows");
-      }
+      CheckLabelCount(lab->numel(), v.rows);
       o.labels = static_cast<const int32_t*>(lab->data());
     }
     if (v.rows == 0) return;  // no rows: nothing to count

@@ -29,11 +29,11 @@ without it, the product module trainwatch._trainwatch is used.
 
 import argparse
 import math
-import statistics
 import sys
-import time
 
 import torch
+
+from grad_stats_vs_torch import median_ms  # same folder
 
 FAILURES = []
 
@@ -193,18 +193,6 @@ def check_bad_input(m):
             check(False, f"{what}: accepted")
         except ValueError as e:
             check(pattern in str(e), f"{what}: {e}")
-
-
-def median_ms(fn, steps, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def torch_step(grads, micro_batches):

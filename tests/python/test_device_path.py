@@ -9,6 +9,7 @@ gradients and logits. [gpu] cases (skipped without CUDA): the fused kernels'
 path through Guard against the reference, and one device-to-host copy per
 step."""
 
+import contextlib
 import math
 import os
 import types
@@ -68,29 +69,34 @@ def make_model(dtype, device):
     return Tiny(dtype, device)
 
 
-def run_step(model, dtype, device, bad_values, on_device, ignore_index=-1):
-    """One optimizer step of 2 micro-batches through a Guard; returns the
-    verdict, the guard and the reference numbers."""
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    agent = trainwatch.Agent(run_id=f"path-{dtype}-{on_device}")
-    guard = twt.watch(opt, agent, params=model.named_parameters(), on_device=on_device)
+def run_step(model, dtype, device, bad_values, on_device, ignore_index=-1, guard=None,
+             around=None):
+    """One optimizer step of 2 micro-batches through a Guard (a new one
+    unless given), `around` (a context manager) around the micro-batches and
+    observe(); returns the verdict, the guard and the reference numbers."""
+    if guard is None:
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        agent = trainwatch.Agent(run_id=f"path-{dtype}-{on_device}")
+        guard = twt.watch(opt, agent, params=model.named_parameters(), on_device=on_device)
+    model.zero_grad(set_to_none=True)
     torch.manual_seed(1)
     batches = []
-    for micro in range(2):
-        x = torch.randn(8, 37, device=device, dtype=dtype)
-        logits = model(x)
-        labels = torch.randint(0, 19, (8,), device=device)
-        labels[micro::3] = ignore_index
-        loss = torch.nn.functional.cross_entropy(logits.float(), labels,
-                                                 ignore_index=ignore_index)
-        (loss / 2).backward()
-        guard.accumulate(loss, logits=logits, labels=labels, ignore_index=ignore_index)
-        batches.append((logits, labels))
-    grads = [p.grad for p in model.parameters()]
-    flat = grads[0].view(-1)
-    for i, v in enumerate(bad_values):
-        flat[3 + 5 * i] = v
-    verdict = guard.observe(0)
+    with around or contextlib.nullcontext():
+        for micro in range(2):
+            x = torch.randn(8, 37, device=device, dtype=dtype)
+            logits = model(x)
+            labels = torch.randint(0, 19, (8,), device=device)
+            labels[micro::3] = ignore_index
+            loss = torch.nn.functional.cross_entropy(logits.float(), labels,
+                                                     ignore_index=ignore_index)
+            (loss / 2).backward()
+            guard.accumulate(loss, logits=logits, labels=labels, ignore_index=ignore_index)
+            batches.append((logits, labels))
+        grads = [p.grad for p in model.parameters()]
+        flat = grads[0].view(-1)
+        for i, v in enumerate(bad_values):
+            flat[3 + 5 * i] = v
+        verdict = guard.observe(0)
     return verdict, guard, reference(grads, batches, ignore_index)
 
 
@@ -101,6 +107,12 @@ class HasCudaTest(unittest.TestCase):
             self.skipTest("TRAINWATCH_EXPECT_HAS_CUDA not set (run through CTest)")
         self.assertIs(_trainwatch.has_cuda, expected.upper() in ("1", "ON", "TRUE"))
         self.assertEqual(hasattr(_trainwatch, "DeviceStats"), _trainwatch.has_cuda)
+
+    @unittest.skipUnless(_trainwatch.has_cuda and not torch.cuda.is_available(),
+                         "needs a CUDA build on a machine without a device")
+    def test_device_stats_without_a_device_is_a_clear_error(self):
+        with self.assertRaisesRegex(RuntimeError, "no usable CUDA device"):
+            _trainwatch.DeviceStats()
 
     def test_fused_kernels_only_for_a_cuda_build_and_their_dtypes(self):
         def fake(dtype, index=0):
@@ -180,19 +192,17 @@ class GpuPathTest(unittest.TestCase):
         self.assertEqual(guard.stats_path, "torch")
 
     def test_gpu_one_copy_to_the_host_per_step(self):
-        model = make_model(torch.float32, "cuda")
-        run_step(model, torch.float32, "cuda", (), False)  # allocations
         from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            _, guard, _ = run_step(model, torch.float32, "cuda", (), False)
-            torch.cuda.synchronize()
+        model = make_model(torch.float32, "cuda")
+        _, guard, _ = run_step(model, torch.float32, "cuda", (), False)  # allocations
+        prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        run_step(model, torch.float32, "cuda", (), False, guard=guard, around=prof)
         names = [e.name for e in prof.events()]
-        if not any("Memcpy" in n or "memcpy" in n for n in names):
+        if not any("emcpy" in n for n in names):
             self.skipTest("the profiler recorded no CUDA copies (no CUPTI)")
         dtoh = [n for n in names if "DtoH" in n or "Device -> Host" in n]
-        # The guard made in run_step ran one step: DeviceStats made one copy,
-        # and nothing else in the step copied to the host.
-        self.assertEqual(guard._device_stats.host_copies, 1)
+        # Two micro-batches (loss, logits, labels) and the step: one copy.
+        self.assertEqual(guard._device_stats.host_copies, 2)
         self.assertEqual(len(dtoh), 1, dtoh)
 
 

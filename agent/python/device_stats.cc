@@ -4,6 +4,8 @@
 // on the trainer's stream (no copy, no wait), finish() enqueues
 // GradStatsGpuPlan on the same stream, gathers every result (and the loss)
 // into one device buffer, copies that to the host once and waits for it.
+// Every call of a step must name the same stream (torch's current one): the
+// gather relies on stream order, not on events.
 
 #include "device_stats.h"
 

@@ -80,9 +80,15 @@ Borrowed BorrowCuda(py::handle obj, const char* what, BorrowOptions::Kind kind) 
 
 class DeviceStats {
  public:
+  // The runtime's own reason when there is no device (e.g. a driver older
+  // than this build's CUDA runtime), for the guard's fallback warning.
   DeviceStats() {
-    if (kernels::CudaDeviceCount() == 0) {
-      throw std::runtime_error("DeviceStats: no usable CUDA device");
+    int count = 0;
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+      throw std::runtime_error(
+          std::string("DeviceStats: no usable CUDA device") +
+          (e != cudaSuccess ? std::string(" (") + cudaGetErrorString(e) + ")" : ""));
     }
   }
 

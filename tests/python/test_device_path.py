@@ -114,11 +114,23 @@ class HasCudaTest(unittest.TestCase):
         with self.assertRaisesRegex(RuntimeError, "no usable CUDA device"):
             _trainwatch.DeviceStats()
 
+    @unittest.skipUnless(_trainwatch.has_cuda and not torch.cuda.is_available(),
+                         "needs a CUDA build on a machine without a device")
+    def test_kernels_that_cannot_run_fall_back_to_torch_with_a_warning(self):
+        fake = types.SimpleNamespace(is_cuda=True, dtype=torch.float32,
+                                     device=types.SimpleNamespace(index=0))
+        with mock.patch.object(torch.cuda, "current_device", return_value=0), \
+                mock.patch.object(twt, "_CUDA_KERNELS", None):
+            with self.assertWarnsRegex(UserWarning, "CUDA kernels cannot run here"):
+                self.assertFalse(twt._fused_cuda([fake]))
+            self.assertFalse(twt._fused_cuda([fake]))  # decided once
+
     def test_fused_kernels_only_for_a_cuda_build_and_their_dtypes(self):
         def fake(dtype, index=0):
             return types.SimpleNamespace(is_cuda=True, dtype=dtype,
                                          device=types.SimpleNamespace(index=index))
-        with mock.patch.object(torch.cuda, "current_device", return_value=0):
+        with mock.patch.object(torch.cuda, "current_device", return_value=0), \
+                mock.patch.object(twt, "_CUDA_KERNELS", True):
             with mock.patch.object(twt, "_HAS_CUDA", True):
                 for dtype in (torch.float32, torch.bfloat16, torch.float16):
                     self.assertTrue(twt._fused_cuda([fake(dtype)]), dtype)

@@ -87,6 +87,7 @@ record, not a halt (core/include/trainwatch/core/config.h, loss_scale_*).
 """
 
 import math as _math
+import warnings as _warnings
 
 import torch as _torch
 
@@ -114,6 +115,22 @@ def mark_tensor_parallel(*params):
 
 # The dtypes kernels/ reads; any other takes torch operations.
 _KERNEL_DTYPES = (_torch.float32, _torch.bfloat16, _torch.float16)
+# Whether DeviceStats runs in this process: decided at its first use (a CUDA
+# build can meet a driver older than its CUDA runtime, or no device).
+_CUDA_KERNELS = None
+
+
+def _cuda_kernels_usable():
+    global _CUDA_KERNELS
+    if _CUDA_KERNELS is None:
+        try:
+            _DeviceStats()
+            _CUDA_KERNELS = True
+        except RuntimeError as e:
+            _warnings.warn(f"trainwatch: the CUDA kernels cannot run here ({e}); statistics "
+                           "of CUDA tensors use torch operations")
+            _CUDA_KERNELS = False
+    return _CUDA_KERNELS
 
 
 def _fused_cuda(tensors):
@@ -124,7 +141,7 @@ def _fused_cuda(tensors):
     if not all(t.is_cuda and t.dtype in _KERNEL_DTYPES for t in tensors):
         return False
     current = _torch.cuda.current_device()
-    return all(t.device.index == current for t in tensors)
+    return all(t.device.index == current for t in tensors) and _cuda_kernels_usable()
 
 
 def grad_stats(grads, names=None):

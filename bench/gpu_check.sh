@@ -3,10 +3,13 @@
 # optionally PyTorch) but none of the project's other dependencies: builds
 # kernels/ as a project of its own, runs the GPU cases under their
 # standalone runner (kernels_gpu_test: no Catch2 needed), the CPU cases when
-# Catch2 happens to be there, the GPU benchmark and the PyTorch comparison,
-# then prints one table of every GPU goal. Meant to finish within 5 minutes
-# on an H200: every step has a time limit, capped by what is left of a
-# GPU_CHECK_BUDGET_S budget (290 s).
+# Catch2 happens to be there, the GPU benchmark, the PyTorch comparison and
+# the Python binding's CUDA path (DeviceStats, built as the module
+# _trainwatch_device with PyTorch's pybind11 headers: the product module
+# needs gRPC) against torch, then prints one table of every GPU goal and the
+# binding path's speed against torch operations. Meant to finish within 8
+# minutes on an H200: every step has a time limit, capped by what is left of
+# a GPU_CHECK_BUDGET_S budget (480 s).
 #
 #   bench/gpu_check.sh [--build DIR] [--quick] [--catch PATH/catch.hpp]
 #
@@ -41,7 +44,7 @@ done
 JOBS="${GPU_CHECK_JOBS:-$(nproc 2>/dev/null || echo 4)}"
 STATUS=0
 START=$(date +%s)
-BUDGET="${GPU_CHECK_BUDGET_S:-290}"
+BUDGET="${GPU_CHECK_BUDGET_S:-480}"
 step() { echo; echo "=== [$(( $(date +%s) - START ))s] $*"; }
 # limit N: N seconds, or what is left of the budget when that is less.
 limit() {
@@ -96,10 +99,39 @@ for c in "$CATCH" /usr/include/catch2/catch.hpp /usr/local/include/catch2/catch.
   fi
 done
 
+# The binding's CUDA path needs a python3 with torch, Python's headers and
+# pybind11's (torch/include has them; else the pybind11 package).
+PY="${PYTHON:-python3}"
+PYBIND_DIR=""
+if "$PY" -c "import torch" 2>/dev/null; then
+  PYBIND_DIR="$("$PY" - <<'EOF' 2>/dev/null
+import os, sysconfig
+import torch
+d = os.path.join(os.path.dirname(torch.__file__), "include")
+if not os.path.exists(os.path.join(d, "pybind11", "pybind11.h")):
+    try:
+        import pybind11
+        d = pybind11.get_include()
+    except ImportError:
+        d = ""
+if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
+    d = ""
+print(d)
+EOF
+)"
+fi
+if [[ -n "$PYBIND_DIR" ]]; then
+  echo "binding path: pybind11 from $PYBIND_DIR, $("$PY" --version 2>&1)"
+else
+  echo "binding path: no python3 with torch, pybind11 and Python.h: DeviceStats not built"
+fi
+
 step "configure kernels/ standalone"
 CMAKE_ARGS=(-S "$ROOT/kernels" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release)
 [[ -n "$NVCC" ]] && CMAKE_ARGS+=(-DCMAKE_CUDA_COMPILER="$NVCC")
 [[ -n "$CATCH_DIR" ]] && CMAKE_ARGS+=(-DTRAINWATCH_CATCH2_INCLUDE_DIR="$CATCH_DIR")
+[[ -n "$PYBIND_DIR" ]] && CMAKE_ARGS+=(-DTRAINWATCH_KERNELS_BUILD_PYTHON_CHECK=ON
+  -DTRAINWATCH_PYBIND11_INCLUDE_DIR="$PYBIND_DIR" -DPython_EXECUTABLE="$(command -v "$PY")")
 # shellcheck disable=SC2206
 [[ -n "${GPU_CHECK_CMAKE_ARGS:-}" ]] && CMAKE_ARGS+=(${GPU_CHECK_CMAKE_ARGS})
 timeout "$(limit 60)" cmake "${CMAKE_ARGS[@]}" || { fail "configure"; verdict; }
@@ -153,7 +185,6 @@ if [[ "$QUICK" == 0 ]]; then
   # machine. The ctypes comparison drives the same kernels with torch
   # tensors' device pointers and needs only libtrainwatch_kernels_c.
   LIB="$BUILD/lib/libtrainwatch_kernels_c.so"
-  PY="${PYTHON:-python3}"
   if [[ $GPU == 1 ]] &&
      "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
     timeout "$(limit 60)" "$PY" "$ROOT/bench/kernels/grad_stats_vs_torch.py" --lib "$LIB" ||
@@ -161,6 +192,22 @@ if [[ "$QUICK" == 0 ]]; then
   else
     echo "no GPU or no python3 with CUDA-enabled torch: skipped"
   fi
+fi
+
+step "the binding's CUDA path (DeviceStats) against torch"
+BINDING_OUT="$BUILD/binding_check.txt"
+: > "$BINDING_OUT"
+if [[ $GPU == 0 ]]; then
+  echo "no GPU: not run"
+elif ! compgen -G "$BUILD/python/_trainwatch_device*.so" >/dev/null; then
+  fail "a GPU is listed but _trainwatch_device was not built (needs python3 with torch, pybind11 and Python.h): the binding path is untested"
+else
+  STEPS=20
+  [[ "$QUICK" == 1 ]] && STEPS=3
+  timeout "$(limit 150)" "$PY" "$ROOT/bench/kernels/device_stats_vs_torch.py" \
+    --module-dir "$BUILD/python" --steps "$STEPS" | tee "$BINDING_OUT"
+  rc=${PIPESTATUS[0]}
+  [[ $rc == 0 ]] || fail "the binding's CUDA path against torch (exit $rc)"
 fi
 
 step "GPU goals"
@@ -190,5 +237,9 @@ grep '^GOAL|' "$BENCH_OUT" | while IFS='|' read -r _ n measured goal met; do
     printf '%-48s %12s %10s  %s\n' "$n" "$measured" "$goal" "$met"
 done
 echo "$MISSED of ${#EXPECTED[@]} goals missed or not measured (reported, not fatal)"
+# device_stats_vs_torch.py prints RATIO|dtype|torch ops time / kernels time.
+grep '^RATIO|' "$BINDING_OUT" | while IFS='|' read -r _ dtype ratio; do
+  printf 'binding path, one step vs torch ops (%s): %sx faster\n' "$dtype" "$ratio"
+done
 
 verdict

@@ -1,6 +1,7 @@
 // The Python module `trainwatch._trainwatch`: the agent, with gradients and
 // logits read in place through DLPack (no copy, no libtorch), statistics
-// computed by the CPU kernels. The pure-Python package around it
+// computed by the CPU kernels; in a CUDA build also DeviceStats, the CUDA
+// kernels for device tensors (device_stats.h). The pure-Python package around it
 // (trainwatch/__init__.py, trainwatch/torch.py) is what users import.
 
 #include <pybind11/functional.h>
@@ -18,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "borrowed_tensor.h"
+#include "device_stats.h"
 #include "trainwatch/core/shard_names.h"
 #include "trainwatch/agent/agent.h"
 #include "trainwatch/core/config.h"
@@ -56,21 +58,13 @@ struct PyVerdict {
 // finite. Sums, not a mean, so that micro-batches and ranks add up.
 std::pair<double, int64_t> LogZSum(py::handle logits, py::handle labels, int32_t ignore_index) {
   Borrowed t(logits);
-  if (t.ndim() < 1) throw py::value_error("logits need a vocabulary dimension");
-  kernels::LogitsView v;
-  v.data = t.data();
-  v.dtype = t.dtype();
-  v.vocab = t.dim(t.ndim() - 1);
-  v.rows = v.vocab > 0 ? t.numel() / v.vocab : 0;
+  const kernels::LogitsView v = LogitsViewOf(t);
   kernels::LogitStatsOptions o;
   o.ignore_index = ignore_index;
   std::vector<int32_t> lab;
   if (!labels.is_none()) {
     lab = labels.cast<std::vector<int32_t>>();
-    if (static_cast<int64_t>(lab.size()) != v.rows) {
-      throw py::value_error(absl::StrCat("labels must have one entry per row of logits: ",
-                                         lab.size(), " labels, ", v.rows, " rows"));
-    }
+    CheckLabelCount(static_cast<int64_t>(lab.size()), v.rows);
     o.labels = lab.data();
   }
   kernels::LogitStats ls;
@@ -464,6 +458,7 @@ PYBIND11_MODULE(_trainwatch, m) {
   using trainwatch::python::PyVerdict;
   m.doc() = "trainwatch agent (native part)";
   m.attr("__version__") = trainwatch::kVersion;
+  trainwatch::python::RegisterDeviceStats(m);
   m.def("log_z_sum", &trainwatch::python::LogZSum, py::arg("logits"),
         py::arg("labels") = py::none(), py::arg("ignore_index") = -100,
         "(sum of log Z over counted rows, rows) of [..., vocab] host logits; the sum is NaN "

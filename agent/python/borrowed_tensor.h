@@ -1,6 +1,7 @@
 // A tensor borrowed through DLPack for the duration of one binding call,
-// as the CPU kernels read it (a data pointer, a dtype, an element count).
-// Private to the Python module (bindings.cc).
+// as the kernels read it (a data pointer, a dtype, an element count). Host
+// memory by default; CUDA memory where the caller says it launches CUDA
+// kernels on it (device_stats.cc). Private to the Python module.
 
 #ifndef TRAINWATCH_AGENT_PYTHON_BORROWED_TENSOR_H_
 #define TRAINWATCH_AGENT_PYTHON_BORROWED_TENSOR_H_
@@ -8,6 +9,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <string>
 
 #include "dlpack_view.h"
 #include "trainwatch/kernels/grad_stats.h"
@@ -16,10 +18,19 @@ namespace trainwatch::python {
 
 namespace py = pybind11;
 
+// What a call site reads: host tensors only (the CPU kernels), or host or
+// CUDA ones (the CUDA kernels check the device themselves); the kernels'
+// float dtypes (gradients, logits), int32 (labels) or float64 (a loss).
+struct BorrowOptions {
+  enum class Kind { kKernelFloat, kInt32, kFloat64 };
+  bool allow_cuda = false;
+  Kind kind = Kind::kKernelFloat;
+};
+
 // One tensor borrowed through DLPack for the duration of a call.
 class Borrowed {
  public:
-  explicit Borrowed(py::handle obj) {
+  explicit Borrowed(py::handle obj, BorrowOptions options = {}) {
     py::object capsule = py::reinterpret_borrow<py::object>(obj);
     if (py::hasattr(obj, "__dlpack__")) {
       // Gradients may be views; a contiguous copy is the framework's business.
@@ -33,11 +44,16 @@ class Borrowed {
     // We own it now: the capsule must not free it again.
     PyCapsule_SetName(capsule.ptr(), "used_dltensor");
     const DLTensor& t = managed_->dl_tensor;
-    if (t.device.device_type != kDLCPU) {
+    const bool cuda = t.device.device_type == kDLCUDA;
+    if (t.device.device_type != kDLCPU && !(cuda && options.allow_cuda)) {
       Release();
       throw py::value_error(
-          "this build reads CPU tensors; move statistics to the host or use the CUDA build");
+          cuda ? "a CUDA tensor here: this call reads host tensors (CUDA tensors go through "
+                 "trainwatch.torch's guard, which uses DeviceStats in a CUDA build)"
+               : "tensor is neither on the host nor on a CUDA device");
     }
+    cuda_ = cuda;
+    device_id_ = t.device.device_id;
     numel_ = 1;
     for (int i = 0; i < t.ndim; ++i) numel_ *= t.shape[i];
     if (t.strides != nullptr && numel_ > 1) {
@@ -54,7 +70,14 @@ class Borrowed {
       Release();
       throw py::value_error("vector dtypes are not supported");
     }
-    if (t.dtype.code == kDLFloat && t.dtype.bits == 32) {
+    if (options.kind != BorrowOptions::Kind::kKernelFloat) {
+      const bool int32 = options.kind == BorrowOptions::Kind::kInt32;
+      if (t.dtype.code != (int32 ? kDLInt : kDLFloat) || t.dtype.bits != (int32 ? 32 : 64)) {
+        Release();
+        throw py::value_error(int32 ? "labels must be an int32 tensor"
+                                    : "expected a float64 tensor");
+      }
+    } else if (t.dtype.code == kDLFloat && t.dtype.bits == 32) {
       dtype_ = kernels::DType::kFloat32;
     } else if (t.dtype.code == kDLFloat && t.dtype.bits == 16) {
       dtype_ = kernels::DType::kFloat16;
@@ -69,7 +92,11 @@ class Borrowed {
   Borrowed(const Borrowed&) = delete;
   Borrowed& operator=(const Borrowed&) = delete;
   Borrowed(Borrowed&& o) noexcept
-      : managed_(o.managed_), dtype_(o.dtype_), numel_(o.numel_) {
+      : managed_(o.managed_),
+        dtype_(o.dtype_),
+        numel_(o.numel_),
+        cuda_(o.cuda_),
+        device_id_(o.device_id_) {
     o.managed_ = nullptr;
   }
 
@@ -80,6 +107,8 @@ class Borrowed {
   int64_t numel() const { return numel_; }
   int ndim() const { return managed_->dl_tensor.ndim; }
   int64_t dim(int i) const { return managed_->dl_tensor.shape[i]; }
+  bool cuda() const { return cuda_; }
+  int device_id() const { return device_id_; }
 
  private:
   void Release() {
@@ -89,7 +118,28 @@ class Borrowed {
   DLManagedTensor* managed_ = nullptr;
   kernels::DType dtype_ = kernels::DType::kFloat32;
   int64_t numel_ = 0;
+  bool cuda_ = false;
+  int device_id_ = 0;
 };
+
+// Borrowed [..., vocab] logits as the kernels' [rows x vocab] view.
+inline kernels::LogitsView LogitsViewOf(const Borrowed& t) {
+  if (t.ndim() < 1) throw py::value_error("logits need a vocabulary dimension");
+  kernels::LogitsView v;
+  v.data = t.data();
+  v.dtype = t.dtype();
+  v.vocab = t.dim(t.ndim() - 1);
+  v.rows = v.vocab > 0 ? t.numel() / v.vocab : 0;
+  return v;
+}
+
+// Labels are one per row of the logits.
+inline void CheckLabelCount(int64_t labels, int64_t rows) {
+  if (labels != rows) {
+    throw py::value_error("labels must have one entry per row of logits: " +
+                          std::to_string(labels) + " labels, " + std::to_string(rows) + " rows");
+  }
+}
 
 }  // namespace trainwatch::python
 

@@ -39,6 +39,8 @@ struct DLManagedTensor {
 };
 
 constexpr int32_t kDLCPU = 1;
+constexpr int32_t kDLCUDA = 2;
+constexpr uint8_t kDLInt = 0;
 constexpr uint8_t kDLFloat = 2;
 constexpr uint8_t kDLBfloat = 4;
 

@@ -529,10 +529,19 @@ Status GradStatsGpuPlan::ReadbackAsync(cudaStream_t stream) {
 }
 
 Status GradStatsGpuPlan::Result(GradStats* out) const {
-  if (out == nullptr) return InvalidArgumentError("out is null");
+  return ResultFrom(impl_->h_result.get(), out);
+}
+
+size_t GradStatsGpuPlan::result_bytes() const { return impl_->d_result.size(); }
+
+Status GradStatsGpuPlan::ResultFrom(const void* host_copy, GradStats* out) const {
+  if (out == nullptr || host_copy == nullptr) {
+    return InvalidArgumentError("out or host_copy is null");
+  }
   const Impl& m = *impl_;
+  const char* result = static_cast<const char*>(host_copy);
   GpuGradStatsHeader h;
-  std::memcpy(&h, m.h_result.get(), sizeof h);
+  std::memcpy(&h, result, sizeof h);
   out->sum_squares = h.sum_squares;
   out->nonfinite = static_cast<int64_t>(h.nonfinite);
   out->numel = h.numel;
@@ -542,7 +551,7 @@ Status GradStatsGpuPlan::Result(GradStats* out) const {
   out->tensor_nonfinite.resize(n);
   out->tensor_max_abs.resize(n);
   if (n > 0) {
-    const char* p = m.h_result.get() + sizeof(GpuGradStatsHeader);
+    const char* p = result + sizeof(GpuGradStatsHeader);
     std::memcpy(out->tensor_sum_squares.data(), p, n * sizeof(double));
     p += n * sizeof(double);
     for (size_t t = 0; t < n; ++t) {

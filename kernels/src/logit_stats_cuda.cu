@@ -1,6 +1,7 @@
 // LogitStatsGpu: log Z per row and its sum over the rows counted, on the
 // trainer's stream (the shared row machinery is in logsumexp_cuda.cuh).
 
+#include <cstring>
 #include <string>
 
 #include "logsumexp_cuda.cuh"
@@ -181,8 +182,23 @@ Status LogitStatsGpu::ReadbackAsync(cudaStream_t stream) {
 }
 
 Status LogitStatsGpu::Result(LogitStats* out) const {
-  if (out == nullptr) return InvalidArgumentError("out is null");
-  const internal::LogitResultDev& r = *impl_->h_result.get();
+  return ResultFrom(impl_->h_result.get(), out);
+}
+
+const void* LogitStatsGpu::device_result() const {
+  return impl_->d_result.get();
+}
+
+size_t LogitStatsGpu::result_bytes() {
+  return sizeof(internal::LogitResultDev);
+}
+
+Status LogitStatsGpu::ResultFrom(const void* host_copy, LogitStats* out) {
+  if (out == nullptr || host_copy == nullptr) {
+    return InvalidArgumentError("out or host_copy is null");
+  }
+  internal::LogitResultDev r;
+  std::memcpy(&r, host_copy, sizeof r);
   out->sum_log_z = r.sum_log_z;
   out->rows_counted = static_cast<int64_t>(r.rows_counted);
   out->nonfinite_rows = static_cast<int64_t>(r.nonfinite_rows);

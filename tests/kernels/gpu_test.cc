@@ -610,6 +610,50 @@ TW_TEST_CASE("gpu logit stats of a few long rows split across blocks") {
   }
 }
 
+// The Python binding's DeviceStats copies device_result() of several plans
+// into one buffer and reads it with ResultFrom(): the same numbers as
+// ReadbackAsync() + Result().
+TW_TEST_CASE("gpu results read from a caller's copy of the device result") {
+  TW_REQUIRE_GPU();
+  Rng rng(21);
+  const auto hosts = testing::ManySmallTensors(rng, 200, 0.1);
+  DeviceTensors dev(hosts);
+  GradStatsOptions options;
+  options.per_tensor = true;
+  std::unique_ptr<GradStatsGpuPlan> plan;
+  TW_REQUIRE(GradStatsGpuPlan::Create(dev.views.data(), dev.views.size(), options, &plan)
+                 .ok());
+  TW_CHECK(plan->result_bytes() == sizeof(GpuGradStatsHeader) + hosts.size() * 24);
+  const int64_t rows = 9, vocab = 1001;
+  HostTensor t(DType::kBFloat16, rows * vocab);
+  testing::FillLogits(&t, rows, vocab, vocab, rng);
+  DeviceBuffer dlogits(t.data(), t.bytes());
+  std::unique_ptr<LogitStatsGpu> ws;
+  TW_REQUIRE(LogitStatsGpu::Create(rows, &ws).ok());
+  TW_REQUIRE(plan->Launch(nullptr).ok());
+  TW_REQUIRE(ws->Launch(LogitsView{dlogits.get(), DType::kBFloat16, rows, vocab, 0},
+                        LogitStatsOptions{}, nullptr)
+                 .ok());
+  TW_REQUIRE(plan->ReadbackAsync(nullptr).ok());
+  TW_REQUIRE(ws->ReadbackAsync(nullptr).ok());
+  const size_t gbytes = plan->result_bytes(), lbytes = LogitStatsGpu::result_bytes();
+  std::vector<char> copy(gbytes + lbytes);
+  TW_CUDA_CHECK(cudaMemcpy(copy.data(), plan->device_result(), gbytes, cudaMemcpyDeviceToHost));
+  TW_CUDA_CHECK(cudaMemcpy(copy.data() + gbytes, ws->device_result(), lbytes,
+                           cudaMemcpyDeviceToHost));
+  GradStats want, got;
+  TW_REQUIRE(plan->Result(&want).ok());
+  TW_REQUIRE(plan->ResultFrom(copy.data(), &got).ok());
+  TW_CHECK(testing::BitIdentical(got, want));
+  LogitStats lwant, lgot;
+  TW_REQUIRE(ws->Result(&lwant).ok());
+  TW_REQUIRE(LogitStatsGpu::ResultFrom(copy.data() + gbytes, &lgot).ok());
+  TW_CHECK(testing::SameDouble(lgot.sum_log_z, lwant.sum_log_z));
+  TW_CHECK(lgot.rows_counted == rows);
+  TW_CHECK(lgot.nonfinite_rows == lwant.nonfinite_rows);
+  TW_CHECK(testing::SameDouble(lgot.max_logit, lwant.max_logit));
+}
+
 #endif  // TRAINWATCH_KERNELS_HAVE_CUDA
 
 }  // namespace

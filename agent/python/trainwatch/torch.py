@@ -31,9 +31,18 @@ shards are all of theirs::
     guard.observe(step)
     optimizer.step()
 
-Host tensors are read in place by the package's statistics kernels. Tensors
-on a GPU (or anywhere else) are reduced there with torch's own operations
-(grad_stats() and log_z_stats()), and only a few numbers cross to the host.
+Host tensors are read in place by the package's statistics kernels. CUDA
+tensors in float32, bfloat16 or float16 go through the same kernels' CUDA
+versions when the package was built with CUDA (trainwatch._trainwatch.has_cuda):
+one pass over the gradients and one over each micro-batch's logits, on
+torch.cuda.current_stream(), and one small copy of the numbers (gradients,
+log Z and loss together) to the host per optimizer step, in observe(). That
+one wait is needed because the verdict is acted on by the host, before
+optimizer.step(). Without a CUDA build, for other dtypes and for tensors on
+other devices, torch's own operations reduce them on their device
+(grad_stats() and log_z_stats()). Guard.stats_path says which ran last:
+"host", "cuda" or "torch". With a GradScaler, the scaler's own reads of
+found_inf and the scale add theirs (its step() waits for found_inf anyway).
 
 Gradient layout (watch(layout=...)): with several ranks the agent must know
 how many ranks hold each gradient, or the global norm is wrong (DDP counted
@@ -91,12 +100,17 @@ bench/agent/clip_overhead.py)::
 
 import math as _math
 import weakref as _weakref
+import warnings as _warnings
 
 import torch as _torch
 
 from . import TrainingHalted
 from . import exit_on_halt  # noqa: F401  (trainwatch.torch.exit_on_halt, for trainers)
+from ._trainwatch import has_cuda as _HAS_CUDA
 from ._trainwatch import log_z_sum as _host_log_z_sum
+
+if _HAS_CUDA:
+    from ._trainwatch import DeviceStats as _DeviceStats
 
 __all__ = ["watch", "Guard", "distributed_reduce", "grad_stats", "log_z_stats",
            "mark_tensor_parallel", "LAYOUTS", "exit_on_halt"]
@@ -110,6 +124,37 @@ def mark_tensor_parallel(*params):
     attribute does, for watch(layout="hybrid")."""
     for p in params:
         p.tensor_model_parallel = True
+
+
+# The dtypes kernels/ reads; any other takes torch operations.
+_KERNEL_DTYPES = (_torch.float32, _torch.bfloat16, _torch.float16)
+# Whether DeviceStats runs in this process: decided at its first use (a CUDA
+# build can meet a driver older than its CUDA runtime, or no device).
+_CUDA_KERNELS = None
+
+
+def _cuda_kernels_usable():
+    global _CUDA_KERNELS
+    if _CUDA_KERNELS is None:
+        try:
+            _DeviceStats()
+            _CUDA_KERNELS = True
+        except RuntimeError as e:
+            _warnings.warn(f"trainwatch: the CUDA kernels cannot run here ({e}); statistics "
+                           "of CUDA tensors use torch operations")
+            _CUDA_KERNELS = False
+    return _CUDA_KERNELS
+
+
+def _fused_cuda(tensors):
+    """Whether kernels/' CUDA path takes these tensors: a CUDA build, and
+    every tensor on the current CUDA device in a dtype the kernels read."""
+    if not _HAS_CUDA or not tensors:
+        return False
+    if not all(t.is_cuda and t.dtype in _KERNEL_DTYPES for t in tensors):
+        return False
+    current = _torch.cuda.current_device()
+    return all(t.device.index == current for t in tensors) and _cuda_kernels_usable()
 
 
 def grad_stats(grads, names=None):
@@ -126,7 +171,13 @@ def grad_stats(grads, names=None):
     elements = sum(g.numel() for _, g in pairs)
     if not pairs:
         return 0.0, 0, 0, None
-    norms = _torch._foreach_norm([g for _, g in pairs])
+    # torch's norm of a bf16 or fp16 tensor is rounded to that dtype (bf16:
+    # 3 significant digits; fp16 overflows past 65504): those in float32.
+    low = (_torch.bfloat16, _torch.float16)
+    rest = [g for _, g in pairs if g.dtype not in low]
+    norms = list(_torch._foreach_norm(rest)) if rest else []
+    norms += [_torch.linalg.vector_norm(g, dtype=_torch.float32)
+              for _, g in pairs if g.dtype in low]
     total = float(_torch.stack([n.double() for n in norms]).pow(2).sum())
     if _math.isfinite(total):
         return total, 0, elements, None
@@ -154,6 +205,30 @@ def _grouped_grad_stats(grads, names, copies):
         if pt is not None:
             per_tensor = (per_tensor or []) + pt
     return groups, per_tensor
+
+
+def _kernel_grad_kw(r, names, copies):
+    """agent.step()'s grad_stats (and grad_tensors) from DeviceStats.finish()'s
+    result r, in the forms grad_stats() and _grouped_grad_stats() give."""
+    ss, bad, n = r["sum_squares"], r["nonfinite"], r["elements"]
+    kw = {}
+    if copies is None:
+        kw["grad_stats"] = (ss, bad, n)
+    elif isinstance(copies, int):
+        kw["grad_stats"] = [(ss, bad, n, copies)]
+    else:
+        groups = {}
+        for c, t_ss, t_bad, t_n in zip(copies, r["tensor_sum_squares"], r["tensor_nonfinite"],
+                                       r["tensor_elements"]):
+            g = groups.setdefault(c, [0.0, 0, 0])
+            g[0] += t_ss
+            g[1] += t_bad
+            g[2] += t_n
+        kw["grad_stats"] = [(g[0], g[1], g[2], c) for c, g in sorted(groups.items())]
+    if bad and names is not None:
+        kw["grad_tensors"] = list(zip(names, r["tensor_sum_squares"], r["tensor_nonfinite"],
+                                      r["tensor_elements"]))
+    return kw
 
 
 def _device_log_z_sum(logits, labels=None, ignore_index=-100):
@@ -191,10 +266,12 @@ class Guard:
         self.layout = _resolve_layout(agent, model, layout)
         self._copies = _layout_copies(self.layout, agent.world_size, data_parallel_size,
                                       tensor_parallel_size)
-        # Statistics with torch operations even for host tensors (they are
-        # always used for tensors elsewhere).
+        # Statistics with torch operations even for host tensors (CUDA
+        # tensors take the CUDA kernels where the build has them).
         self.on_device = on_device
         self._grads_on_device = None
+        self._device_stats = None  # kernels/' CUDA path, made at first use
+        self.stats_path = None  # "host", "cuda" or "torch": the last step's
         self.params = list(params) if params is not None else None
         self.verdict = None
         self.skipped = 0
@@ -256,7 +333,15 @@ class Guard:
             raise ValueError("accumulate: labels without logits")
         if logits is not None:
             logits = logits.detach()
-            if self.on_device or logits.device.type != "cpu":
+            if _fused_cuda([logits]):
+                # Enqueued on the stream; the sum crosses to the host in observe().
+                lab = None if labels is None else labels.reshape(-1).to(
+                    device=logits.device, dtype=_torch.int32)
+                self._cuda_stats().add_logits(
+                    logits.reshape(-1, logits.shape[-1]).contiguous(), lab, int(ignore_index),
+                    _torch.cuda.current_stream().cuda_stream)
+                total, rows = 0.0, 0
+            elif self.on_device or logits.device.type != "cpu":
                 total, rows = _device_log_z_sum(logits, labels, ignore_index)
             else:
                 if logits.dtype not in (_torch.float32, _torch.bfloat16, _torch.float16):
@@ -279,12 +364,8 @@ class Guard:
         if loss is not None or logits is not None or labels is not None or shards is not None:
             self.accumulate(loss, logits=logits, labels=labels, shards=shards,
                             ignore_index=ignore_index)
-        loss_value = float(self._loss_sum) / self._losses if self._losses else None
-        log_z = None
-        if self._log_z_rows:
-            total = float(self._log_z_sum)
-            # Any counted row whose log Z is not finite makes the step's NaN.
-            log_z = (total if _math.isfinite(total) else _math.nan, self._log_z_rows)
+        losses, loss_sum = self._losses, self._loss_sum
+        log_z_sum, log_z_rows = self._log_z_sum, self._log_z_rows
         shards = self._shards or None
         self._clear_micro_batches()
         group = self.optimizer.param_groups[0]
@@ -293,11 +374,40 @@ class Guard:
         self._observed = None  # until this step's verdict is in
         grads, copies, observed = self._grads()
         tensors = list(grads.values()) if isinstance(grads, dict) else grads
+        names = list(grads.keys()) if isinstance(grads, dict) else None
         if self._grads_on_device is None and tensors:
             # Parameters do not change devices while training: decided once.
             self._grads_on_device = any(g.device.type != "cpu" for g in tensors)
-        if self.on_device or self._grads_on_device:
-            names = list(grads.keys()) if isinstance(grads, dict) else None
+        fused = bool(self._grads_on_device) and _fused_cuda(tensors)
+        dev = self._device_stats
+        if fused or (dev is not None and dev.pending_logits):
+            # Gradients, the micro-batches' log Z and the loss: the step's
+            # one copy to the host (DeviceStats.finish).
+            on_dev = (isinstance(loss_sum, _torch.Tensor) and loss_sum.is_cuda
+                      and loss_sum.dtype == _torch.float64
+                      and loss_sum.device.index == _torch.cuda.current_device())
+            per_tensor = names is not None or isinstance(copies, list)
+            r = self._cuda_stats().finish(
+                tensors if fused else [], _torch.cuda.current_stream().cuda_stream,
+                fused and per_tensor, loss_sum.reshape(1) if on_dev else None)
+            if on_dev:
+                loss_sum = r["loss"]
+            if r["log_z_rows"]:
+                # A counted row whose log Z is not finite makes the sum NaN.
+                log_z_sum = log_z_sum + (r["log_z_sum"] if r["log_z_nonfinite_rows"] == 0
+                                         else _math.nan)
+                log_z_rows += r["log_z_rows"]
+        loss_value = float(loss_sum) / losses if losses else None
+        log_z = None
+        if log_z_rows:
+            total = float(log_z_sum)
+            # Any counted row whose log Z is not finite makes the step's NaN.
+            log_z = (total if _math.isfinite(total) else _math.nan, log_z_rows)
+        if fused:
+            self.stats_path = "cuda"
+            kw.update(_kernel_grad_kw(r, names, copies))
+        elif self.on_device or self._grads_on_device:
+            self.stats_path = "torch"
             if copies is None:
                 ss, bad, n, per_tensor = grad_stats(tensors, names)
                 kw["grad_stats"] = (ss, bad, n)
@@ -308,6 +418,7 @@ class Guard:
             if per_tensor is not None and names is not None:
                 kw["grad_tensors"] = per_tensor
         else:
+            self.stats_path = "host"
             kw["grads"] = grads
             kw["grad_copies"] = copies
         self.verdict = self.agent.step(
@@ -401,6 +512,11 @@ class Guard:
             _torch._foreach_mul_(grads, coef)
         return total
 
+    def _cuda_stats(self):
+        if self._device_stats is None:
+            self._device_stats = _DeviceStats()
+        return self._device_stats
+
     def _loss_scale(self):
         """Unscales the gradients (once per step) and reads the scaler's state:
         {} without an enabled scaler (bf16, fp32), else the scale and whether
@@ -438,6 +554,8 @@ class Guard:
         self.verdict = None
         self._observed = None
         self._clear_micro_batches()  # micro-batches of an abandoned step
+        if self._device_stats is not None:
+            self._device_stats.discard()
         self.agent.resume_from(int(step))
 
     def detach(self):
@@ -500,7 +618,8 @@ def watch(optimizer, agent, params=None, on_device=False, model=None, layout=Non
     parameters when model is given, else the optimizer's);
     model.named_parameters() also names the tensor behind a NaN.
     on_device: compute statistics with torch operations even for host
-    tensors (always done for tensors on a GPU).
+    tensors (CUDA tensors take the CUDA kernels in a CUDA build, torch
+    operations otherwise).
     model: the trained module; a DistributedDataParallel makes the layout
     "replicated", a FullyShardedDataParallel "sharded".
     layout: "replicated", "sharded" or "hybrid" (see the module's docstring);

@@ -91,6 +91,10 @@ class GradStatsGpuPlan {
   // Device memory laid out as described at GpuGradStatsHeader; written by
   // Launch().
   const GpuGradStatsHeader* device_result() const;
+  // Its size in bytes, and Result() from a host copy of it that the caller
+  // made (e.g. gathered with other results into one device-to-host copy).
+  size_t result_bytes() const;
+  Status ResultFrom(const void* host_copy, GradStats* out) const;
 
   static constexpr int kKernelsPerLaunch = 2;
   size_t tensor_count() const;
@@ -127,6 +131,11 @@ class LogitStatsGpu {
   Status ReadbackAsync(cudaStream_t stream);
   // REQUIRES: the stream has passed the last ReadbackAsync.
   Status Result(LogitStats* out) const;
+  // The device result Launch() writes (result_bytes() of it), and Result()
+  // from a host copy of it that the caller made, as for GradStatsGpuPlan.
+  const void* device_result() const;
+  static size_t result_bytes();
+  static Status ResultFrom(const void* host_copy, LogitStats* out);
 
   static constexpr int kKernelsPerLaunch = 2;
 

@@ -86,12 +86,7 @@ Result Run(const synth::Options& o) {
   Digest d;
   size_t events = 0;
   for (const synth::Row& row : rows) {
-    StepRecord r;
-    r.step = row.step;
-    r.Set(Signal::kLoss, row.loss).Set(Signal::kGradNorm, row.grad_norm);
-    r.Set(Signal::kLogZ, row.log_z).Set(Signal::kNanFrac, row.nan_frac);
-    r.shards = absl::MakeConstSpan(&row.shard, 1);
-    r.checkpoint_uri = row.checkpoint;
+    const StepRecord r = synth::ToRecord(row);
     REQUIRE(engine.Observe(r, &out).ok());
     d.Int(r.step);
     Add(d, out);

@@ -33,8 +33,13 @@ build: configure
 package: build
 	cmake --build $(BUILD) --target package
 
+# Every benchmark (bench/run_all.py: rule engine, replay, CPU statistics
+# against torch and a plain read, ingest side by side, agent overhead, and
+# those others add), one table in $(BUILD)/bench/summary.{md,json} with the
+# machine's cores and load average: the README's figures are copied from it
+# (about 10 minutes here).
 bench: build
-	$(BUILD)/bin/rule_engine_bench
+	/usr/bin/python3 bench/run_all.py --build $(BUILD)
 
 # Every fuzz target (fuzz/) built with clang-14 in $(FUZZ_BUILD) and run for
 # FUZZ_SECONDS each on its seed corpus; prints the executions per target. The

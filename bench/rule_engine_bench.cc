@@ -13,22 +13,13 @@ namespace {
 
 using trainwatch::core::RuleConfig;
 using trainwatch::core::RuleEngine;
-using trainwatch::core::Signal;
 using trainwatch::core::StepOutcome;
 using trainwatch::core::StepRecord;
 
 std::vector<StepRecord> MakeRecords(const std::vector<trainwatch::synth::Row>& rows) {
   std::vector<StepRecord> recs;
   recs.reserve(rows.size());
-  for (const auto& row : rows) {
-    StepRecord r;
-    r.step = row.step;
-    r.Set(Signal::kLoss, row.loss).Set(Signal::kGradNorm, row.grad_norm);
-    r.Set(Signal::kLogZ, row.log_z).Set(Signal::kNanFrac, row.nan_frac);
-    r.shards = absl::MakeConstSpan(&row.shard, 1);
-    r.checkpoint_uri = row.checkpoint;
-    recs.push_back(r);
-  }
+  for (const auto& row : rows) recs.push_back(trainwatch::synth::ToRecord(row));
   return recs;
 }
 

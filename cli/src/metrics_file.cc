@@ -1,5 +1,6 @@
 #include "trainwatch/cli/metrics_file.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
@@ -99,6 +100,7 @@ bool IsStepColumn(absl::string_view lower) {
 absl::StatusOr<Trace> ParseCsv(absl::string_view content, absl::string_view source,
                                bool strict, const ColumnMap& map) {
   TraceBuilder b(source);
+  b.Reserve(static_cast<size_t>(std::count(content.begin(), content.end(), '\n')) + 1);
   enum class Col { kStep, kSignal, kShard, kCheckpoint, kIgnored };
   struct Column {
     Col kind;

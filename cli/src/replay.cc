@@ -313,13 +313,19 @@ constexpr char kReplayUsage[] =
     "Exit codes: 0 ok, 1 error, 2 usage or malformed input (nothing printed on stdout).\n";
 
 bool ReadAll(const std::string& path, std::string* content) {
-  if (path == "-") {
-    content->assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-    return true;
+  std::ifstream file;
+  if (path != "-") {
+    file.open(path, std::ios::binary);
+    if (!file) return false;
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  content->assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  std::istream& in = path == "-" ? std::cin : file;
+  // In blocks, not a character at a time through istreambuf_iterator: that
+  // was an eighth of a 500k-step replay. Works on pipes as on files.
+  content->clear();
+  std::error_code ec;
+  if (path != "-") content->reserve(std::filesystem::file_size(path, ec));  // 0 on error
+  char block[1 << 16];
+  while (in.read(block, sizeof block) || in.gcount() > 0) content->append(block, in.gcount());
   return !in.bad();
 }
 

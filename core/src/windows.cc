@@ -39,100 +39,121 @@ double DecayingMean::Value() const { return count_ ? num_ / den_ : kNaN; }
 
 SlidingMedian::SlidingMedian(int64_t window_steps)
     : window_(window_steps), ring_(static_cast<size_t>(window_steps)) {
-  low_.reserve(ring_.size());
-  high_.reserve(ring_.size());
+  // Each heap holds at most half the window, plus one between an insertion
+  // and the rebalance after it: reserved once, never grown.
+  low_.reserve(ring_.size() / 2 + 2);
+  high_.reserve(ring_.size() / 2 + 2);
 }
 
 size_t SlidingMedian::MemoryBytes() const {
-  return ring_.capacity() * sizeof(Slot) +
-         (low_.capacity() + high_.capacity()) * sizeof(int32_t);
+  return ring_.capacity() * sizeof(Slot) + (low_.capacity() + high_.capacity()) * sizeof(Entry);
 }
 
-bool SlidingMedian::Before(bool low, int32_t a, int32_t b) const {
-  // The max-heap puts larger values first, the min-heap smaller ones.
-  return low ? ring_[a].value > ring_[b].value : ring_[a].value < ring_[b].value;
+template <bool kLow>
+void SlidingMedian::Place(size_t pos, Entry e) {
+  Heap<kLow>()[pos] = e;
+  ring_[e.slot].pos = static_cast<int32_t>(pos);
+  ring_[e.slot].in_low = kLow;
 }
 
-void SlidingMedian::Place(bool low, size_t pos, int32_t slot) {
-  (low ? low_ : high_)[pos] = slot;
-  ring_[slot].pos = static_cast<int32_t>(pos);
-  ring_[slot].in_low = low;
-}
+// The max-heap puts larger values first, the min-heap smaller ones.
+#define TW_BEFORE(a, b) (kLow ? (a).value > (b).value : (a).value < (b).value)  // NOLINT
 
-void SlidingMedian::SiftUp(bool low, size_t pos) {
-  auto& heap = low ? low_ : high_;
-  const int32_t slot = heap[pos];
+template <bool kLow>
+void SlidingMedian::SiftUp(size_t pos) {
+  std::vector<Entry>& heap = Heap<kLow>();
+  const Entry e = heap[pos];
   while (pos > 0) {
     const size_t parent = (pos - 1) / 2;
-    if (!Before(low, slot, heap[parent])) break;
-    Place(low, pos, heap[parent]);
+    if (!TW_BEFORE(e, heap[parent])) break;
+    Place<kLow>(pos, heap[parent]);
     pos = parent;
   }
-  Place(low, pos, slot);
+  Place<kLow>(pos, e);
 }
 
-void SlidingMedian::SiftDown(bool low, size_t pos) {
-  auto& heap = low ? low_ : high_;
+template <bool kLow>
+void SlidingMedian::SiftDown(size_t pos) {
+  std::vector<Entry>& heap = Heap<kLow>();
   const size_t n = heap.size();
-  const int32_t slot = heap[pos];
+  const Entry e = heap[pos];
   for (;;) {
     size_t child = 2 * pos + 1;
     if (child >= n) break;
-    if (child + 1 < n && Before(low, heap[child + 1], heap[child])) ++child;
-    if (!Before(low, heap[child], slot)) break;
-    Place(low, pos, heap[child]);
+    // A data-dependent but branch-free choice: the comparison of two random
+    // siblings is a coin toss the branch predictor would lose half the time.
+    if (child + 1 < n) child += TW_BEFORE(heap[child + 1], heap[child]) ? 1 : 0;
+    if (!TW_BEFORE(heap[child], e)) break;
+    Place<kLow>(pos, heap[child]);
     pos = child;
   }
-  Place(low, pos, slot);
+  Place<kLow>(pos, e);
 }
 
-void SlidingMedian::PushHeap(bool low, int32_t slot) {
-  auto& heap = low ? low_ : high_;
-  heap.push_back(slot);
-  SiftUp(low, heap.size() - 1);
+#undef TW_BEFORE
+
+template <bool kLow>
+void SlidingMedian::Repair(size_t pos) {
+  const int32_t slot = Heap<kLow>()[pos].slot;
+  SiftUp<kLow>(pos);
+  SiftDown<kLow>(static_cast<size_t>(ring_[slot].pos));
 }
 
-int32_t SlidingMedian::PopTop(bool low) {
-  auto& heap = low ? low_ : high_;
-  const int32_t top = heap[0];
-  const int32_t last = heap.back();
+template <bool kLow>
+void SlidingMedian::PushHeap(Entry e) {
+  std::vector<Entry>& heap = Heap<kLow>();
+  heap.push_back(e);
+  SiftUp<kLow>(heap.size() - 1);
+}
+
+template <bool kLow>
+SlidingMedian::Entry SlidingMedian::PopTop() {
+  std::vector<Entry>& heap = Heap<kLow>();
+  const Entry top = heap[0];
+  const Entry last = heap.back();
   heap.pop_back();
   if (!heap.empty()) {
-    heap[0] = last;
-    SiftDown(low, 0);
+    Place<kLow>(0, last);
+    SiftDown<kLow>(0);
   }
   return top;
 }
 
-void SlidingMedian::Rebalance() {
-  while (low_.size() > high_.size() + 1) PushHeap(false, PopTop(true));
-  while (high_.size() > low_.size()) PushHeap(true, PopTop(false));
-}
-
-void SlidingMedian::Insert(int32_t slot) {
-  const bool to_low = low_.empty() || ring_[slot].value <= ring_[low_[0]].value;
-  PushHeap(to_low, slot);
-  Rebalance();
-}
-
-void SlidingMedian::Remove(int32_t slot) {
-  const bool low = ring_[slot].in_low;
-  auto& heap = low ? low_ : high_;
-  const size_t pos = static_cast<size_t>(ring_[slot].pos);
-  const int32_t last = heap.back();
+template <bool kLow>
+void SlidingMedian::RemoveAt(size_t pos) {
+  std::vector<Entry>& heap = Heap<kLow>();
+  const Entry last = heap.back();
   heap.pop_back();
   if (pos < heap.size()) {
-    // The moved element may belong above or below its new position.
-    Place(low, pos, last);
-    SiftUp(low, pos);
-    SiftDown(low, static_cast<size_t>(ring_[last].pos));
+    // The moved entry may belong above or below its new position.
+    Place<kLow>(pos, last);
+    Repair<kLow>(pos);
+  }
+}
+
+void SlidingMedian::Rebalance() {
+  while (low_.size() > high_.size() + 1) PushHeap<false>(PopTop<true>());
+  while (high_.size() > low_.size()) PushHeap<true>(PopTop<false>());
+}
+
+void SlidingMedian::Insert(Entry e) {
+  if (low_.empty() || e.value <= low_[0].value) {
+    PushHeap<true>(e);
+  } else {
+    PushHeap<false>(e);
   }
   Rebalance();
 }
 
 void SlidingMedian::PopOldest() {
-  Remove(static_cast<int32_t>(head_));
-  head_ = (head_ + 1) % ring_.size();
+  const Slot& oldest = ring_[head_];
+  if (oldest.in_low) {
+    RemoveAt<true>(static_cast<size_t>(oldest.pos));
+  } else {
+    RemoveAt<false>(static_cast<size_t>(oldest.pos));
+  }
+  Rebalance();
+  head_ = Wrap(head_ + 1);
   --count_;
 }
 
@@ -142,24 +163,35 @@ void SlidingMedian::EvictBefore(int64_t min_step) {
 
 void SlidingMedian::ReplaceOldest(int64_t step, double value) {
   // The new sample goes to the ring's tail and takes over the heap position
-  // of the oldest (the same slot when the ring is full).
-  const int32_t old = static_cast<int32_t>(head_);
-  const int32_t slot = static_cast<int32_t>((head_ + count_) % ring_.size());
-  const bool low = ring_[old].in_low;
-  if (slot != old) Place(low, static_cast<size_t>(ring_[old].pos), slot);
-  head_ = (head_ + 1) % ring_.size();
-  ring_[slot].value = value;
-  ring_[slot].step = step;
-  SiftUp(low, static_cast<size_t>(ring_[slot].pos));
-  SiftDown(low, static_cast<size_t>(ring_[slot].pos));
-  // Only the replaced value can break max(low) <= min(high); if it does, the
-  // two tops trade places and sink.
-  if (!low_.empty() && !high_.empty() && ring_[low_[0]].value > ring_[high_[0]].value) {
-    const int32_t a = low_[0], b = high_[0];
-    Place(true, 0, b);
-    Place(false, 0, a);
-    SiftDown(true, 0);
-    SiftDown(false, 0);
+  // of the oldest (the same slot when the ring is full); the heaps keep
+  // their sizes.
+  const Slot oldest = ring_[head_];
+  const Entry e{value, static_cast<int32_t>(Wrap(head_ + count_))};
+  head_ = Wrap(head_ + 1);
+  ring_[e.slot].step = step;
+  const size_t pos = static_cast<size_t>(oldest.pos);
+  if (oldest.in_low) {
+    if (!high_.empty() && value > high_[0].value) {
+      // The new value belongs to the upper half. The upper half's smallest
+      // takes the oldest's place in the lower half (it is >= all of it, so
+      // it can only rise) and the new value takes the upper top and sinks:
+      // two sifts, where placing it in the lower half would take three.
+      Place<true>(pos, high_[0]);
+      SiftUp<true>(pos);
+      Place<false>(0, e);
+      SiftDown<false>(0);
+    } else {
+      Place<true>(pos, e);
+      Repair<true>(pos);
+    }
+  } else if (value < low_[0].value) {  // the lower half is never empty here
+    Place<false>(pos, low_[0]);
+    SiftUp<false>(pos);
+    Place<true>(0, e);
+    SiftDown<true>(0);
+  } else {
+    Place<false>(pos, e);
+    Repair<false>(pos);
   }
 }
 
@@ -179,18 +211,17 @@ void SlidingMedian::Push(int64_t step, double value) {
     ReplaceOldest(step, value);
     return;
   }
-  const size_t slot = (head_ + count_) % ring_.size();
-  ring_[slot].value = value;
+  const size_t slot = Wrap(head_ + count_);
   ring_[slot].step = step;
   ++count_;
-  Insert(static_cast<int32_t>(slot));
+  Insert(Entry{value, static_cast<int32_t>(slot)});
 }
 
 double SlidingMedian::Median() const {
   if (count_ == 0) return kNaN;
-  const double lo = ring_[low_[0]].value;
+  const double lo = low_[0].value;
   if (low_.size() > high_.size()) return lo;
-  return 0.5 * (lo + ring_[high_[0]].value);
+  return 0.5 * (lo + high_[0].value);
 }
 
 // ------------------------------------------------------------------ SlidingMin
@@ -202,21 +233,20 @@ void SlidingMin::Push(int64_t step, double value) {
   // Entries behind a smaller or equal newer value can never be the minimum
   // again: drop them from the back.
   while (count_ > 0) {
-    const size_t back = (head_ + count_ - 1) % ring_.size();
-    if (ring_[back].value < value) break;
+    if (ring_[Wrap(head_ + count_ - 1)].value < value) break;
     --count_;
   }
   if (count_ == ring_.size()) {  // only when steps span more than the window
-    head_ = (head_ + 1) % ring_.size();
+    head_ = Wrap(head_ + 1);
     --count_;
   }
-  ring_[(head_ + count_) % ring_.size()] = Entry{step, value};
+  ring_[Wrap(head_ + count_)] = Entry{step, value};
   ++count_;
 }
 
 double SlidingMin::MinSince(int64_t min_step) {
   while (count_ > 0 && ring_[head_].step < min_step) {
-    head_ = (head_ + 1) % ring_.size();
+    head_ = Wrap(head_ + 1);
     --count_;
   }
   return count_ ? ring_[head_].value : kNaN;

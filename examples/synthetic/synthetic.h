@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "trainwatch/core/step_record.h"
+
 namespace trainwatch::synth {
 
 struct Row {
@@ -43,6 +45,18 @@ struct Options {
 Options DemoOptions();
 
 std::vector<Row> Generate(const Options& options);
+
+// A row as the engine's record; it borrows the row's shard and checkpoint,
+// so the row must outlive it.
+inline core::StepRecord ToRecord(const Row& row) {
+  core::StepRecord r;
+  r.step = row.step;
+  r.Set(core::Signal::kLoss, row.loss).Set(core::Signal::kGradNorm, row.grad_norm);
+  r.Set(core::Signal::kLogZ, row.log_z).Set(core::Signal::kNanFrac, row.nan_frac);
+  r.shards = absl::MakeConstSpan(&row.shard, 1);
+  r.checkpoint_uri = row.checkpoint;
+  return r;
+}
 
 // CSV with the header step,loss,grad_norm,log_z,nan_frac,shard,checkpoint.
 std::string ToCsv(const std::vector<Row>& rows);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "trainwatch/kernels/grad_stats.h"
+#include "trainwatch/kernels/logit_stats.h"
 #include "trainwatch/kernels/status.h"
 #include "trainwatch/kernels/tensor_view.h"
 
@@ -92,6 +93,34 @@ int tw_kernels_grad_stats_cpu(const void* const* data, const int32_t* dtypes,
                                             &stats);
   if (s.ok()) {
     CopyOut(stats, out, tensor_sum_squares, tensor_nonfinite, tensor_max_abs);
+  }
+  return Report(s);
+}
+
+int tw_kernels_logit_stats_cpu(const void* data, int32_t dtype, int64_t rows,
+                               int64_t vocab, const int32_t* labels,
+                               int32_t ignore_index, int32_t cpu_path,
+                               TwLogitStats* out) {
+  if (out == nullptr) {
+    return Report(trainwatch::kernels::InvalidArgumentError("out is null"));
+  }
+  trainwatch::kernels::LogitsView view;
+  view.data = data;
+  view.dtype = static_cast<DType>(dtype);
+  view.rows = rows;
+  view.vocab = vocab;
+  trainwatch::kernels::LogitStatsOptions options;
+  options.labels = labels;
+  options.ignore_index = ignore_index;
+  options.cpu_path = static_cast<CpuPath>(cpu_path);
+  trainwatch::kernels::LogitStats stats;
+  const Status s =
+      trainwatch::kernels::ComputeLogitStats(view, options, &stats);
+  if (s.ok()) {
+    out->sum_log_z = stats.sum_log_z;
+    out->rows_counted = stats.rows_counted;
+    out->nonfinite_rows = stats.nonfinite_rows;
+    out->max_logit = stats.max_logit;
   }
   return Report(s);
 }

@@ -55,6 +55,12 @@ class DecayingMean {
 // Invariants between calls: every live sample is in exactly one heap;
 // low_.size() == high_.size() or low_.size() == high_.size() + 1; and every
 // value in low_ is <= every value in high_.
+//
+// The heaps hold the values themselves beside their slot numbers, so a sift
+// compares adjacent heap entries instead of chasing each into the ring (the
+// rule engine's hottest loop: a 5,000-step grad-norm window, every step). The
+// median depends only on the multiset of live values, never on the heaps'
+// layout, so it is the same bit for bit whatever the order of repairs.
 class SlidingMedian {
  public:
   // Holds at most `window_steps` samples: with strictly increasing integer
@@ -81,31 +87,46 @@ class SlidingMedian {
 
  private:
   struct Slot {
-    double value;
     int64_t step;
     int32_t pos;   // index inside its heap
     bool in_low;   // which heap holds it
   };
+  struct Entry {
+    double value;
+    int32_t slot;  // its ring slot
+  };
 
+  // i mod the ring's size for i < 2 * size: a compare instead of a division.
+  size_t Wrap(size_t i) const { return i >= ring_.size() ? i - ring_.size() : i; }
   void PopOldest();
   void ReplaceOldest(int64_t step, double value);
-  void Insert(int32_t slot);
-  void Remove(int32_t slot);
+  void Insert(Entry e);
   void Rebalance();
-  // Heap primitives; `low` selects the max-heap of the lower half.
-  void SiftUp(bool low, size_t pos);
-  void SiftDown(bool low, size_t pos);
-  bool Before(bool low, int32_t a, int32_t b) const;
-  void Place(bool low, size_t pos, int32_t slot);
-  int32_t PopTop(bool low);
-  void PushHeap(bool low, int32_t slot);
+  // Heap primitives; kLow selects the max-heap of the lower half.
+  template <bool kLow>
+  std::vector<Entry>& Heap() { return kLow ? low_ : high_; }
+  template <bool kLow>
+  void Place(size_t pos, Entry e);
+  template <bool kLow>
+  void SiftUp(size_t pos);
+  template <bool kLow>
+  void SiftDown(size_t pos);
+  // Up then down: for an entry whose value changed in place.
+  template <bool kLow>
+  void Repair(size_t pos);
+  template <bool kLow>
+  void RemoveAt(size_t pos);
+  template <bool kLow>
+  Entry PopTop();
+  template <bool kLow>
+  void PushHeap(Entry e);
 
   int64_t window_;
   std::vector<Slot> ring_;
   size_t head_ = 0;   // oldest live slot
   size_t count_ = 0;
-  std::vector<int32_t> low_;
-  std::vector<int32_t> high_;
+  std::vector<Entry> low_;
+  std::vector<Entry> high_;
 };
 
 // Minimum of the samples whose step lies in [now - window, now], by a
@@ -127,6 +148,8 @@ class SlidingMin {
     int64_t step;
     double value;
   };
+  // i mod the ring's size for i < 2 * size: a compare instead of a division.
+  size_t Wrap(size_t i) const { return i >= ring_.size() ? i - ring_.size() : i; }
   std::vector<Entry> ring_;
   size_t head_ = 0;
   size_t count_ = 0;

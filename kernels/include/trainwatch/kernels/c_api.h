@@ -38,6 +38,21 @@ int tw_kernels_grad_stats_cpu(const void* const* data, const int32_t* dtypes,
                               int64_t* tensor_nonfinite,
                               double* tensor_max_abs);
 
+typedef struct TwLogitStats {
+  double sum_log_z;
+  int64_t rows_counted;
+  int64_t nonfinite_rows;
+  double max_logit;
+} TwLogitStats;
+
+/* Logit stats (log Z per row, by online softmax) of a host [rows x vocab]
+ * matrix, contiguous rows, on the calling thread. labels may be null; when
+ * not, a row whose label equals ignore_index is left out. */
+int tw_kernels_logit_stats_cpu(const void* data, int32_t dtype, int64_t rows,
+                               int64_t vocab, const int32_t* labels,
+                               int32_t ignore_index, int32_t cpu_path,
+                               TwLogitStats* out);
+
 /* The benchmark baseline: a plain single-threaded sum of the bytes at
  * `data` read as 64-bit words (`bytes` rounded down to a multiple of 8). */
 uint64_t tw_kernels_plain_word_sum(const void* data, int64_t bytes);

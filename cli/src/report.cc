@@ -266,7 +266,7 @@ std::string RenderReportHtml(const v1::GetRunStatusResponse& status,
                             "<td>%d</td><td>%s</td><td>%s</td></tr>\n",
                             HtmlEscape(i.incident_id()), tier, tier,
                             HtmlEscape(StateName(i.state())), i.onset_step(), i.detection_step(),
-                            UtcTime(i.opened_at().seconds()), HtmlEscape(i.title()));
+                            UtcTime(i.opened_at().seconds()), HtmlEscape(IncidentTitle(i)));
     }
     h += "</table>\n";
   }

@@ -8,9 +8,18 @@
   target ports, the ServiceMonitor's port and selector, one replica with the
   Recreate strategy, no gRPC probe on a TLS port);
 - every trainwatchd flag in the Kubernetes manifests and the systemd unit is
-  one the binary accepts (from its --help, when its path is given).
+  one the binary accepts (from its --help, when its path is given);
+- the `twctl follow` sidecar (issue 17): the Kubernetes Job parses, runs
+  twctl follow SOURCE --run $(JOB) --server trainwatchd:PORT beside a trainer
+  container, both mounting one emptyDir (the trainer read-write, the log
+  under it), $(JOB) defined, the port one of trainwatchd's Service; the
+  systemd template unit trainwatch-follow@.service runs twctl follow with
+  the instance as --run and reads an EnvironmentFile that defines every
+  variable ExecStart uses (the example env file). Every flag of both is one
+  of twctl follow's: from `twctl follow --help` when a twctl path is given
+  and knows the command, else the flags the command is specified with.
 
-  check_deploy.py [PATH_TO_TRAINWATCHD]"""
+  check_deploy.py [PATH_TO_TRAINWATCHD [PATH_TO_TWCTL]]"""
 
 import json
 import os
@@ -155,9 +164,109 @@ if len(sys.argv) > 1:
             if name not in known:
                 errors.append(f"{where}: trainwatchd has no flag --{name}")
 
+# ---- twctl follow: the Kubernetes sidecar and the systemd template unit
+# The flags of `twctl follow` as issue 17 specifies them (and twctl's own
+# connection flags); `twctl follow --help` replaces them when it answers.
+follow_flags = {"run", "server", "format", "map", "checkpoint-pattern", "token", "ca-file",
+                "cert", "key"}
+if len(sys.argv) > 2:
+    h = subprocess.run([sys.argv[2], "follow", "--help"], capture_output=True, text=True)
+    listed = set(re.findall(r"--([a-z][a-z-]*)", h.stdout + h.stderr))
+    if h.returncode == 0 and "run" in listed:
+        follow_flags = listed
+
+
+def check_follow(where, args):
+    """args: twctl's arguments; errors for an unknown flag or a missing part."""
+    if not args or args[0] != "follow":
+        errors.append(f"{where}: does not run twctl follow")
+        return {}
+    if len(args) < 2 or args[1].startswith("--"):
+        errors.append(f"{where}: twctl follow has no SOURCE")
+    given = {}
+    i = 2
+    while i < len(args):
+        a = args[i]
+        if a.startswith("$"):  # systemd's word-split extra flags
+            i += 1
+            continue
+        if not a.startswith("--"):
+            errors.append(f"{where}: {a} is no flag of twctl follow")
+            i += 1
+            continue
+        name, _, value = a[2:].partition("=")
+        if name not in follow_flags:
+            errors.append(f"{where}: twctl follow has no flag --{name}")
+        if not _ and i + 1 < len(args):
+            value = args[i + 1]
+            i += 1
+        given[name] = value
+        i += 1
+    for needed in ("run", "server"):
+        if needed not in given:
+            errors.append(f"{where}: twctl follow without --{needed}")
+    return given
+
+
+sidecar_docs = [d for d in yaml.safe_load_all(
+    open(os.path.join(root, "deploy/kubernetes/follow-sidecar.yaml"))) if d]
+(job,) = [d for d in sidecar_docs if d["kind"] == "Job"] or [None]
+if job is None:
+    errors.append("follow sidecar: no Job")
+else:
+    pod = job["spec"]["template"]["spec"]
+    every = pod.get("initContainers", []) + pod.get("containers", [])
+    followers = [c for c in every if c.get("command", [""])[0] == "twctl"]
+    trainers = [c for c in pod.get("containers", []) if c not in followers]
+    if len(followers) != 1 or not trainers:
+        errors.append("follow sidecar: needs one twctl follow container beside a trainer")
+    else:
+        (f,) = followers
+        given = check_follow("follow sidecar", f["args"])
+        empty = {v["name"] for v in pod.get("volumes", []) if "emptyDir" in v}
+        mounts = {m["name"]: m for m in f.get("volumeMounts", [])}
+        shared = [m for t in trainers for m in t.get("volumeMounts", [])
+                  if m["name"] in empty and m["name"] in mounts and not m.get("readOnly")]
+        if not shared:
+            errors.append("follow sidecar: no emptyDir the trainer writes and twctl reads")
+        elif not f["args"][1].startswith(mounts[shared[0]["name"]]["mountPath"] + "/"):
+            errors.append(f"follow sidecar: {f['args'][1]} is not on the shared log volume")
+        env = {e["name"] for e in f.get("env", [])}
+        for ref in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", " ".join(f["args"])):
+            if ref not in env:
+                errors.append(f"follow sidecar: $({ref}) is not defined in its env")
+        server = given.get("server", "")
+        host, _, port = server.rpartition(":")
+        svc = by_kind.get("Service", {})
+        if host != svc.get("metadata", {}).get("name") or port not in {
+                str(p["port"]) for p in svc.get("spec", {}).get("ports", [])}:
+            errors.append(f"follow sidecar: --server {server} is not trainwatchd's Service")
+        if f in pod.get("initContainers", []) and f.get("restartPolicy") != "Always":
+            errors.append("follow sidecar: an init container that is no native sidecar "
+                          "(restartPolicy: Always) would block the trainer")
+
+follow_unit = open(os.path.join(root, "deploy/systemd/trainwatch-follow@.service")).read()
+m = re.search(r"^ExecStart=(\S+) (.*)$", follow_unit, re.M)
+env_file = re.search(r"^EnvironmentFile=(\S+)$", follow_unit, re.M)
+if not m or not m.group(1).endswith("/twctl"):
+    errors.append("systemd follow unit: ExecStart does not run twctl")
+else:
+    words = m.group(2).split()
+    given = check_follow("systemd follow unit", words)
+    if given.get("run") != "%i":
+        errors.append("systemd follow unit: --run is not the instance (%i)")
+    used_vars = set(re.findall(r"\$\{?([A-Z_]+)\}?", m.group(2)))
+    example = open(os.path.join(root, "deploy/systemd/follow-example.env")).read()
+    defined = set(re.findall(r"^([A-Z_]+)=", example, re.M))
+    if not env_file or "%i" not in env_file.group(1):
+        errors.append("systemd follow unit: no EnvironmentFile per instance")
+    for v in sorted(used_vars - defined):
+        errors.append(f"systemd follow unit: ${v} is not in follow-example.env")
+
 if errors:
     print("\n".join(errors))
     sys.exit(1)
 print(f"dashboard: {len(dash['panels'])} panels, {len(exprs)} queries; "
       f"{len(used)} trainwatch metrics used, all exported; kubernetes: "
-      f"{len(docs)} objects consistent; {checked} trainwatchd flags checked")
+      f"{len(docs)} objects consistent; {checked} trainwatchd flags checked; twctl follow: "
+      f"sidecar and systemd unit consistent")

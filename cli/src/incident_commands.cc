@@ -40,7 +40,7 @@ class IncidentsCommand : public Command {
     for (const auto& i : resp.incidents()) {
       absl::StrAppendFormat(ctx.out, "%-7s %-16s %-4s %-18s %8d %9d  %s\n", i.incident_id(),
                             i.run_id(), TierName(i.tier()), StateName(i.state()), i.onset_step(),
-                            i.detection_step(), RowTitle(i.title()));
+                            i.detection_step(), RowTitle(IncidentTitle(i)));
     }
     return kOk;
   }
@@ -71,8 +71,9 @@ class IncidentShowCommand : public Command {
   static std::string Summary(const v1::Incident& i) {
     const v1::DiagnosticSummary& s = i.summary();
     std::string out =
-        absl::StrFormat("%s  run %s  tier %s  %s\nonset step %d, detected at step %d\n\n%s\n\n",
+        absl::StrFormat("%s  run %s  tier %s  %s%s\nonset step %d, detected at step %d\n\n%s\n\n",
                         i.incident_id(), i.run_id(), TierName(i.tier()), StateName(i.state()),
+                        i.observed() ? absl::StrCat("  (", kObservedText, ")") : "",
                         s.onset_step(), s.detection_step(), s.explanation());
     std::vector<std::pair<int64_t, double>> lz, loss;
     for (const auto& p : s.log_z_trend()) lz.emplace_back(p.step(), p.value());
@@ -183,7 +184,7 @@ class WatchCommand : public Command {
             kind = absl::AsciiStrToLower(kind.substr(std::string("INCIDENT_EVENT_KIND_").size()));
             const v1::Incident& i = ev.incident();
             ctx.Stream(Row(UtcTime(ev.time().seconds()), kind, i.incident_id(), i.run_id(),
-                           TierName(i.tier()), StateName(i.state()), RowTitle(i.title())));
+                           TierName(i.tier()), StateName(i.state()), RowTitle(IncidentTitle(i))));
           }
           enough = *count > 0 && ++seen >= *count;
           return !enough;

@@ -47,6 +47,11 @@ std::string StateName(trainwatch::v1::IncidentState state) {
   return absl::AsciiStrToLower(n);
 }
 
+std::string IncidentTitle(const trainwatch::v1::Incident& incident) {
+  if (!incident.observed()) return incident.title();
+  return absl::StrCat(incident.title(), " [", kObservedText, "]");
+}
+
 std::string UtcTime(int64_t unix_seconds) {
   if (unix_seconds == 0) return "";
   return absl::FormatTime("%Y-%m-%d %H:%M:%SZ", absl::FromUnixSeconds(unix_seconds),

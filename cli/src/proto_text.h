@@ -20,6 +20,11 @@ std::string StateName(trainwatch::v1::IncidentState state);
 // "resume by incarnation 3f2a... after step 49, steps 0..149", "rollback of
 // I-4 to step 1200, steps 0..1300".
 std::string AttemptText(const trainwatch::v1::AttemptInfo& a);
+// What twctl says of a followed run (`twctl follow`; RunInfo.observed,
+// Incident.observed): its records are observed, not enforced.
+inline constexpr char kObservedText[] = "observed, not enforced";
+// An incident's title, with " [observed, not enforced]" for a followed run's.
+std::string IncidentTitle(const trainwatch::v1::Incident& incident);
 // "2026-11-30 07:41:09Z"; empty for 0 (unset).
 std::string UtcTime(int64_t unix_seconds);
 

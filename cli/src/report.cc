@@ -228,6 +228,10 @@ std::string RenderReportHtml(const v1::GetRunStatusResponse& status,
       ".t1{color:#e08a00}.t2{color:#d62728}.t3{color:#7b2cbf}.t0{color:#7f7f7f}\n"
       "</style></head><body>\n");
   absl::StrAppend(&h, "<h1>run ", HtmlEscape(run.run_id()), "</h1>\n");
+  if (run.observed()) {
+    absl::StrAppend(&h, "<p class=\"meta\"><b>followed from its log (twctl follow): ",
+                    kObservedText, "</b>; no update was skipped nor the trainer halted.</p>\n");
+  }
   absl::StrAppendFormat(
       &h,
       "<p class=\"meta\">steps %d to %d shown (%d points), world size %d, attempt %d, "
@@ -266,7 +270,7 @@ std::string RenderReportHtml(const v1::GetRunStatusResponse& status,
                             "<td>%d</td><td>%s</td><td>%s</td></tr>\n",
                             HtmlEscape(i.incident_id()), tier, tier,
                             HtmlEscape(StateName(i.state())), i.onset_step(), i.detection_step(),
-                            UtcTime(i.opened_at().seconds()), HtmlEscape(i.title()));
+                            UtcTime(i.opened_at().seconds()), HtmlEscape(IncidentTitle(i)));
     }
     h += "</table>\n";
   }

@@ -2,17 +2,21 @@
 
 #include <cmath>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "command_output.h"
 #include "trainwatch/core/shard_names.h"
 #include "commands.h"
 #include "operator_client.h"
+#include "proto_text.h"
 
 namespace trainwatch::cli {
 namespace {
@@ -96,12 +100,17 @@ class ApproveCommand : public Command {
     if (int rc = FromStatus(ctx.client->ApproveRollback(req, &resp), ctx.err); rc != kOk) {
       return rc;
     }
-    *ctx.out =
-        args.output == "json"
-            ? Json(resp)
-            : absl::StrFormat("%s approved (%s%s): %s; command %s sent to every rank\n", id,
-                              resp.decision().decision_id(), resp.replayed() ? ", already" : "",
-                              what, resp.decision().command_id());
+    if (args.output == "json") {
+      *ctx.out = Json(resp);
+    } else if (resp.decision().manual_restart()) {
+      *ctx.out = absl::StrFormat("%s approved (%s%s): %s\n%s", id, resp.decision().decision_id(),
+                                 resp.replayed() ? ", already" : "", what,
+                                 ManualRestart(resp.decision()));
+    } else {
+      *ctx.out = absl::StrFormat("%s approved (%s%s): %s; command %s sent to every rank\n", id,
+                                 resp.decision().decision_id(), resp.replayed() ? ", already" : "",
+                                 what, resp.decision().command_id());
+    }
     return kOk;
   }
 
@@ -182,6 +191,27 @@ class ApproveCommand : public Command {
     if (name == "bf16") return v1::PRECISION_BF16;
     if (name == "fp16") return v1::PRECISION_FP16;
     return v1::PRECISION_UNSPECIFIED;
+  }
+
+  // What the operator of a followed run must do, since no command could be
+  // sent (Decision.manual_restart): the checkpoint and the shards, and when
+  // the server counts the rollback done.
+  static std::string ManualRestart(const v1::Decision& d) {
+    const v1::RollbackPlan& p = d.plan();
+    std::vector<std::string> shards;
+    for (const auto& r : p.quarantine().ranges()) {
+      shards.push_back(absl::StrFormat("%d..%d", r.first(), r.last()));
+    }
+    for (const std::string& name : p.quarantine().names()) shards.push_back(name);
+    return absl::StrFormat(
+        "run %s is followed from its log (%s): no command was sent, nothing restarts it.\n"
+        "Restart the trainer by hand from checkpoint %s (step %d)%s, and resume it after step %d;\n"
+        "the rollback (%s) completes when the restarted job resumes after that step.\n",
+        d.run_id(), kObservedText, p.checkpoint_uri(), p.target_step(),
+        shards.empty() ? std::string()
+                       : absl::StrCat(", leaving out the quarantined shards ",
+                                      absl::StrJoin(shards, ",")),
+        p.target_step(), d.command_id());
   }
 
   // "roll back run R to step N (URI), quarantine shards A..B, ...".

@@ -37,9 +37,11 @@ class RunsCommand : public Command {
                                "RANKS", "OPEN");
     for (const auto& r : resp.runs()) {
       const std::string state = v1::RunState_Name(r.state()).substr(10);  // RUN_STATE_
-      absl::StrAppendFormat(ctx.out, "%-24s %-9s %6d %10d %6d %6d\n", r.run_id(),
+      // A followed run says so after its numbers; the columns stay as they are.
+      absl::StrAppendFormat(ctx.out, "%-24s %-9s %6d %10d %6d %6d%s\n", r.run_id(),
                             absl::AsciiStrToLower(state), r.world_size(), r.latest_step(),
-                            r.ranks_connected(), r.open_incidents());
+                            r.ranks_connected(), r.open_incidents(),
+                            r.observed() ? absl::StrCat("  ", kObservedText) : "");
     }
     return kOk;
   }
@@ -76,6 +78,11 @@ class StatusCommand : public Command {
         absl::StrFormat("run %s: step %d, %d of %d ranks connected, %d open incidents\n",
                         resp.run().run_id(), resp.run().latest_step(), resp.run().ranks_connected(),
                         resp.run().world_size(), resp.run().open_incidents());
+    if (resp.run().observed()) {
+      absl::StrAppend(out, "  followed from its log (twctl follow): ", kObservedText,
+                      "; no update is skipped nor the trainer halted, a rollback is a restart "
+                      "by hand\n");
+    }
     std::vector<double> loss, gn, lz, ratio;
     for (const auto& p : resp.recent()) {
       loss.push_back(p.metrics().has_loss() ? p.metrics().loss() : NAN);
@@ -97,7 +104,7 @@ class StatusCommand : public Command {
     }
     for (const auto& i : resp.open_incidents()) {
       absl::StrAppendFormat(out, "  open: %s tier %s %s  %s\n", i.incident_id(), TierName(i.tier()),
-                            StateName(i.state()), i.title());
+                            StateName(i.state()), IncidentTitle(i));
     }
     // Only a run that was rolled back or resumed has more than one.
     if (resp.attempts_size() > 1) {

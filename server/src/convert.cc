@@ -28,6 +28,7 @@ void IncidentToProto(const IncidentRow& r, v1::Incident* out) {
   SetTime(r.opened_ms, out->mutable_opened_at());
   SetTime(r.updated_ms, out->mutable_updated_at());
   if (r.closed_ms > 0) SetTime(r.closed_ms, out->mutable_closed_at());
+  out->set_observed(r.observed);
 }
 
 void AttemptToProto(const AttemptRow& a, v1::AttemptInfo* out) {
@@ -62,7 +63,11 @@ void RunToProto(const RunSnapshot& s, int32_t ranks_connected, v1::RunInfo* out)
   out->set_open_incidents(open);
   SetTime(s.row.created_ms, out->mutable_first_seen());
   SetTime(s.row.last_seen_ms, out->mutable_last_seen());
-  const bool halted = s.has_latest && s.latest.decision == static_cast<int>(core::Decision::kHalt);
+  out->set_observed(s.row.observed);
+  // A followed run's trainer cannot be halted: its halt verdict is a
+  // recommendation, and the run trains on.
+  const bool halted = !s.row.observed && s.has_latest &&
+                      s.latest.decision == static_cast<int>(core::Decision::kHalt);
   out->set_state(halted ? v1::RUN_STATE_HALTED
                  : ranks_connected > 0 ? v1::RUN_STATE_RUNNING
                                        : v1::RUN_STATE_STALE);

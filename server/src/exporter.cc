@@ -131,9 +131,23 @@ class Exporter : public prometheus::Collectable {
       MetricFamily& m = family("trainwatch_incomplete_steps_total",
                                "Steps completed by timeout with ranks missing.",
                                MetricType::Counter);
+      // Followed runs only: what the rules would have skipped in a trainer
+      // nothing can reach, apart from the skips taken above.
+      MetricFamily& rec = family("trainwatch_skips_recommended_total",
+                                 "Steps of a followed run (twctl follow: observed, not enforced) "
+                                 "whose update the rules would have skipped; not applied.",
+                                 MetricType::Counter);
+      MetricFamily& obs = family("trainwatch_run_observed",
+                                 "1 for a run followed from its log (twctl follow): observed, "
+                                 "not enforced; no update skipped, no halt.",
+                                 MetricType::Gauge);
       for (const RunSnapshot& r : runs) {
         add(f, {{"run", r.row.run_id}}, double(r.skipped_total));
         add(m, {{"run", r.row.run_id}}, double(r.missing_rank_steps_total));
+        if (r.row.observed) {
+          add(rec, {{"run", r.row.run_id}}, double(r.skips_recommended_total));
+          add(obs, {{"run", r.row.run_id}}, 1.0);
+        }
       }
     }
     {

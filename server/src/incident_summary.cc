@@ -14,6 +14,7 @@
 #include "absl/strings/str_replace.h"
 #include "trainwatch/core/shard_names.h"
 #include "convert.h"
+#include "incident_tracker.h"
 #include "rollback.h"
 #include "trainwatch/v1/agent.pb.h"
 #include "trainwatch/wire/event.h"
@@ -50,6 +51,7 @@ void BuildSummary(const SummaryInputs& in, v1::DiagnosticSummary* s) {
     absl::StrAppend(&explanation, explanation.empty() ? "" : "\n", "step ", e.event.step, ": ",
                     e.event.reason);
   }
+  if (inc.observed) absl::StrAppend(&explanation, explanation.empty() ? "" : "\n", ObservedNote(inc));
   s->set_explanation(explanation);
   s->set_onset_step(inc.onset_step);
   s->set_detection_step(inc.detection_step);

@@ -26,6 +26,15 @@ int TierIndex(int tier) { return std::clamp(tier, 0, 3); }
 
 }  // namespace
 
+std::string ObservedNote(const IncidentRow& incident) {
+  if (!incident.observed) return "";
+  return absl::StrCat(
+      "The job is followed from its log (twctl follow): ", kObservedNotEnforced,
+      ". No automatic action was possible: no update was skipped and the trainer was not "
+      "halted. An approved rollback is a manual restart of the trainer from the recommended "
+      "checkpoint, with the quarantined shards left out of its data.");
+}
+
 bool IsClosed(IncidentState s) {
   return s == IncidentState::kResolved || s == IncidentState::kDismissed;
 }
@@ -108,6 +117,7 @@ void IncidentTracker::OnEvents(int64_t attempt, const std::vector<core::Event>& 
       inc.kind = e.kind;
       inc.onset_step = e.onset_step;
       inc.opened_ms = now;
+      inc.observed = observed_;
       if (IsClosed(inc.state)) inc.closed_ms = now;
       it = open_.emplace(key, std::move(inc)).first;
       totals_[TierIndex(e.tier)]++;
@@ -117,7 +127,9 @@ void IncidentTracker::OnEvents(int64_t attempt, const std::vector<core::Event>& 
     const IncidentState before = inc.state;
     if (opened && (e.action == core::Action::kSkipUpdate || e.action == core::Action::kHalt)) {
       // The agents acted on their own (same rules, same numbers): recorded
-      // like a human decision, with the rule as the actor.
+      // like a human decision, with the rule as the actor. In a followed
+      // run nothing could act: the record says what was recommended.
+      const bool halt = e.action == core::Action::kHalt;
       const int64_t did = ids->next_decision++;
       trainwatch::v1::Decision d;
       d.set_decision_id(absl::StrCat("D-", did));
@@ -125,12 +137,17 @@ void IncidentTracker::OnEvents(int64_t attempt, const std::vector<core::Event>& 
       d.set_run_id(run_id_);
       d.mutable_actor()->set_kind(trainwatch::v1::ACTOR_KIND_SERVER);
       d.mutable_actor()->set_id(absl::StrCat("rule:", core::EventKindName(e.kind)));
-      d.mutable_actor()->set_via("agent");
+      d.mutable_actor()->set_via(observed_ ? "follow" : "agent");
       d.mutable_decided_at()->set_seconds(now / 1000);
-      d.set_comment(e.reason);
-      sink.batch->decisions.push_back({did, inc.id, run_id_, d.actor().id(),
-                                       e.action == core::Action::kHalt ? "halt" : "skip_update",
-                                       e.reason, d.SerializeAsString(), "", now});
+      const std::string comment =
+          observed_ ? absl::StrCat(halt ? "halt" : "skip", " recommended, not applied (",
+                                   kObservedNotEnforced, "): ", e.reason)
+                    : e.reason;
+      d.set_comment(comment);
+      const char* kind = observed_ ? (halt ? "halt_recommended" : "skip_recommended")
+                                   : (halt ? "halt" : "skip_update");
+      sink.batch->decisions.push_back(
+          {did, inc.id, run_id_, d.actor().id(), kind, comment, d.SerializeAsString(), "", now});
     }
     if (e.action != core::Action::kNone && (opened || e.tier >= inc.tier)) {
       // The event with the highest tier so far defines the incident.

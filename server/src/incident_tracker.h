@@ -22,6 +22,15 @@
 
 namespace trainwatch::server {
 
+// What a followed run's records, incidents and pages say of themselves
+// (`twctl follow`, Hello.observed).
+inline constexpr char kObservedNotEnforced[] = "observed, not enforced";
+
+// The sentence pages and summaries add for an incident of a followed run:
+// it is followed from its log, no automatic action was possible, and the
+// recommended rollback is a restart by hand. Empty for any other incident.
+std::string ObservedNote(const IncidentRow& incident);
+
 // What happened to an incident, as its listeners hear it.
 enum class IncidentChange {
   kOpened,
@@ -63,6 +72,10 @@ class IncidentTracker {
   // totals, the ones not closed stay open. `episode` holds the key.
   void Restore(std::vector<IncidentRow> incidents);
 
+  // Whether the run is followed (RunRow::observed): its incidents say so,
+  // and a tier 1 or 3 action is recorded as recommended, not applied.
+  void set_observed(bool observed) { observed_ = observed; }
+
   // The engine's events for a step of `attempt`.
   void OnEvents(int64_t attempt, const std::vector<core::Event>& events, int64_t now,
                 IdCounters* ids, const IncidentSink& sink);
@@ -90,6 +103,7 @@ class IncidentTracker {
   };
 
   std::string run_id_;
+  bool observed_ = false;
   std::map<uint64_t, IncidentRow> open_;  // by episode key
   std::optional<Watched> watch_;
   int64_t totals_[4] = {0, 0, 0, 0};

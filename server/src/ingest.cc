@@ -139,6 +139,7 @@ void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
                         inc.recommended_checkpoint_step, ".");
       }
       for (const core::RecommendedAction& a : inc.actions) absl::StrAppend(&summary, " ", a.text, ".");
+      if (inc.observed) absl::StrAppend(&summary, " ", ObservedNote(inc));
       for (OutboxRow& row : pager_->Rows(inc, summary, now)) batch_.outbox.push_back(std::move(row));
     }
   }
@@ -338,7 +339,10 @@ void Ingestor::Evaluate(RunState& run, StepRow s, int64_t now,
   }
   s.loss_ema_ratio = run.out.loss_ema_ratio;
   s.decision = static_cast<int>(run.out.verdict.decision);
-  if (run.out.verdict.decision == core::Decision::kSkipUpdate) ++run.skipped_total;
+  if (run.out.verdict.decision == core::Decision::kSkipUpdate) {
+    // A followed run's trainer skipped nothing (ingest.h).
+    ++(run.row.observed ? run.skips_recommended_total : run.skipped_total);
+  }
   run.loss_scale_overflows_total += s.loss_scale_overflow();
   run.row.last_step = s.step;
   run.row_dirty = true;

@@ -69,6 +69,25 @@
 //   launch of the job), and the ingestor the current incarnation's stream
 //   per rank (a few bytes each).
 //
+// Followed runs (Hello.observed: `twctl follow` streams a job's log, and
+// nothing reaches the trainer). The latest Hello marks the run (runs.observed,
+// migration 8), so the mark survives a restart. Its records are observed, not
+// enforced:
+//   - a tier 1 verdict is stored as the engine gave it, but counted in
+//     skips_recommended_total, never in skipped_total (the exporter's
+//     trainwatch_skipped_steps_total counts skips taken), and its incident's
+//     decision is recorded as "skip_recommended"; a tier 3 one as
+//     "halt_recommended", and the run's state stays RUNNING;
+//   - the server sends its streams no Command (today's only server-sent
+//     commands are approved rollbacks; Halt and Resume are never sent) and
+//     no quarantine list: an approval is recorded with
+//     Decision.manual_restart, its command row kept (kind "manual_restart")
+//     so a restart of trainwatchd still knows it, and the incident stays
+//     ROLLING_BACK until a new incarnation of the job resumes after exactly
+//     the plan's step, which completes the rollback as every rank's ack
+//     would (a new attempt from that checkpoint). A resume from any other
+//     step is a resume as usual and the rollback stays awaited.
+//
 // Bounds, so that no agent can grow the server without limit:
 //   runs in memory: at most max_runs_in_memory runs keep their engine state
 //     (about 0.3 MB each with the default rules); the least recently used
@@ -172,6 +191,8 @@ struct RunSnapshot {
   StepRow latest;  // the last evaluated global step
   bool has_latest = false;
   int64_t skipped_total = 0;
+  // A followed run's tier 1 verdicts: skips recommended, not applied.
+  int64_t skips_recommended_total = 0;
   // Evaluated steps on which the fp16 loss scaler overflowed (and skipped).
   int64_t loss_scale_overflows_total = 0;
   int64_t incidents_total[4] = {0, 0, 0, 0};  // by tier
@@ -260,7 +281,9 @@ class Ingestor {
  private:
   // One run's state, rebuilt by Recover() after a restart.
   struct RunState {
-    explicit RunState(const RunRow& r) : row(r), incidents(r.run_id) {}
+    explicit RunState(const RunRow& r) : row(r), incidents(r.run_id) {
+      incidents.set_observed(r.observed);
+    }
     RunRow row;
     bool mode_known = false;
     bool rank_mode = false;
@@ -272,6 +295,7 @@ class Ingestor {
     bool has_latest = false;
     bool row_dirty = false;
     int64_t skipped_total = 0;
+    int64_t skips_recommended_total = 0;  // followed runs' tier 1 verdicts
     int64_t loss_scale_overflows_total = 0;
     int64_t missing_rank_steps_total = 0;
     // The approved rollback being carried out, until every rank applied it.

@@ -108,6 +108,8 @@ DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
     }
     *d.mutable_plan() = *std::move(plan);
     d.set_command_id(absl::StrCat("C-", decision_id));
+    // Nothing in a followed run's trainer can load a checkpoint (ingest.h).
+    d.set_manual_restart(run->row.observed);
   }
   out.decision = d.SerializeAsString();
   if (r.dry_run) return out;  // what would happen; nothing recorded
@@ -126,8 +128,9 @@ DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
     c->set_run_id(inc.run_id);
     c->mutable_issued_at()->set_seconds(now / 1000);
     *c->mutable_rollback() = d.plan();
-    batch_.commands.push_back(
-        {d.command_id(), inc.run_id, inc.id, "rollback", c->SerializeAsString(), now});
+    batch_.commands.push_back({d.command_id(), inc.run_id, inc.id,
+                               d.manual_restart() ? "manual_restart" : "rollback",
+                               c->SerializeAsString(), now});
     for (const auto& range : d.plan().quarantine().ranges()) {
       batch_.quarantines.push_back(
           {inc.run_id, range.first(), range.last(), inc.id, decision_id, now});
@@ -144,8 +147,15 @@ DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
     ac.target_step = d.plan().target_step();
     ac.world_size = run->row.world_size;
     run->command = ac;
-    outgoing_.emplace_back(inc.run_id, 0, ac.message);
-    if (d.plan().quarantine().ranges_size() > 0 || d.plan().quarantine().names_size() > 0) {
+    if (d.manual_restart()) {
+      LOG(INFO) << "run " << inc.run_id << " is followed (" << kObservedNotEnforced
+                << "): rollback " << d.command_id() << " recorded, not sent; the trainer must be "
+                << "restarted by hand after step " << ac.target_step;
+    } else {
+      outgoing_.emplace_back(inc.run_id, 0, ac.message);
+    }
+    if (!d.manual_restart() &&
+        (d.plan().quarantine().ranges_size() > 0 || d.plan().quarantine().names_size() > 0)) {
       outgoing_.emplace_back(inc.run_id, 0, QuarantineMessage(inc.run_id, run->quarantined));
     }
   } else {
@@ -210,7 +220,7 @@ void Ingestor::CompleteRollback(RunState& run, int64_t now) {
 void Ingestor::AnswerHello(RunState& run, const trainwatch::v1::Hello& hello, HelloKind kind,
                            int64_t now, trainwatch::v1::DurabilityAck* ack) {
   namespace v1 = trainwatch::v1;
-  if (run.command && run.command->applied.count(hello.rank()) == 0) {
+  if (run.command && !run.row.observed && run.command->applied.count(hello.rank()) == 0) {
     ack->set_pending_command_id(run.command->id);
   }
   for (const auto& [key, inc] : run.incidents.open()) {
@@ -246,7 +256,8 @@ void Ingestor::AnswerHello(RunState& run, const trainwatch::v1::Hello& hello, He
 }
 
 void Ingestor::SendPendingCommand(RunState& run, uint64_t stream, int32_t rank) {
-  if (!run.command || run.command->applied.count(rank) > 0) return;
+  // A followed run's streams get no command (ingest.h).
+  if (!run.command || run.row.observed || run.command->applied.count(rank) > 0) return;
   outgoing_.emplace_back(run.row.run_id, stream, run.command->message);
 }
 

@@ -33,6 +33,15 @@ void Ingestor::HandleHello(const trainwatch::v1::Hello& h, uint64_t stream, int6
                          : h.incarnation_id() == run->row.incarnation ? HelloKind::kReconnect
                                                                       : HelloKind::kRestart;
   if (!h.incarnation_id().empty() && !AdmitIncarnation(*run, h, stream, now)) return;
+  if (run->row.observed != h.observed()) {
+    // The latest launch says how the run is watched (ingest.h).
+    LOG(INFO) << "run " << run->row.run_id << ": "
+              << (h.observed() ? "followed from its log: observed, not enforced"
+                               : "streamed by its trainer's agent: enforced");
+    run->row.observed = h.observed();
+    run->row_dirty = true;
+    run->incidents.set_observed(h.observed());
+  }
   // A job restarted for the rollback under way may have fewer ranks: the
   // command waits for the world it says it has (see ingest.h).
   if (run->command && h.world_size() > 0) run->command->world_size = h.world_size();
@@ -55,7 +64,7 @@ void Ingestor::HandleHello(const trainwatch::v1::Hello& h, uint64_t stream, int6
   AnswerHello(*run, h, kind, now, ack.mutable_durability_ack());
   outgoing_.emplace_back(run->row.run_id, stream, ack.SerializeAsString());
   // A (re)connected rank gets what it has not applied yet.
-  if (!run->quarantined.empty()) {
+  if (!run->quarantined.empty() && !run->row.observed) {
     outgoing_.emplace_back(run->row.run_id, stream,
                            QuarantineMessage(run->row.run_id, run->quarantined));
   }
@@ -121,7 +130,15 @@ bool Ingestor::AwaitsResumeStep(const RunState& run, uint64_t stream) const {
 void Ingestor::DecideResume(RunState& run, int64_t step, int64_t now) {
   run.row.resume_step = step;
   run.row_dirty = true;
-  if (run.command) {
+  if (run.command && run.row.observed && step == run.command->target_step) {
+    // The manual restart of a followed run's approved rollback (ingest.h).
+    LOG(INFO) << "run " << run.row.run_id << ": incarnation " << run.row.incarnation
+              << " resumes after step " << step << ", the checkpoint of rollback "
+              << run.command->id << ": restarted by hand";
+    CompleteRollback(run, now);
+    return;
+  }
+  if (run.command && !run.row.observed) {
     LOG(INFO) << "run " << run.row.run_id << ": incarnation " << run.row.incarnation
               << " resumes after step " << step << "; rollback " << run.command->id
               << " is under way and its attempt governs";

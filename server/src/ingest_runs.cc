@@ -186,7 +186,8 @@ absl::StatusOr<Ingestor::RunState*> Ingestor::RecoverRun(const RunRow& row) {
         if (rebuild.Feed(rec)) {
           r.latest = s;
           r.has_latest = true;
-          r.skipped_total += s.decision == static_cast<int>(core::Decision::kSkipUpdate);
+          (row.observed ? r.skips_recommended_total : r.skipped_total) +=
+              s.decision == static_cast<int>(core::Decision::kSkipUpdate);
           r.loss_scale_overflows_total += s.loss_scale_overflow();
         }
       });
@@ -279,7 +280,7 @@ absl::StatusOr<RunSnapshot> Ingestor::StoredSnapshot(const RunRow& row) {
   absl::StatusOr<int64_t> skipped = store_->CountDecided(
       row.run_id, row.attempt, static_cast<int>(core::Decision::kSkipUpdate));
   if (!skipped.ok()) return skipped.status();
-  r.skipped_total = *skipped;
+  (row.observed ? r.skips_recommended_total : r.skipped_total) = *skipped;
   absl::StatusOr<int64_t> overflows = store_->CountLossScaleOverflows(row.run_id, row.attempt);
   if (!overflows.ok()) return overflows.status();
   r.loss_scale_overflows_total = *overflows;
@@ -294,6 +295,7 @@ RunSnapshot Ingestor::SnapshotOf(const RunState& r) {
   s.latest = r.latest;
   s.has_latest = r.has_latest;
   s.skipped_total = r.skipped_total;
+  s.skips_recommended_total = r.skips_recommended_total;
   s.loss_scale_overflows_total = r.loss_scale_overflows_total;
   s.missing_rank_steps_total = r.missing_rank_steps_total;
   for (int t = 0; t < 4; ++t) s.incidents_total[t] = r.incidents.totals()[t];

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "incident_tracker.h"
 #include "log.h"
 #include "trainwatch/core/file_system.h"
 #include "trainwatch/core/json.h"
@@ -157,8 +158,9 @@ std::string PageUrl(const Receiver& r) {
 std::string PagePayload(const Receiver& r, const PageContent& c, int64_t now_ms) {
   const IncidentRow& i = c.incident;
   const std::string id = i.public_id();
-  const std::string title = absl::StrFormat("[trainwatch] %s tier %d on %s: %s", id, i.tier,
-                                            i.run_id, StateText(i.state));
+  const std::string title =
+      absl::StrFormat("[trainwatch] %s tier %d on %s: %s%s", id, i.tier, i.run_id,
+                      StateText(i.state), i.observed ? absl::StrCat(" (", kObservedNotEnforced, ")") : "");
   switch (r.type) {
     case Receiver::Type::kAlertmanager: {
       // Alertmanager API v2: an array of alerts; endsAt in the past resolves.
@@ -170,6 +172,7 @@ std::string PagePayload(const Receiver& r, const PageContent& c, int64_t now_ms)
           "},\"annotations\":{\"summary\":", Quote(title), ",\"description\":", Quote(c.summary),
           ",\"approve_command\":", Quote(c.approve_command), ",\"dashboard\":",
           Quote(c.dashboard_url), ",\"state\":", Quote(StateText(i.state)),
+          i.observed ? absl::StrCat(",\"observed\":", Quote(ObservedNote(i))) : std::string(),
           "},\"generatorURL\":", Quote(c.dashboard_url), ",\"startsAt\":",
           Quote(Iso8601(i.opened_ms)),
           resolved ? absl::StrCat(",\"endsAt\":", Quote(Iso8601(now_ms))) : std::string(), "}]");

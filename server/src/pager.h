@@ -17,6 +17,10 @@
 // "resend_seconds" (1 to kMaxResendSeconds, a day; default 60), how often a
 // firing alert is re-sent to Alertmanager. Anything else is an error naming
 // the file, line and column.
+// A followed run's incident (IncidentRow::observed, `twctl follow`) pages
+// with "(observed, not enforced)" in its title and ObservedNote() in the
+// summary (and, for Alertmanager, an "observed" annotation): no automatic
+// action was possible, the same rollback is recommended as a manual restart.
 // Secrets (PagerDuty routing keys, Slack webhook URLs) come from a file
 // (`*_file`) or the environment (`*_env`) and are never logged.
 //

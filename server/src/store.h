@@ -70,6 +70,10 @@ struct RunRow {
   // the step it resumed after, once known (ingest.h).
   std::string incarnation;
   std::optional<int64_t> resume_step;
+  // Followed from its log (`twctl follow`, Hello.observed): observed, not
+  // enforced. Set by every Hello, so a job that later runs the agent itself
+  // is enforced again.
+  bool observed = false;
 };
 
 // How an attempt began (operator.proto's AttemptStart).
@@ -121,6 +125,9 @@ struct IncidentRow {
   int64_t opened_ms = 0;
   int64_t updated_ms = 0;
   int64_t closed_ms = 0;     // 0 while open
+  // Opened in a followed run (RunRow::observed): nothing was skipped or
+  // halted, its pages say so and its rollback is a manual restart.
+  bool observed = false;
 
   // "I-42": short enough to type.
   std::string public_id() const { return "I-" + std::to_string(id); }

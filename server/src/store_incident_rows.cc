@@ -11,7 +11,7 @@ namespace {
 constexpr char kIncidentColumns[] =
     "id, run_id, episode, tier, state, kind, title, onset_step, detection_step, "
     "checkpoint_step, checkpoint_uri, shards, actions, opened_ms, updated_ms, closed_ms, "
-    "shard_names";
+    "shard_names, observed";
 
 // The recommended actions are stored as the JSON replay prints; a column
 // that does not parse whole fails the read (`error`) rather than giving half
@@ -41,6 +41,7 @@ IncidentRow ReadIncident(const SqlStatement& q, absl::Status* error) {
   r.updated_ms = q.Int(14);
   r.closed_ms = q.Int(15);
   r.shard_names = q.ShardNames(16);
+  r.observed = q.Int(17) != 0;
   return r;
 }
 
@@ -50,7 +51,7 @@ absl::Status UpsertIncidents(sqlite3* db, const std::vector<IncidentRow>& incide
   if (incidents.empty()) return absl::OkStatus();
   SqlStatement q(db, absl::StrCat("INSERT OR REPLACE INTO incidents (", kIncidentColumns,
                                   ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
-                                  "?13, ?14, ?15, ?16, ?17)"));
+                                  "?13, ?14, ?15, ?16, ?17, ?18)"));
   SqlStatement flag(db,
                     "INSERT OR IGNORE INTO flagged_shards (run_id, shard, incident_id) "
                     "VALUES (?1, ?2, ?3)");
@@ -66,6 +67,7 @@ absl::Status UpsertIncidents(sqlite3* db, const std::vector<IncidentRow>& incide
     core::AppendRecommendedActionsJson(&actions, r.actions);
     q.Bind(13, actions).Bind(14, r.opened_ms).Bind(15, r.updated_ms);
     q.Bind(16, r.closed_ms).BindShardNames(17, r.shard_names);
+    q.Bind(18, int64_t{r.observed});
     if (absl::Status s = q.Run(); !s.ok()) return s;
     absl::Status s = flag.RunEach(r.shards, [&](SqlStatement& f, uint64_t shard) {
       f.Bind(1, r.run_id).Bind(2, static_cast<int64_t>(shard)).Bind(3, r.id);

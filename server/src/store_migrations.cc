@@ -215,6 +215,15 @@ CREATE TABLE attempts (
 ALTER TABLE steps ADD COLUMN loss_scale REAL;
 ALTER TABLE steps ADD COLUMN loss_scale_overflow INTEGER;
 )sql",
+    // 8 (issue 17; the merger renumbers it after the other branches' 7):
+    // followed runs (`twctl follow`, Hello.observed), whose records are
+    // observed, not enforced. The run's mark survives a restart of
+    // trainwatchd, and each incident keeps whether its run was followed when
+    // it opened, so its pages and views say no automatic action was possible.
+    R"sql(
+ALTER TABLE runs ADD COLUMN observed INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE incidents ADD COLUMN observed INTEGER NOT NULL DEFAULT 0;
+)sql",
 };
 
 }  // namespace

@@ -107,6 +107,13 @@ struct AgentConfig {
   // before the run's last stored step opens a new attempt on the server, so
   // that both jobs' records are kept (see the incarnation note below).
   std::optional<int64_t> resume_step;
+  // The records are of a job watched from outside (its log followed by
+  // `twctl follow`), not of the trainer itself: told to the server in the
+  // hello (Hello.observed), which marks the run "observed, not enforced".
+  // No update can be skipped nor the trainer halted, so the server records
+  // tier 1 and tier 3 verdicts as recommended, not applied, and sends the
+  // run no commands. Default false: the agent is inside the trainer.
+  bool observed = false;
 
   // Overrides the fields above from TRAINWATCH_* variables (and RANK /
   // WORLD_SIZE are the reducer's business, not the config's). Bad values

@@ -28,13 +28,18 @@ add_custom_target(trainwatch_package_files ALL
   DEPENDS ${_debian}/rules.json ${_debian}/changelog.gz ${_debian}/trainwatchd.8.gz
           ${_debian}/twctl.1.gz)
 
-install(FILES ${_deploy}/systemd/trainwatchd.service DESTINATION /lib/systemd/system
+# trainwatch-follow@RUN.service: twctl follow for one job, its settings in
+# /etc/trainwatch/follow/RUN.env (the example is in the package's docs).
+install(FILES ${_deploy}/systemd/trainwatchd.service ${_deploy}/systemd/trainwatch-follow@.service
+        DESTINATION /lib/systemd/system
         COMPONENT service EXCLUDE_FROM_ALL)
 install(FILES ${_deploy}/systemd/trainwatchd.flags ${_deploy}/systemd/tokens.json
               ${_deploy}/systemd/pager.json ${_debian}/rules.json
         DESTINATION /etc/trainwatch COMPONENT service EXCLUDE_FROM_ALL)
 install(FILES ${_deploy}/debian/copyright ${_debian}/changelog.gz ${PROJECT_SOURCE_DIR}/README.md
         DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/trainwatchd COMPONENT service EXCLUDE_FROM_ALL)
+install(FILES ${_deploy}/systemd/follow-example.env
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/trainwatchd/examples COMPONENT service EXCLUDE_FROM_ALL)
 install(FILES ${_debian}/trainwatchd.8.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man8
         COMPONENT service EXCLUDE_FROM_ALL)
 install(FILES ${_debian}/twctl.1.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man1

@@ -310,6 +310,7 @@ v1::AgentMessage Sender::HelloMessage() const {
   h->add_capabilities(v1::CAPABILITY_QUARANTINE);
   h->set_incarnation_id(origin_.incarnation);
   if (config_.resume_step) h->set_resume_step(*config_.resume_step);
+  h->set_observed(config_.observed);
   return m;
 }
 

@@ -107,6 +107,12 @@ struct AgentConfig {
   // before the run's last stored step opens a new attempt on the server, so
   // that both jobs' records are kept (see the incarnation note below).
   std::optional<int64_t> resume_step;
+  // A job watched from its log (twctl follow), not one that links the agent:
+  // the hello says `observed`, so the server keeps its records as observed,
+  // not enforced. Records come through Observe(), never Step(); no update is
+  // skipped and nothing halted, whatever the rules say. Not read from the
+  // environment: only a follower sets it.
+  bool observed = false;
 
   // Overrides the fields above from TRAINWATCH_* variables (and RANK /
   // WORLD_SIZE are the reducer's business, not the config's). Bad values
@@ -272,6 +278,14 @@ class Agent {
   // collective or a rejected step (not increasing) is an error, and the
   // trainer must halt on it: a rank that cannot agree must not train on.
   absl::StatusOr<Verdict> Step(const StepInput& input);
+
+  // A followed job's step as its log reported it (AgentConfig::observed):
+  // the record is streamed as given, with no reduction (the follower is one
+  // process reading the whole job's numbers), and the local engine only
+  // derives loss_ema_ratio; the record says no update was skipped. A step
+  // not above the last is INVALID_ARGUMENT (a restart is a new Agent with
+  // resume_step), as is a call on an agent not created observed.
+  absl::Status Observe(const core::StepRecord& record);
 
   // The trainer saved a checkpoint at `step`.
   void ReportCheckpoint(int64_t step, const std::string& uri);

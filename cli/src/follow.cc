@@ -178,15 +178,16 @@ class Follower {
   Progress progress_;
 };
 
+// `live`: a status while following, which says when the server is away.
 std::string StatusLine(const std::string& source, const Progress& p, const FollowCounts& c,
-                       bool events) {
+                       bool events, bool live) {
   return absl::StrFormat(
       "twctl follow: %s: %s %d, records sent %d, acknowledged %d, spilled %d, in flight %d, "
       "attempts %d, checkpoints %d, rejected %d%s%s\n",
       source, events ? "events read" : "lines read", events ? p.events : p.lines, c.sent,
       c.acked, c.spilled, c.in_flight, c.attempts, c.checkpoints, p.rejected,
       c.dropped > 0 ? absl::StrCat(", lost ", c.dropped) : "",
-      c.connected ? "" : " (server not connected)");
+      live && !c.connected ? " (server not connected)" : "");
 }
 
 class FollowCommand : public Command {
@@ -310,7 +311,7 @@ class FollowCommand : public Command {
     std::signal(SIGINT, SIG_DFL);
     std::signal(SIGTERM, SIG_DFL);
     const FollowCounts c = stream.Counts();
-    *ctx.err += StatusLine(source, follower.progress(), c, events);
+    *ctx.err += StatusLine(source, follower.progress(), c, events, false);
     absl::StrAppendFormat(ctx.err, "twctl follow: %s, format %s; %s\n",
                           g_stop_signal != 0 ? "stopped by a signal" : "source ended",
                           FormatName(follower.format()),
@@ -377,7 +378,7 @@ class FollowCommand : public Command {
         idle = *ev == TailEvent::kIdle;
       }
       if (interval_s > 0 && absl::Now() >= next_status) {
-        std::fputs(StatusLine(source, f->progress(), stream->Counts(), events).c_str(), stderr);
+        std::fputs(StatusLine(source, f->progress(), stream->Counts(), events, true).c_str(), stderr);
         next_status = absl::Now() + absl::Seconds(interval_s);
       }
       if (idle) absl::SleepFor(absl::Milliseconds(poll_ms));

@@ -24,12 +24,12 @@
 namespace trainwatch::cli {
 namespace {
 
-using testing::Child;
-using testing::QueryInt;
-using testing::ReadFile;
-using testing::TempDir;
-using testing::Trainwatchd;
-using testing::WaitUntil;
+using ::trainwatch::testing::Child;
+using ::trainwatch::testing::QueryInt;
+using ::trainwatch::testing::ReadFile;
+using ::trainwatch::testing::TempDir;
+using ::trainwatch::testing::Trainwatchd;
+using ::trainwatch::testing::WaitUntil;
 
 struct Row {
   int64_t attempt, step;
@@ -69,7 +69,15 @@ std::vector<Row> Replayed(const std::string& content, MetricsFormat format) {
   int64_t attempt = 0;
   for (size_t i = 0; i < trace->size(); ++i) {
     const core::StepRecord r = trace->Record(i);
-    if (i > 0 && r.step <= rows.back().step) ++attempt;
+    if (i > 0 && r.step <= rows.back().step) {
+      // A restart: the server's new attempt begins with the history it
+      // resumed from (the earlier attempt's steps up to the resume step).
+      const std::vector<Row> before = rows;
+      ++attempt;
+      for (const Row& b : before) {
+        if (b.attempt == attempt - 1 && b.step < r.step) rows.push_back({attempt, b.step, b.loss, b.grad_norm});
+      }
+    }
     rows.push_back({attempt, r.step, r.Get(core::Signal::kLoss), r.Get(core::Signal::kGradNorm)});
   }
   return rows;
@@ -209,7 +217,7 @@ TEST_CASE("follow: steps going back open a new attempt resuming after the step b
   Child follow(FollowArgs(log, "run-again", d,
                           {"--checkpoint-pattern", R"(saved ckpt step=(\d+) at (?<path>\S+))"}),
                dir.File("follow.log"));
-  REQUIRE(WaitRows(d.db(), "run-again", 60));
+  REQUIRE(WaitRows(d.db(), "run-again", 80));  // 30 + 20 copied + 30
   ::kill(follow.pid(), SIGTERM);
   const int rc = follow.Wait(20);
   INFO(ReadFile(dir.File("follow.log")));
@@ -283,7 +291,8 @@ TEST_CASE("follow: bad flags are usage errors naming them", "[cli][follow]") {
   auto run = [&](std::vector<std::string> argv) {
     argv.insert(argv.begin(), {TWCTL_PATH, "follow"});
     Child c(argv, dir.File("out.log"));
-    return std::make_pair(c.Wait(10), ReadFile(dir.File("out.log")));
+    const int rc = c.Wait(10);  // before the read: make_pair's arguments are unordered
+    return std::make_pair(rc, ReadFile(dir.File("out.log")));
   };
   auto [rc1, out1] = run({"-", "--run", "x", "--checkpoint-pattern", "saved at step"});
   CHECK(rc1 == 2);

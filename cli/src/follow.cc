@@ -145,8 +145,7 @@ class Follower {
       // Reported and read past: one bad line must not end a job's watch.
       builder_->Drop();
       ++progress_.rejected;
-      std::fprintf(stderr, "twctl follow: %s (line read past)\n",
-                   std::string(s.message()).c_str());
+      std::fprintf(stderr, "twctl follow: %s (line read past)\n", std::string(s.message()).c_str());
     }
     absl::Status sent = absl::OkStatus();
     builder_->Drain([&](const core::StepRecord& rec, int) {
@@ -184,8 +183,8 @@ std::string StatusLine(const std::string& source, const Progress& p, const Follo
   return absl::StrFormat(
       "twctl follow: %s: %s %d, records sent %d, acknowledged %d, spilled %d, in flight %d, "
       "attempts %d, checkpoints %d, rejected %d%s%s\n",
-      source, events ? "events read" : "lines read", events ? p.events : p.lines, c.sent,
-      c.acked, c.spilled, c.in_flight, c.attempts, c.checkpoints, p.rejected,
+      source, events ? "events read" : "lines read", events ? p.events : p.lines, c.sent, c.acked,
+      c.spilled, c.in_flight, c.attempts, c.checkpoints, p.rejected,
       c.dropped > 0 ? absl::StrCat(", lost ", c.dropped) : "",
       live && !c.connected ? " (server not connected)" : "");
 }
@@ -286,8 +285,7 @@ class FollowCommand : public Command {
     cfg.ring_records = static_cast<size_t>(*window) + 1;
     // One follower per job, not thousands of ranks: no herd to spread out.
     cfg.reconnect_max_ms = 2000;
-    FollowStream stream(cfg, static_cast<int>(*drain * 1000),
-                        [] { return g_stop_signal != 0; });
+    FollowStream stream(cfg, static_cast<int>(*drain * 1000), [] { return g_stop_signal != 0; });
     if (absl::Status s = stream.Start(); !s.ok()) {
       return usage(absl::StrCat("run ", run, ": ", s.message()));
     }
@@ -319,13 +317,13 @@ class FollowCommand : public Command {
                                     : absl::StrCat(c.sent - c.acked, " records not acknowledged"));
     const double read_s = absl::ToDoubleSeconds(read_done - start);
     const Progress& p = follower.progress();
-    absl::StrAppendFormat(ctx.err,
-                          "twctl follow: read %d %s in %.2f s (%.0f/s), then %.2f s for the "
-                          "last acks\n",
-                          events ? p.events : p.lines, events ? "events" : "lines", read_s,
-                          read_s > 0 ? static_cast<double>(events ? p.events : p.lines) / read_s
-                                     : 0.0,
-                          absl::ToDoubleSeconds(closed - read_done));
+    absl::StrAppendFormat(
+        ctx.err,
+        "twctl follow: read %d %s in %.2f s (%.0f/s), then %.2f s for the "
+        "last acks\n",
+        events ? p.events : p.lines, events ? "events" : "lines", read_s,
+        read_s > 0 ? static_cast<double>(events ? p.events : p.lines) / read_s : 0.0,
+        absl::ToDoubleSeconds(closed - read_done));
     if (rc == kOk && !all_acked) rc = kError;
     if (rc == kOk && follower.progress().rejected > 0) rc = kUsage;
     return rc;
@@ -371,14 +369,15 @@ class FollowCommand : public Command {
             if (absl::Status s = f->Line(rest); !s.ok()) return s;
           }
           if (*ev == TailEvent::kEnd) break;
-          std::fprintf(stderr, "twctl follow: %s %s: reading it from the start\n",
-                       source.c_str(), tail->RestartReason().c_str());
+          std::fprintf(stderr, "twctl follow: %s %s: reading it from the start\n", source.c_str(),
+                       tail->RestartReason().c_str());
           if (absl::Status s = f->Restart(); !s.ok()) return s;
         }
         idle = *ev == TailEvent::kIdle;
       }
       if (interval_s > 0 && absl::Now() >= next_status) {
-        std::fputs(StatusLine(source, f->progress(), stream->Counts(), events, true).c_str(), stderr);
+        std::fputs(StatusLine(source, f->progress(), stream->Counts(), events, true).c_str(),
+                   stderr);
         next_status = absl::Now() + absl::Seconds(interval_s);
       }
       if (idle) absl::SleepFor(absl::Milliseconds(poll_ms));

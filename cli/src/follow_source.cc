@@ -50,8 +50,9 @@ absl::Status FileTail::Open(bool* opened) {
   if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
     ::close(fd);
     return absl::InvalidArgumentError(
-        absl::StrCat(path_, ": is a folder; a folder is followed as TensorBoard event files "
-                            "(--format tensorboard)"));
+        absl::StrCat(path_,
+                     ": is a folder; a folder is followed as TensorBoard event files "
+                     "(--format tensorboard)"));
   }
   fd_ = fd;
   inode_ = st.st_ino;
@@ -156,8 +157,8 @@ absl::Status EventFolder::Discover() {
     std::sort(names.begin(), names.end());
   }
   for (const std::string& name : names) {
-    const bool known = std::any_of(files_.begin(), files_.end(),
-                                   [&](const File& f) { return f.path == name; });
+    const bool known =
+        std::any_of(files_.begin(), files_.end(), [&](const File& f) { return f.path == name; });
     // Only files after the last known one: an earlier name appearing late
     // would reorder what was already sent.
     if (known || (!files_.empty() && name < files_.back().path)) continue;

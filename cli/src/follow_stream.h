@@ -17,8 +17,8 @@
 
 #include <cstdint>
 #include <functional>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <string>
 
@@ -31,12 +31,12 @@
 namespace trainwatch::cli {
 
 struct FollowCounts {
-  int64_t sent = 0;      // records handed to an agent
-  int64_t acked = 0;     // durable at the server
+  int64_t sent = 0;   // records handed to an agent
+  int64_t acked = 0;  // durable at the server
   int64_t spilled = 0;
-  int64_t dropped = 0;   // lost (counted by the agent)
-  int64_t in_flight = 0; // sent, neither acknowledged nor dropped
-  int64_t attempts = 0;  // agents started: 1 + the restarts seen
+  int64_t dropped = 0;    // lost (counted by the agent)
+  int64_t in_flight = 0;  // sent, neither acknowledged nor dropped
+  int64_t attempts = 0;   // agents started: 1 + the restarts seen
   int64_t checkpoints = 0;
   bool connected = false;
 };
@@ -48,8 +48,7 @@ class FollowStream {
   // Close).
   // `stop_requested`: true once the follow is to end (a signal): Send()
   // then waits for the window no more.
-  FollowStream(agent::AgentConfig base, int drain_timeout_ms,
-               std::function<bool()> stop_requested)
+  FollowStream(agent::AgentConfig base, int drain_timeout_ms, std::function<bool()> stop_requested)
       : base_(std::move(base)),
         drain_timeout_ms_(drain_timeout_ms),
         stop_requested_(std::move(stop_requested)) {}

@@ -2,11 +2,10 @@
 // hello says observed, Observe() streams the record as given with nothing
 // skipped, and the per-step path of a trainer is refused on it.
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
 #include <memory>
-
-#include <catch2/catch.hpp>
 
 #include "fake_trainwatchd.h"
 #include "test_util.h"
@@ -39,8 +38,8 @@ TEST_CASE("observed: the hello says observed and records go as given with nothin
     rec.Set(Signal::kNanFrac, 0.125);
     REQUIRE((*agent)->Observe(rec).ok());
   }
-  REQUIRE(WaitUntil([&] { return service.global_report(40).has_value(); },
-                    std::chrono::seconds(20)));
+  REQUIRE(
+      WaitUntil([&] { return service.global_report(40).has_value(); }, std::chrono::seconds(20)));
   REQUIRE(!service.hellos().empty());
   CHECK(service.hellos().front().observed());
   const v1::StepReport r = *service.global_report(30);
@@ -57,8 +56,7 @@ TEST_CASE("observed: the hello says observed and records go as given with nothin
   (*agent)->Close(2000);
 }
 
-TEST_CASE("observed: Observe on a trainer agent is refused",
-          "[agent][observed]") {
+TEST_CASE("observed: Observe on a trainer agent is refused", "[agent][observed]") {
   AgentConfig cfg;  // no server: local only
   auto agent = Agent::Create(cfg, std::make_unique<SingleProcessReducer>());
   REQUIRE(agent.ok());

@@ -6,14 +6,13 @@
 #include <sqlite3.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <tuple>
 #include <vector>
-
-#include <catch2/catch.hpp>
 
 #include "event_file_writer.h"
 #include "stack.h"
@@ -75,7 +74,8 @@ std::vector<Row> Replayed(const std::string& content, MetricsFormat format) {
       const std::vector<Row> before = rows;
       ++attempt;
       for (const Row& b : before) {
-        if (b.attempt == attempt - 1 && b.step < r.step) rows.push_back({attempt, b.step, b.loss, b.grad_norm});
+        if (b.attempt == attempt - 1 && b.step < r.step)
+          rows.push_back({attempt, b.step, b.loss, b.grad_norm});
       }
     }
     rows.push_back({attempt, r.step, r.Get(core::Signal::kLoss), r.Get(core::Signal::kGradNorm)});
@@ -121,7 +121,8 @@ std::string Megatron(int64_t from, int64_t to) {
                   1.0 + 0.01 * (s % 5));
     out += line;
     if (s % 10 == 0) {
-      out += "saving checkpoint at iteration " + std::to_string(s) + " to /ckpt/run-m in torch "
+      out += "saving checkpoint at iteration " + std::to_string(s) +
+             " to /ckpt/run-m in torch "
              "format\n";
     }
   }
@@ -134,9 +135,12 @@ void Append(const std::string& path, const std::string& text) {
 
 std::vector<std::string> FollowArgs(const std::string& source, const std::string& run,
                                     const Trainwatchd& d, std::vector<std::string> more = {}) {
-  std::vector<std::string> argv = {TWCTL_PATH, "follow", source, "--run", run,
-                                   "--server", d.address(), "--poll-interval", "10",
-                                   "--status-interval", "1"};
+  std::vector<std::string> argv = {TWCTL_PATH,  "follow",
+                                   source,      "--run",
+                                   run,         "--server",
+                                   d.address(), "--poll-interval",
+                                   "10",        "--status-interval",
+                                   "1"};
   argv.insert(argv.end(), more.begin(), more.end());
   return argv;
 }
@@ -158,8 +162,9 @@ TEST_CASE("follow: a Megatron log piped on stdin is stored as replay reads it wi
   CHECK(ReadFile(dir.File("follow.log")).find("every record acknowledged") != std::string::npos);
   RequireSame(Stored(d.db(), "run-pipe"), Replayed(content, MetricsFormat::kMegatron));
   CHECK(QueryInt(d.db(), "SELECT COUNT(*) FROM checkpoints WHERE run_id = 'run-pipe'") == 6);
-  CHECK(QueryInt(d.db(), "SELECT COUNT(*) FROM checkpoints WHERE run_id = 'run-pipe' AND step = "
-                         "30 AND uri = '/ckpt/run-m'") == 1);
+  CHECK(QueryInt(d.db(),
+                 "SELECT COUNT(*) FROM checkpoints WHERE run_id = 'run-pipe' AND step = "
+                 "30 AND uri = '/ckpt/run-m'") == 1);
 }
 
 TEST_CASE("follow: rotation then truncation then a trainwatchd restart lose no line",
@@ -183,21 +188,20 @@ TEST_CASE("follow: rotation then truncation then a trainwatchd restart lose no l
   REQUIRE(WaitRows(d->db(), run, 80));
   // Truncation in place; the next lines once the follower has seen it.
   std::filesystem::resize_file(log, 0);
-  REQUIRE(WaitUntil([&] { return ReadFile(dir.File("follow.log")).find("truncated") !=
-                                 std::string::npos; },
-                    std::chrono::seconds(10), std::chrono::milliseconds(10)));
+  REQUIRE(WaitUntil(
+      [&] { return ReadFile(dir.File("follow.log")).find("truncated") != std::string::npos; },
+      std::chrono::seconds(10), std::chrono::milliseconds(10)));
   write(Llmc(80, 120));
   REQUIRE(WaitRows(d->db(), run, 120));
   // trainwatchd killed: what is written meanwhile waits in the agent.
   d->Kill();
   d.reset();
   write(Llmc(120, 200));
-  REQUIRE(WaitUntil([&] { return ReadFile(dir.File("follow.log")).find("lines read 201") !=
-                                 std::string::npos; },
-                    std::chrono::seconds(10), std::chrono::milliseconds(10)));
-  d = std::make_unique<Trainwatchd>(dir, "", "",
-                                    std::vector<std::string>{"--listen",
-                                                             "127.0.0.1:" + std::to_string(port)});
+  REQUIRE(WaitUntil(
+      [&] { return ReadFile(dir.File("follow.log")).find("lines read 201") != std::string::npos; },
+      std::chrono::seconds(10), std::chrono::milliseconds(10)));
+  d = std::make_unique<Trainwatchd>(
+      dir, "", "", std::vector<std::string>{"--listen", "127.0.0.1:" + std::to_string(port)});
   REQUIRE(WaitRows(d->db(), run, 200));
   ::kill(follow.pid(), SIGTERM);
   const int rc = follow.Wait(20);
@@ -211,8 +215,7 @@ TEST_CASE("follow: steps going back open a new attempt resuming after the step b
   TempDir dir;
   Trainwatchd d(dir, "", "");
   const std::string log = dir.File("train.log");
-  const std::string content = Llmc(0, 30) + "saved ckpt step=19 at s3://b/ckpt-19\n" +
-                              Llmc(20, 50);
+  const std::string content = Llmc(0, 30) + "saved ckpt step=19 at s3://b/ckpt-19\n" + Llmc(20, 50);
   std::ofstream(log) << content;
   Child follow(FollowArgs(log, "run-again", d,
                           {"--checkpoint-pattern", R"(saved ckpt step=(\d+) at (?<path>\S+))"}),
@@ -223,10 +226,12 @@ TEST_CASE("follow: steps going back open a new attempt resuming after the step b
   INFO(ReadFile(dir.File("follow.log")));
   CHECK(rc == 0);
   RequireSame(Stored(d.db(), "run-again"), Replayed(content, MetricsFormat::kLlmc));
-  CHECK(QueryInt(d.db(), "SELECT from_step FROM attempts WHERE run_id = 'run-again' AND "
-                         "attempt = 1") == 19);
-  CHECK(QueryInt(d.db(), "SELECT COUNT(*) FROM checkpoints WHERE run_id = 'run-again' AND step = "
-                         "19 AND uri = 's3://b/ckpt-19'") == 1);
+  CHECK(QueryInt(d.db(),
+                 "SELECT from_step FROM attempts WHERE run_id = 'run-again' AND "
+                 "attempt = 1") == 19);
+  CHECK(QueryInt(d.db(),
+                 "SELECT COUNT(*) FROM checkpoints WHERE run_id = 'run-again' AND step = "
+                 "19 AND uri = 's3://b/ckpt-19'") == 1);
 }
 
 TEST_CASE("follow: a TensorBoard folder that grows is followed and a torn tail is waited for",
@@ -252,8 +257,8 @@ TEST_CASE("follow: a TensorBoard folder that grows is followed and a torn tail i
   Append(file, s10.substr(7) + step(11));
   REQUIRE(WaitRows(d.db(), "run-tb", 11));
   // A second file, as a trainer's next launch writes: its steps follow.
-  Append(tb + "/events.out.tfevents.1700000100.host.1.0", testing::FileVersionRecord(2e9) +
-                                                              step(12) + step(13));
+  Append(tb + "/events.out.tfevents.1700000100.host.1.0",
+         testing::FileVersionRecord(2e9) + step(12) + step(13));
   REQUIRE(WaitRows(d.db(), "run-tb", 13));
   ::kill(follow.pid(), SIGTERM);  // flushes step 13, held for more tags
   const int rc = follow.Wait(20);
@@ -268,14 +273,13 @@ TEST_CASE("follow: a TensorBoard folder that grows is followed and a torn tail i
   }
 }
 
-TEST_CASE("follow: a malformed line is named and read past and the exit says so",
-          "[cli][follow]") {
+TEST_CASE("follow: a malformed line is named and read past and the exit says so", "[cli][follow]") {
   TempDir dir;
   Trainwatchd d(dir, "", "");
   const std::string content = Llmc(0, 5) + "s:5 trl:garbage lr:0.1 norm:1\n" + Llmc(6, 10);
   std::ofstream(dir.File("train.log")) << content;
-  const std::string cmd = "exec '" TWCTL_PATH "' follow - --run run-bad --server " +
-                          d.address() + " < '" + dir.File("train.log") + "'";
+  const std::string cmd = "exec '" TWCTL_PATH "' follow - --run run-bad --server " + d.address() +
+                          " < '" + dir.File("train.log") + "'";
   Child follow({"/bin/sh", "-c", cmd}, dir.File("follow.log"));
   const int rc = follow.Wait(20);
   const std::string out = ReadFile(dir.File("follow.log"));

@@ -45,7 +45,7 @@ t0=$(now)
 taskset -c 0 cat "$TMP/train.log" | taskset -c 0 cat > /dev/null
 t1=$(now)
 taskset -c 0 cat "$TMP/train.log" | taskset -c 0 "$TWCTL" follow - --run bench \
-  --server "127.0.0.1:$PORT" --status-interval 0 --max-in-flight 1048576 2> "$TMP/follow.err"
+  --server "127.0.0.1:$PORT" --status-interval 0 2> "$TMP/follow.err"
 t2=$(now)
 cat "$TMP/follow.err"
 awk -v lines="$TOTAL" -v t0="$t0" -v t1="$t1" -v t2="$t2" 'BEGIN {

@@ -285,7 +285,8 @@ class FollowCommand : public Command {
     cfg.ring_records = static_cast<size_t>(*window) + 1;
     // One follower per job, not thousands of ranks: no herd to spread out.
     cfg.reconnect_max_ms = 2000;
-    FollowStream stream(cfg, static_cast<int>(*drain * 1000), [] { return g_stop_signal != 0; });
+    FollowStream stream(cfg, *window, static_cast<int>(*drain * 1000),
+                        [] { return g_stop_signal != 0; });
     if (absl::Status s = stream.Start(); !s.ok()) {
       return usage(absl::StrCat("run ", run, ": ", s.message()));
     }

@@ -48,8 +48,13 @@ class FollowStream {
   // Close).
   // `stop_requested`: true once the follow is to end (a signal): Send()
   // then waits for the window no more.
-  FollowStream(agent::AgentConfig base, int drain_timeout_ms, std::function<bool()> stop_requested)
+  // `window`: records sent and unacknowledged before Send() waits; the
+  // agent's memory_records and ring_records must hold window + kWindowCheck.
+  static constexpr int64_t kWindowCheck = 256;
+  FollowStream(agent::AgentConfig base, int64_t window, int drain_timeout_ms,
+               std::function<bool()> stop_requested)
       : base_(std::move(base)),
+        window_(window),
         drain_timeout_ms_(drain_timeout_ms),
         stop_requested_(std::move(stop_requested)) {}
   ~FollowStream();
@@ -58,7 +63,7 @@ class FollowStream {
   // configuration's.
   absl::Status Start();
   // Sends one record; a step not above the last opens a new attempt first.
-  // Waits while base.memory_records records are unacknowledged (the source
+  // Waits while `window` records are unacknowledged (the source
   // is read no faster than the server takes it, so nothing is dropped),
   // unless a stop is requested.
   absl::Status Send(const core::StepRecord& record);
@@ -73,6 +78,8 @@ class FollowStream {
   void Retire();  // closes the current agent, keeping its counts
 
   agent::AgentConfig base_;
+  const int64_t window_;
+  int64_t since_check_ = 0;
   const int drain_timeout_ms_;
   const std::function<bool()> stop_requested_;
   std::unique_ptr<agent::Agent> agent_;

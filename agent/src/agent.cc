@@ -61,6 +61,7 @@ class Agent::Impl {
   }
 
   absl::StatusOr<Verdict> Step(const StepInput& in);
+  absl::Status Observe(const core::StepRecord& rec);
   void ReportCheckpoint(int64_t step, const std::string& uri);
   void Acknowledge(const std::string& command_id, AckStatus status, const std::string& message,
                    int64_t resumed_step);
@@ -107,6 +108,7 @@ class Agent::Impl {
   std::vector<std::pair<int64_t, std::string>> checkpoints_;
   core::StepOutcome outcome_;
   core::StepValues values_;  // the last reduced record, for last_values()
+  int64_t values_step_ = -1;  // its step, for Observe()'s order check
   std::atomic<int64_t> steps_{0};
   Sender sender_;
 };
@@ -122,6 +124,10 @@ absl::Status Agent::Impl::GatherShards(absl::Span<const uint64_t> mine,
 }
 
 absl::StatusOr<Verdict> Agent::Impl::Step(const StepInput& in) {
+  if (config_.observed) {
+    return absl::FailedPreconditionError(
+        "an observed agent (a follower) reports through Observe(), not Step()");
+  }
   // Checked first, so that nothing is reduced or queued for a step refused.
   if (absl::Status s = core::CheckShardNames("step", in.shard_names); !s.ok()) return s;
   if (absl::Status s = CheckGradLayout(in, reducer_->world_size()); !s.ok()) return s;
@@ -186,6 +192,39 @@ void Agent::Impl::Queue(const StepInput& in, const core::StepRecord& rec,
   }
   slot->time_ms = config_.clock->NowMs();
   sender_.Commit(slot);
+}
+
+absl::Status Agent::Impl::Observe(const core::StepRecord& rec) {
+  if (!config_.observed) {
+    return absl::FailedPreconditionError("Observe() needs an agent created with observed = true");
+  }
+  if (steps_.load() > 0 && rec.step <= values_step_) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", rec.step, " is not above step ",
+                                                   values_step_, ", the last observed"));
+  }
+  steps_.fetch_add(1, std::memory_order_relaxed);
+  values_step_ = rec.step;
+  values_ = rec;
+  Keep(rec);
+  if (absl::Status s = engine_->Observe(rec, &outcome_); !s.ok()) return s;
+  if (config_.server_address.empty()) return absl::OkStatus();
+  Slot* slot = sender_.BeginRecord();
+  if (slot == nullptr) return absl::OkStatus();  // the ring is full: dropped, and counted
+  slot->rank_scope = false;
+  slot->step = rec.step;
+  slot->values = rec;
+  slot->loss_ema_ratio = outcome_.loss_ema_ratio;
+  slot->nonfinite = 0;  // a log gives nan_frac, never the counts behind it
+  slot->elements = 0;
+  slot->verdict = Verdict();  // observed, not enforced: nothing was skipped or halted
+  slot->shard_count = static_cast<uint16_t>(std::min(rec.shards.size(), Slot::kMaxShards));
+  std::copy_n(rec.shards.begin(), slot->shard_count, slot->shards);
+  slot->shard_names.assign(rec.shard_names.begin(), rec.shard_names.end());
+  slot->gathered_shards.clear();
+  slot->tensor_report.reset();
+  slot->time_ms = config_.clock->NowMs();
+  sender_.Commit(slot);
+  return absl::OkStatus();
 }
 
 void Agent::Impl::ReportCheckpoint(int64_t step, const std::string& uri) {
@@ -402,6 +441,8 @@ Agent::Agent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Agent::~Agent() { Close(0); }
 
 absl::StatusOr<Verdict> Agent::Step(const StepInput& input) { return impl_->Step(input); }
+
+absl::Status Agent::Observe(const core::StepRecord& record) { return impl_->Observe(record); }
 
 void Agent::ReportCheckpoint(int64_t step, const std::string& uri) {
   impl_->ReportCheckpoint(step, uri);

@@ -29,6 +29,9 @@ std::unique_ptr<Command> MakeRollbackRejectCommand();
 std::unique_ptr<Command> MakeReplayCommand();
 std::unique_ptr<Command> MakeVersionCommand();
 
+// A running job's log streamed as an observed run (follow.cc).
+std::unique_ptr<Command> MakeFollowCommand();
+
 }  // namespace trainwatch::cli
 
 #endif  // TRAINWATCH_CLI_SRC_COMMANDS_H_

@@ -47,17 +47,6 @@ std::vector<Token> KeyValues(absl::string_view line) {
   return out;
 }
 
-// Iterates lines with their 1-based numbers.
-template <typename Fn>
-absl::Status ForEachLine(absl::string_view content, Fn fn) {
-  LineReader lines(content);
-  absl::string_view line;
-  while (lines.Next(&line)) {
-    if (absl::Status s = fn(line, lines.line_no()); !s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
-
 absl::Status Number(absl::string_view source, int line, const Token& t, absl::string_view what,
                     double* out) {
   if (ParseDouble(t.value, out)) return absl::OkStatus();
@@ -75,12 +64,12 @@ absl::Status StepOf(absl::string_view source, int line, const Token& t, int64_t*
             absl::StrCat("step \"", t.value, "\" is not a non-negative integer"));
 }
 
-absl::StatusOr<Trace> Finish(TraceBuilder& b, absl::string_view source, MetricsFormat f,
-                             absl::string_view what) {
+absl::Status NoLinesUnlessRows(const TraceBuilder& b, absl::string_view source,
+                              absl::string_view what) {
   if (b.rows() == 0) {
     return At(source, 1, 1, absl::StrCat("no ", what, " lines: nothing to replay"));
   }
-  return b.Finish(f);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -90,69 +79,76 @@ namespace {
 // A "key:value key:value ..." log: lines whose first key is `step_key` and
 // that carry `train_key` are records; `signals` maps the keys read.
 struct KeyValueFormat {
-  MetricsFormat format;
   absl::string_view step_key;
   absl::string_view train_key;
   std::vector<std::pair<absl::string_view, Signal>> signals;
   absl::string_view what;  // for "no ... lines"
 };
 
-absl::StatusOr<Trace> ParseKeyValueLog(absl::string_view content, absl::string_view source,
-                                       const KeyValueFormat& f) {
-  TraceBuilder b(source);
-  absl::Status st = ForEachLine(content, [&](absl::string_view line, int n) -> absl::Status {
+class KeyValueParser : public LineParser {
+ public:
+  KeyValueParser(absl::string_view source, const KeyValueFormat& f) : source_(source), f_(f) {}
+
+  absl::Status Line(absl::string_view line, int n, TraceBuilder& b) override {
     const std::vector<Token> toks = KeyValues(line);
-    if (toks.empty() || toks[0].key != f.step_key) return absl::OkStatus();
+    if (toks.empty() || toks[0].key != f_.step_key) return absl::OkStatus();
     bool train = false;
-    for (const Token& t : toks) train |= t.key == f.train_key;
+    for (const Token& t : toks) train |= t.key == f_.train_key;
     if (!train) return absl::OkStatus();  // a validation-only line
     int64_t step;
-    if (absl::Status s = StepOf(source, n, toks[0], &step); !s.ok()) return s;
+    if (absl::Status s = StepOf(source_, n, toks[0], &step); !s.ok()) return s;
     auto& row = b.NewRow(n);
     if (absl::Status s = b.SetStep(row, step, toks[0].value_column); !s.ok()) return s;
     for (const Token& t : toks) {
-      for (const auto& [key, sig] : f.signals) {
+      for (const auto& [key, sig] : f_.signals) {
         if (t.key != key) continue;
         double v;
-        if (absl::Status s = Number(source, n, t, t.key, &v); !s.ok()) return s;
+        if (absl::Status s = Number(source_, n, t, t.key, &v); !s.ok()) return s;
         b.SetValue(row, sig, v);
       }
     }
     return absl::OkStatus();
-  });
-  if (!st.ok()) return st;
-  return Finish(b, source, f.format, f.what);
-}
+  }
+  absl::Status End(const TraceBuilder& b) override {
+    return NoLinesUnlessRows(b, source_, f_.what);
+  }
+
+ private:
+  absl::string_view source_;
+  const KeyValueFormat& f_;
+};
 
 }  // namespace
 
-absl::StatusOr<Trace> ParseLlmcLog(absl::string_view content, absl::string_view source) {
+std::unique_ptr<LineParser> NewLlmcParser(absl::string_view source) {
   // "s:STEP trl:LOSS lr:LR norm:NORM"; "s:STEP tel:VAL" lines are validation.
   static const KeyValueFormat kLlmc{
-      MetricsFormat::kLlmc, "s", "trl",
+      "s", "trl",
       {{"trl", Signal::kLoss}, {"norm", Signal::kGradNorm}, {"lr", Signal::kLearningRate}},
       "llm.c \"s:STEP trl:LOSS\""};
-  return ParseKeyValueLog(content, source, kLlmc);
+  return std::make_unique<KeyValueParser>(source, kLlmc);
 }
 
-absl::StatusOr<Trace> ParseStepLog(absl::string_view content, absl::string_view source) {
+std::unique_ptr<LineParser> NewStepLogParser(absl::string_view source) {
   // "step:S/N train_loss:L ..."; val_loss-only lines are validation; other
   // keys (train_time, step_avg, seq_len, ...) are read past.
-  static const KeyValueFormat kStep{MetricsFormat::kStepLog,
-                                    "step",
+  static const KeyValueFormat kStep{"step",
                                     "train_loss",
                                     {{"train_loss", Signal::kLoss},
                                      {"grad_norm", Signal::kGradNorm},
                                      {"norm", Signal::kGradNorm},
                                      {"lr", Signal::kLearningRate}},
                                     "\"step:S/N train_loss:L\""};
-  return ParseKeyValueLog(content, source, kStep);
+  return std::make_unique<KeyValueParser>(source, kStep);
 }
 
-absl::StatusOr<Trace> ParseMegatronLog(absl::string_view content, absl::string_view source) {
-  TraceBuilder b(source);
-  int64_t prev_step = -1;
-  absl::Status st = ForEachLine(content, [&](absl::string_view line, int n) -> absl::Status {
+namespace {
+
+class MegatronParser : public LineParser {
+ public:
+  explicit MegatronParser(absl::string_view source) : source_(source) {}
+
+  absl::Status Line(absl::string_view line, int n, TraceBuilder& b) override {
     const size_t it = line.find("iteration");
     if (it == absl::string_view::npos || line.find('|') == absl::string_view::npos) {
       return absl::OkStatus();
@@ -164,7 +160,7 @@ absl::StatusOr<Trace> ParseMegatronLog(absl::string_view content, absl::string_v
     if (i == digits || i >= line.size() || line[i] != '/') return absl::OkStatus();
     int64_t step;
     if (!ParseInt64(line.substr(digits, i - digits), &step)) {
-      return At(source, n, static_cast<int>(digits) + 1, "iteration number out of range");
+      return At(source_, n, static_cast<int>(digits) + 1, "iteration number out of range");
     }
     auto& row = b.NewRow(n);
     if (absl::Status s = b.SetStep(row, step, static_cast<int>(digits) + 1); !s.ok()) return s;
@@ -192,11 +188,11 @@ absl::StatusOr<Trace> ParseMegatronLog(absl::string_view content, absl::string_v
       } else if (key == "number of nan iterations") {
         double count;
         if (!ParseDouble(value, &count) || count < 0) {
-          return At(source, n, column, absl::StrCat(key, " \"", value, "\" is not a count"));
+          return At(source_, n, column, absl::StrCat(key, " \"", value, "\" is not a count"));
         }
         // Megatron counts NaN iterations per logging interval; as nan_frac
         // this is the fraction of the interval's iterations that had one.
-        const double interval = prev_step >= 0 ? static_cast<double>(step - prev_step) : 1.0;
+        const double interval = prev_step_ >= 0 ? static_cast<double>(step - prev_step_) : 1.0;
         b.SetValue(row, Signal::kNanFrac, count / std::max(1.0, interval));
         continue;
       } else {
@@ -204,15 +200,26 @@ absl::StatusOr<Trace> ParseMegatronLog(absl::string_view content, absl::string_v
       }
       double v;
       if (!ParseDouble(value, &v)) {
-        return At(source, n, column, absl::StrCat(key, " \"", value, "\" is not a number"));
+        return At(source_, n, column, absl::StrCat(key, " \"", value, "\" is not a number"));
       }
       b.SetValue(row, sig, v);
     }
-    prev_step = step;
+    prev_step_ = step;
     return absl::OkStatus();
-  });
-  if (!st.ok()) return st;
-  return Finish(b, source, MetricsFormat::kMegatron, "Megatron-LM \"iteration N/ M |\"");
+  }
+  absl::Status End(const TraceBuilder& b) override {
+    return NoLinesUnlessRows(b, source_, "Megatron-LM \"iteration N/ M |\"");
+  }
+
+ private:
+  absl::string_view source_;
+  int64_t prev_step_ = -1;
+};
+
+}  // namespace
+
+std::unique_ptr<LineParser> NewMegatronParser(absl::string_view source) {
+  return std::make_unique<MegatronParser>(source);
 }
 
 MetricsFormat DetectFormat(absl::string_view content) {

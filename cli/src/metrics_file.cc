@@ -97,49 +97,39 @@ bool IsStepColumn(absl::string_view lower) {
 // Otherwise a generic export: a step column, metric columns by --map or by
 // their usual names, absent metrics unknown, rows without any metric read
 // past (exports interleave metrics logged at different steps).
-absl::StatusOr<Trace> ParseCsv(absl::string_view content, absl::string_view source,
-                               bool strict, const ColumnMap& map) {
-  TraceBuilder b(source);
-  b.Reserve(static_cast<size_t>(std::count(content.begin(), content.end(), '\n')) + 1);
-  enum class Col { kStep, kSignal, kShard, kCheckpoint, kIgnored };
-  struct Column {
-    Col kind;
-    Signal signal;
-  };
-  std::vector<Column> columns;
-  std::vector<CsvField> fields;
-  bool have_header = false;
-  LineReader lines(content);
-  absl::string_view line;
-  while (lines.Next(&line)) {
-    const int line_no = lines.line_no();
-    if (absl::StripAsciiWhitespace(line).empty()) continue;
-    if (absl::Status s = SplitCsv(line, source, line_no, &fields); !s.ok()) return s;
-    if (!have_header) {
-      have_header = true;
+class CsvParser : public LineParser {
+ public:
+  CsvParser(absl::string_view source, bool strict, const ColumnMap& map)
+      : source_(source), strict_(strict), map_(map) {}
+
+  absl::Status Line(absl::string_view line, int line_no, TraceBuilder& b) override {
+    if (absl::StripAsciiWhitespace(line).empty()) return absl::OkStatus();
+    if (absl::Status s = SplitCsv(line, source_, line_no, &fields_); !s.ok()) return s;
+    if (!have_header_) {
+      have_header_ = true;
       bool seen_step = false;
       uint32_t seen = 0;
-      std::vector<bool> map_used(map.size(), false);
-      for (const CsvField& f : fields) {
+      std::vector<bool> map_used(map_.size(), false);
+      for (const CsvField& f : fields_) {
         const std::string name = absl::AsciiStrToLower(f.text);
         Column c{Col::kIgnored, Signal::kLoss};
         Signal s;
         bool is_signal = false;
-        for (size_t m = 0; m < map.size(); ++m) {
-          if (absl::AsciiStrToLower(map[m].second) == name) {
-            s = map[m].first;
+        for (size_t m = 0; m < map_.size(); ++m) {
+          if (absl::AsciiStrToLower(map_[m].second) == name) {
+            s = map_[m].first;
             is_signal = true;
             map_used[m] = true;
           }
         }
         if (!is_signal) {
           bool mapped_elsewhere = false;
-          is_signal = strict ? SignalByName(name, &s) : SignalByAlias(name, &s);
-          for (const auto& [sig, src] : map) mapped_elsewhere |= is_signal && sig == s;
+          is_signal = strict_ ? SignalByName(name, &s) : SignalByAlias(name, &s);
+          for (const auto& [sig, src] : map_) mapped_elsewhere |= is_signal && sig == s;
           if (mapped_elsewhere) is_signal = false;  // --map chose another column
         }
-        if (strict ? name == "step" : IsStepColumn(name)) {
-          if (seen_step) return At(source, line_no, f.column, "a second step column");
+        if (strict_ ? name == "step" : IsStepColumn(name)) {
+          if (seen_step) return At(source_, line_no, f.column, "a second step column");
           c.kind = Col::kStep;
           seen_step = true;
         } else if (name == "shard" || name == "shards") {
@@ -148,7 +138,7 @@ absl::StatusOr<Trace> ParseCsv(absl::string_view content, absl::string_view sour
           c.kind = Col::kCheckpoint;
         } else if (is_signal) {
           if (seen & core::Bit(s)) {
-            return At(source, line_no, f.column,
+            return At(source_, line_no, f.column,
                       absl::StrCat("column \"", f.text, "\" is a second ", core::SignalName(s),
                                    " column"));
           }
@@ -157,63 +147,63 @@ absl::StatusOr<Trace> ParseCsv(absl::string_view content, absl::string_view sour
         }
         // Anything else (loss_ema_ratio, which the engine derives; a
         // trainer's extra columns) is read past.
-        columns.push_back(c);
+        columns_.push_back(c);
       }
-      for (size_t m = 0; m < map.size(); ++m) {
+      for (size_t m = 0; m < map_.size(); ++m) {
         if (!map_used[m]) {
-          return At(source, line_no, 1,
-                    absl::StrCat("--map names column \"", map[m].second,
+          return At(source_, line_no, 1,
+                    absl::StrCat("--map names column \"", map_[m].second,
                                  "\", which the header does not have"));
         }
       }
-      if (strict) {
+      if (strict_) {
         std::vector<std::string> missing;
         if (!seen_step) missing.push_back("step");
         for (Signal s : kRequired) {
           if (!(seen & core::Bit(s))) missing.emplace_back(core::SignalName(s));
         }
         if (!missing.empty()) {
-          return At(source, line_no, 1,
+          return At(source_, line_no, 1,
                     absl::StrCat("header lacks the column", missing.size() > 1 ? "s " : " ",
                                  absl::StrJoin(missing, ", "),
                                  " (expected step, loss, grad_norm, log_z, nan_frac)"));
         }
       } else if (!seen_step) {
-        return At(source, line_no, 1,
+        return At(source_, line_no, 1,
                   "no step column in the header (step, _step, global_step or iteration)");
       } else if (!(seen & (core::Bit(Signal::kLoss) | core::Bit(Signal::kGradNorm) |
                            core::Bit(Signal::kLogZ) | core::Bit(Signal::kNanFrac)))) {
-        return At(source, line_no, 1,
+        return At(source_, line_no, 1,
                   "no metric column recognised in the header; name them with --map, e.g. "
                   "--map loss=train/loss,grad_norm=train/grad_norm");
       }
-      continue;
+      return absl::OkStatus();
     }
-    if (fields.size() != columns.size()) {
-      return At(source, line_no, 1,
-                absl::StrFormat("%d fields, but the header names %d columns", fields.size(),
-                                columns.size()));
+    if (fields_.size() != columns_.size()) {
+      return At(source_, line_no, 1,
+                absl::StrFormat("%d fields, but the header names %d columns", fields_.size(),
+                                columns_.size()));
     }
-    if (!strict) {
+    if (!strict_) {
       bool any = false;
-      for (size_t i = 0; i < fields.size(); ++i) {
-        any |= columns[i].kind == Col::kSignal && !fields[i].text.empty();
+      for (size_t i = 0; i < fields_.size(); ++i) {
+        any |= columns_[i].kind == Col::kSignal && !fields_[i].text.empty();
       }
-      if (!any) continue;
+      if (!any) return absl::OkStatus();
     }
     auto& row = b.NewRow(line_no);
-    for (size_t i = 0; i < fields.size(); ++i) {
-      const CsvField& f = fields[i];
-      switch (columns[i].kind) {
+    for (size_t i = 0; i < fields_.size(); ++i) {
+      const CsvField& f = fields_[i];
+      switch (columns_[i].kind) {
         case Col::kStep: {
           int64_t step;
           double d;
           // Exports sometimes write steps as 100.0.
           const bool ok = ParseInt64(f.text, &step) ||
-                          (!strict && ParseDouble(f.text, &d) && d == std::floor(d) &&
+                          (!strict_ && ParseDouble(f.text, &d) && d == std::floor(d) &&
                            d >= 0 && d < 9.0e15 && ((step = static_cast<int64_t>(d)), true));
           if (!ok) {
-            return At(source, line_no, f.column,
+            return At(source_, line_no, f.column,
                       absl::StrCat("step \"", f.text, "\" is not an integer"));
           }
           if (absl::Status s = b.SetStep(row, step, f.column); !s.ok()) return s;
@@ -223,11 +213,11 @@ absl::StatusOr<Trace> ParseCsv(absl::string_view content, absl::string_view sour
           if (f.text.empty()) break;  // unknown at this step
           double v;
           if (!ParseDouble(f.text, &v)) {
-            return At(source, line_no, f.column,
-                      absl::StrCat(core::SignalName(columns[i].signal), " \"", f.text,
+            return At(source_, line_no, f.column,
+                      absl::StrCat(core::SignalName(columns_[i].signal), " \"", f.text,
                                    "\" is not a number"));
           }
-          b.SetValue(row, columns[i].signal, v);
+          b.SetValue(row, columns_[i].signal, v);
           break;
         }
         case Col::kShard:
@@ -240,33 +230,47 @@ absl::StatusOr<Trace> ParseCsv(absl::string_view content, absl::string_view sour
           break;
       }
     }
+    return absl::OkStatus();
   }
-  if (!have_header) {
-    return At(source, 1, 1,
+
+  absl::Status End(const TraceBuilder&) override {
+    if (have_header_) return absl::OkStatus();
+    return At(source_, 1, 1,
               "empty file: expected a header naming step, loss, grad_norm, log_z, nan_frac");
   }
-  return b.Finish(strict ? MetricsFormat::kCsv : MetricsFormat::kGenericCsv);
-}
 
-absl::StatusOr<Trace> ParseJsonLines(absl::string_view content, absl::string_view source) {
-  TraceBuilder b(source);
-  uint32_t keys_seen = 0;
-  LineReader lines(content);
-  absl::string_view line;
-  while (lines.Next(&line)) {
-    const int line_no = lines.line_no();
-    if (absl::StripAsciiWhitespace(line).empty()) continue;
-    absl::StatusOr<core::JsonValue> v = core::ParseJson(line, source, line_no);
+ private:
+  enum class Col { kStep, kSignal, kShard, kCheckpoint, kIgnored };
+  struct Column {
+    Col kind;
+    Signal signal;
+  };
+  absl::string_view source_;
+  const bool strict_;
+  const ColumnMap map_;
+  std::vector<Column> columns_;
+  std::vector<CsvField> fields_;
+  bool have_header_ = false;
+};
+
+class JsonLinesParser : public LineParser {
+ public:
+  explicit JsonLinesParser(absl::string_view source) : source_(source) {}
+
+  absl::Status Line(absl::string_view line, int line_no, TraceBuilder& b) override {
+    ++lines_;
+    if (absl::StripAsciiWhitespace(line).empty()) return absl::OkStatus();
+    absl::StatusOr<core::JsonValue> v = core::ParseJson(line, source_, line_no);
     if (!v.ok()) return v.status();
     if (v->type != core::JsonValue::Type::kObject) {
-      return At(source, line_no, v->column, "each line must be a JSON object");
+      return At(source_, line_no, v->column, "each line must be a JSON object");
     }
     auto& row = b.NewRow(line_no);
     const core::JsonValue* step = v->Find("step");
-    if (step == nullptr) return At(source, line_no, 1, "missing key \"step\"");
+    if (step == nullptr) return At(source_, line_no, 1, "missing key \"step\"");
     if (step->type != core::JsonValue::Type::kNumber || !std::isfinite(step->number) ||
         step->number != std::floor(step->number)) {
-      return At(source, line_no, step->column, "step must be an integer");
+      return At(source_, line_no, step->column, "step must be an integer");
     }
     if (absl::Status s = b.SetStep(row, static_cast<int64_t>(step->number), step->column);
         !s.ok()) {
@@ -276,20 +280,20 @@ absl::StatusOr<Trace> ParseJsonLines(absl::string_view content, absl::string_vie
       Signal sig;
       if (key == "step") continue;
       if (SignalByName(key, &sig)) {
-        keys_seen |= core::Bit(sig);
+        keys_seen_ |= core::Bit(sig);
         if (val.type == core::JsonValue::Type::kNull) continue;
         if (val.type == core::JsonValue::Type::kString) {
           // "nan", "inf" as strings are what some writers emit.
           double d;
           if (!ParseDouble(val.string, &d)) {
-            return At(source, line_no, val.column,
+            return At(source_, line_no, val.column,
                       absl::StrCat(key, " \"", val.string, "\" is not a number"));
           }
           b.SetValue(row, sig, d);
           continue;
         }
         if (val.type != core::JsonValue::Type::kNumber) {
-          return At(source, line_no, val.column, absl::StrCat(key, " must be a number"));
+          return At(source_, line_no, val.column, absl::StrCat(key, " must be a number"));
         }
         b.SetValue(row, sig, val.number);
       } else if (key == "shard" || key == "shards") {
@@ -307,7 +311,7 @@ absl::StatusOr<Trace> ParseJsonLines(absl::string_view content, absl::string_vie
             }
             if (id.type != core::JsonValue::Type::kNumber || id.number < 0 ||
                 id.number != std::floor(id.number)) {
-              return At(source, line_no, id.column,
+              return At(source_, line_no, id.column,
                         "shard ids must be non-negative integers or names (strings)");
             }
             // The literal, not the double: ids beyond 2^53 stay exact.
@@ -316,33 +320,51 @@ absl::StatusOr<Trace> ParseJsonLines(absl::string_view content, absl::string_vie
             b.AddShard(row, exact);
           }
         } else if (val.type != core::JsonValue::Type::kNull) {
-          return At(source, line_no, val.column,
+          return At(source_, line_no, val.column,
                     "shard must be an id, a list of ids and names or a string \"a;b\"");
         }
       } else if (key == "checkpoint") {
         if (val.type == core::JsonValue::Type::kString) {
           b.SetCheckpoint(row, val.string);
         } else if (val.type != core::JsonValue::Type::kNull) {
-          return At(source, line_no, val.column, "checkpoint must be a string (a uri)");
+          return At(source_, line_no, val.column, "checkpoint must be a string (a uri)");
         }
       }
       // Other keys are read past, as extra CSV columns are.
     }
+    return absl::OkStatus();
   }
-  std::vector<std::string> missing;
-  for (Signal s : kRequired) {
-    if (!(keys_seen & core::Bit(s))) missing.emplace_back(core::SignalName(s));
+
+  absl::Status End(const TraceBuilder&) override {
+    std::vector<std::string> missing;
+    for (Signal s : kRequired) {
+      if (!(keys_seen_ & core::Bit(s))) missing.emplace_back(core::SignalName(s));
+    }
+    if (lines_ > 0 && !missing.empty()) {
+      return At(source_, 1, 1,
+                absl::StrCat("no line has the key", missing.size() > 1 ? "s " : " ",
+                             absl::StrJoin(missing, ", "),
+                             " (expected step, loss, grad_norm, log_z, nan_frac)"));
+    }
+    return absl::OkStatus();
   }
-  if (lines.line_no() > 0 && !missing.empty()) {
-    return At(source, 1, 1,
-              absl::StrCat("no line has the key", missing.size() > 1 ? "s " : " ",
-                           absl::StrJoin(missing, ", "),
-                           " (expected step, loss, grad_norm, log_z, nan_frac)"));
-  }
-  return b.Finish(MetricsFormat::kJsonLines);
-}
+
+ private:
+  absl::string_view source_;
+  uint32_t keys_seen_ = 0;
+  int64_t lines_ = 0;
+};
 
 }  // namespace
+
+std::unique_ptr<LineParser> NewCsvParser(absl::string_view source, bool strict,
+                                         const ColumnMap& map) {
+  return std::make_unique<CsvParser>(source, strict, map);
+}
+
+std::unique_ptr<LineParser> NewJsonLinesParser(absl::string_view source) {
+  return std::make_unique<JsonLinesParser>(source);
+}
 
 bool SignalByAlias(absl::string_view lower, Signal* out) {
   struct Alias {
@@ -449,24 +471,50 @@ absl::StatusOr<Trace> ParseMetrics(absl::string_view content, absl::string_view 
     // any export's, and an absent one is unknown. --format csv is strict.
     if (format == MetricsFormat::kCsv) format = MetricsFormat::kGenericCsv;
   }
+  if (format == MetricsFormat::kTensorBoard) {
+    return ParseEventFiles({EventFileData{std::string(source), content}}, options.column_map);
+  }
+  return ParseLines(content, source, format, options.column_map);
+}
+
+std::unique_ptr<LineParser> NewLineParser(MetricsFormat format, absl::string_view source,
+                                          const ColumnMap& map) {
   switch (format) {
     case MetricsFormat::kCsv:
-      return ParseCsv(content, source, /*strict=*/true, options.column_map);
-    case MetricsFormat::kAuto:
+      return NewCsvParser(source, /*strict=*/true, map);
     case MetricsFormat::kGenericCsv:
-      return ParseCsv(content, source, /*strict=*/false, options.column_map);
+      return NewCsvParser(source, /*strict=*/false, map);
     case MetricsFormat::kJsonLines:
-      return ParseJsonLines(content, source);
+      return NewJsonLinesParser(source);
     case MetricsFormat::kLlmc:
-      return ParseLlmcLog(content, source);
+      return NewLlmcParser(source);
     case MetricsFormat::kStepLog:
-      return ParseStepLog(content, source);
+      return NewStepLogParser(source);
     case MetricsFormat::kMegatron:
-      return ParseMegatronLog(content, source);
+      return NewMegatronParser(source);
+    case MetricsFormat::kAuto:
     case MetricsFormat::kTensorBoard:
-      return ParseEventFiles({EventFileData{std::string(source), content}}, options.column_map);
+      break;
   }
-  return absl::InternalError("unreachable");
+  return nullptr;
+}
+
+absl::StatusOr<Trace> ParseLines(absl::string_view content, absl::string_view source,
+                                 MetricsFormat format, const ColumnMap& map) {
+  std::unique_ptr<LineParser> parser = NewLineParser(format, source, map);
+  if (parser == nullptr) return absl::InternalError("not a line format");
+  TraceBuilder b(source);
+  if (format == MetricsFormat::kCsv || format == MetricsFormat::kJsonLines) {
+    // A row per line in these, so one allocation for the whole trace.
+    b.Reserve(static_cast<size_t>(std::count(content.begin(), content.end(), '\n')) + 1);
+  }
+  LineReader lines(content);
+  absl::string_view line;
+  while (lines.Next(&line)) {
+    if (absl::Status s = parser->Line(line, lines.line_no(), b); !s.ok()) return s;
+  }
+  if (absl::Status s = parser->End(b); !s.ok()) return s;
+  return b.Finish(format);
 }
 
 absl::StatusOr<Trace> ReadMetricsFile(const std::string& path, const ReadOptions& options) {

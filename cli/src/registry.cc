@@ -85,6 +85,7 @@ CommandRegistry::CommandRegistry() {
   commands_.push_back(MakeReportCommand());
   commands_.push_back(MakeWatchCommand());
   commands_.push_back(MakeReplayCommand());
+  commands_.push_back(MakeFollowCommand());
   commands_.push_back(MakeVersionCommand());
   commands_.push_back(std::make_unique<HelpCommand>(*this));
   // A group for each first word that names no command of its own.

@@ -269,6 +269,25 @@ bool SignalByTag(absl::string_view lower, Signal* out) {
   return false;
 }
 
+}  // namespace
+
+int SignalOfTag(absl::string_view tag, const ColumnMap& map, Signal* out) {
+  const std::string lower = absl::AsciiStrToLower(tag);
+  int entry = -1;
+  for (size_t m = 0; m < map.size(); ++m) {
+    if (absl::AsciiStrToLower(map[m].second) == lower) {
+      *out = map[m].first;
+      entry = static_cast<int>(m);
+    }
+  }
+  if (entry >= 0) return entry;
+  uint32_t mapped = 0;
+  for (const auto& [sig, t] : map) mapped |= core::Bit(sig);
+  return SignalByTag(lower, out) && !(mapped & core::Bit(*out)) ? kUsualTagName : kUnmappedTag;
+}
+
+namespace {
+
 // One scalar as read, before merging.
 struct Point {
   int64_t step;
@@ -331,25 +350,15 @@ absl::StatusOr<Trace> ParseEventFiles(const std::vector<EventFileData>& files, c
 
   // Tag -> signal: --map first; a usual name only for a signal --map leaves
   // alone. Two tags for one signal is ambiguous, as two CSV columns are.
-  uint32_t mapped = 0;
-  for (const auto& [sig, tag] : map) mapped |= core::Bit(sig);
   std::vector<int> signal_of(tags.size(), -1);
   std::array<int, core::kNumSignals> tag_of;
   tag_of.fill(-1);
   std::vector<bool> map_used(map.size(), false);
   for (size_t t = 0; t < tags.size(); ++t) {
-    const std::string lower = absl::AsciiStrToLower(tags[t]);
     Signal s;
-    bool found = false;
-    for (size_t m = 0; m < map.size(); ++m) {
-      if (absl::AsciiStrToLower(map[m].second) == lower) {
-        s = map[m].first;
-        found = true;
-        map_used[m] = true;
-      }
-    }
-    if (!found) found = SignalByTag(lower, &s) && !(mapped & core::Bit(s));
-    if (!found) continue;
+    const int entry = SignalOfTag(tags[t], map, &s);
+    if (entry == kUnmappedTag) continue;
+    if (entry >= 0) map_used[static_cast<size_t>(entry)] = true;
     const int si = static_cast<int>(s);
     if (tag_of[si] >= 0) {
       return absl::InvalidArgumentError(absl::StrFormat(

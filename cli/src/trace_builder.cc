@@ -165,6 +165,13 @@ void TraceBuilder::SetCheckpoint(Row& r, absl::string_view uri) {
   trace_.checkpoints_.emplace_back(uri);
 }
 
+void TraceBuilder::Forget() {
+  trace_.rows_.clear();
+  trace_.shards_.clear();
+  trace_.shard_names_.clear();
+  trace_.checkpoints_.clear();
+}
+
 absl::StatusOr<Trace> TraceBuilder::Finish(MetricsFormat format) {
   trace_.format_ = format;
   if (trace_.rows_.empty()) {

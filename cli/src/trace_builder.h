@@ -6,6 +6,7 @@
 #define TRAINWATCH_CLI_SRC_TRACE_BUILDER_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -63,21 +64,73 @@ class TraceBuilder {
   // cleared from every row: unknown for the run, not failures.
   absl::StatusOr<Trace> Finish(MetricsFormat format);
 
+  // For a reader fed as a log grows (twctl follow), in bounded memory: calls
+  // fn(record, line) for each row built since the last Drain() (the record
+  // valid inside fn only), then forgets them; the step order check goes on
+  // across calls. Unlike Finish(), a signal is never cleared: a live log's
+  // future is unknown.
+  template <typename Fn>
+  void Drain(Fn fn) {
+    for (size_t i = 0; i < trace_.rows_.size(); ++i) fn(trace_.Record(i), trace_.line(i));
+    Forget();
+    drained_ = {have_last_, last_step_, last_line_};
+  }
+  // Forgets the rows built since the last Drain() and their steps: what a
+  // follower does with a line its reader refused, so that a partial row is
+  // never sent nor blocks the next line's step.
+  void Drop() {
+    Forget();
+    have_last_ = drained_.have_last;
+    last_step_ = drained_.last_step;
+    last_line_ = drained_.last_line;
+  }
+
  private:
+  void Forget();
+
   absl::string_view source_;
   Trace trace_;
   bool have_last_ = false;
   int64_t last_step_ = 0;
   int last_line_ = 0;
+  struct {
+    bool have_last = false;
+    int64_t last_step = 0;
+    int last_line = 0;
+  } drained_;  // the step state at the last Drain(), for Drop()
 };
+
+// One text format's reader fed a line at a time: each whole-file reader is
+// this loop (ParseLines), and twctl follow feeds it lines as they arrive, so
+// a format is parsed by one piece of code. Line() adds the line's record, if
+// it is a metric line, to `b`; errors name the line and column.
+class LineParser {
+ public:
+  virtual ~LineParser() = default;
+  virtual absl::Status Line(absl::string_view line, int line_no, TraceBuilder& b) = 0;
+  // At the end of a whole file: what only all of it can tell (no metric line
+  // at all, a CSV without a header, JSON lines that never name a metric).
+  virtual absl::Status End(const TraceBuilder& b) = 0;
+};
+
+// The reader of `format`: kCsv (strict), kGenericCsv, kJsonLines, kLlmc,
+// kStepLog or kMegatron (kAuto and kTensorBoard are not line formats:
+// nullptr). `source` names the input in errors and must outlive the parser.
+std::unique_ptr<LineParser> NewLineParser(MetricsFormat format, absl::string_view source,
+                                          const ColumnMap& map);
+// A whole text read by NewLineParser(format).
+absl::StatusOr<Trace> ParseLines(absl::string_view content, absl::string_view source,
+                                 MetricsFormat format, const ColumnMap& map);
 
 // Text-log readers (log_formats.cc). Each reads only its own metric lines
 // and reads past everything else a trainer prints.
-absl::StatusOr<Trace> ParseLlmcLog(absl::string_view content, absl::string_view source);
-absl::StatusOr<Trace> ParseStepLog(absl::string_view content, absl::string_view source);
-absl::StatusOr<Trace> ParseMegatronLog(absl::string_view content, absl::string_view source);
-absl::StatusOr<Trace> ParseGenericCsv(absl::string_view content, absl::string_view source,
-                                      const ColumnMap& map);
+std::unique_ptr<LineParser> NewLlmcParser(absl::string_view source);
+std::unique_ptr<LineParser> NewStepLogParser(absl::string_view source);
+std::unique_ptr<LineParser> NewMegatronParser(absl::string_view source);
+// CSV and JSON lines (metrics_file.cc).
+std::unique_ptr<LineParser> NewCsvParser(absl::string_view source, bool strict,
+                                         const ColumnMap& map);
+std::unique_ptr<LineParser> NewJsonLinesParser(absl::string_view source);
 // Guesses the format from the first lines; kCsv when nothing else matches.
 MetricsFormat DetectFormat(absl::string_view content);
 

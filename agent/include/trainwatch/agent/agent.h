@@ -112,7 +112,8 @@ struct AgentConfig {
   // hello (Hello.observed), which marks the run "observed, not enforced".
   // No update can be skipped nor the trainer halted, so the server records
   // tier 1 and tier 3 verdicts as recommended, not applied, and sends the
-  // run no commands. Default false: the agent is inside the trainer.
+  // run no commands. Records come through Observe(), never Step(). Not read
+  // from the environment: only a follower sets it. Default false.
   bool observed = false;
 
   // Overrides the fields above from TRAINWATCH_* variables (and RANK /
@@ -279,6 +280,14 @@ class Agent {
   // collective or a rejected step (not increasing) is an error, and the
   // trainer must halt on it: a rank that cannot agree must not train on.
   absl::StatusOr<Verdict> Step(const StepInput& input);
+
+  // A followed job's step as its log reported it (AgentConfig::observed):
+  // the record is streamed as given, with no reduction (the follower is one
+  // process reading the whole job's numbers), and the local engine only
+  // derives loss_ema_ratio; the record says no update was skipped. A step
+  // not above the last is INVALID_ARGUMENT (a restart is a new Agent with
+  // resume_step), as is a call on an agent not created observed.
+  absl::Status Observe(const core::StepRecord& record);
 
   // The trainer saved a checkpoint at `step`.
   void ReportCheckpoint(int64_t step, const std::string& uri);

@@ -131,6 +131,13 @@ struct EventFileData {
   absl::string_view content;
 };
 
+// The signal a scalar tag feeds: by --map (`map`), else by its usual name
+// unless --map gives that signal another tag. Returns the index of the
+// `map` entry used, kUsualTagName, or kUnmappedTag (the tag is read past).
+inline constexpr int kUsualTagName = -1;
+inline constexpr int kUnmappedTag = -2;
+int SignalOfTag(absl::string_view tag, const ColumnMap& map, core::Signal* out);
+
 // Reads event files as one run. Scalars are merged by step; where several
 // values of one metric share a step (a restart that logs steps again, two
 // files), the one with the latest wall time wins, then the later file and

@@ -1,0 +1,397 @@
+// twctl follow: a running job's log or TensorBoard events streamed to
+// trainwatchd as the job writes them, parsed by replay's readers (one line
+// or record at a time) and sent through the agent library as an observed
+// run (follow_stream.h). The sources are follow_source.h's.
+
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "commands.h"
+#include "follow_source.h"
+#include "follow_stream.h"
+#include "lines.h"
+#include "operator_client.h"
+#include "trace_builder.h"
+
+namespace trainwatch::cli {
+namespace {
+
+using core::Signal;
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+void OnStopSignal(int sig) { g_stop_signal = sig; }
+
+// Lines buffered to detect the format before the first is parsed.
+constexpr int kDetectLines = 500;
+
+struct Progress {
+  int64_t lines = 0;
+  int64_t events = 0;  // TensorBoard events with scalars
+  int64_t rejected = 0;
+};
+
+// Everything one follow needs between polls.
+class Follower {
+ public:
+  Follower(std::string source, MetricsFormat format, ColumnMap map, CheckpointMatcher matcher,
+           FollowStream* stream)
+      : source_(std::move(source)),
+        format_(format),
+        map_(std::move(map)),
+        matcher_(std::move(matcher)),
+        stream_(stream) {}
+
+  // One line of a text source.
+  absl::Status Line(absl::string_view line) {
+    ++progress_.lines;
+    if (parser_ != nullptr) return Parse(line);
+    return Detect(line) ? ParseHeld() : absl::OkStatus();
+  }
+  // The stream ended or restarted: what was held for detection is parsed.
+  absl::Status EndOfStream() {
+    if (parser_ == nullptr && !held_.empty()) {
+      Choose(DetectFormat(held_));
+      if (absl::Status s = ParseHeld(); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  // A rotation or truncation: the next bytes are a new file (a CSV header
+  // again, line numbers from 1).
+  absl::Status Restart() {
+    if (absl::Status s = EndOfStream(); !s.ok()) return s;
+    if (parser_ != nullptr) NewParser();
+    line_no_ = 0;
+    return absl::OkStatus();
+  }
+  // One TensorBoard event: its scalars join the step's; a later step sends
+  // the one before (events of one step arrive one tag at a time).
+  absl::Status Event(const ScalarEvent& e) {
+    ++progress_.events;
+    if (have_pending_ && e.step != pending_.step) {
+      if (absl::Status s = SendPending(); !s.ok()) return s;
+    }
+    if (!have_pending_) {
+      pending_ = core::StepRecord();
+      pending_.step = e.step;
+      have_pending_ = true;
+    }
+    for (const ScalarEvent::Value& v : e.values) {
+      Signal s;
+      if (SignalOfTag(v.tag, map_, &s) != kUnmappedTag) pending_.Set(s, v.value);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status SendPending() {
+    if (!have_pending_) return absl::OkStatus();
+    have_pending_ = false;
+    return stream_->Send(pending_);
+  }
+  const Progress& progress() const { return progress_; }
+  MetricsFormat format() const { return format_; }
+
+ private:
+  bool Detect(absl::string_view line) {
+    absl::StrAppend(&held_, line, "\n");
+    const absl::string_view stripped = absl::StripAsciiWhitespace(line);
+    if (stripped.empty()) return false;
+    ++held_lines_;
+    MetricsFormat f = format_;
+    if (f == MetricsFormat::kAuto) {
+      f = DetectFormat(held_);
+      // A CSV is told by its header, the first line; a log by a metric line
+      // among the first kDetectLines.
+      if (f == MetricsFormat::kCsv) {
+        const bool header = held_lines_ == 1 && absl::StrContains(stripped, ",") &&
+                            absl::StrContains(absl::AsciiStrToLower(stripped), "step");
+        if (!header && held_lines_ < kDetectLines) return false;
+        f = MetricsFormat::kGenericCsv;
+      }
+    }
+    Choose(f);
+    return true;
+  }
+  void Choose(MetricsFormat f) {
+    if (f == MetricsFormat::kCsv && format_ == MetricsFormat::kAuto) {
+      f = MetricsFormat::kGenericCsv;  // as replay reads a detected CSV
+    }
+    format_ = f;
+    NewParser();
+  }
+  void NewParser() {
+    parser_ = NewLineParser(format_, source_, map_);
+    builder_ = std::make_unique<TraceBuilder>(source_);
+  }
+  absl::Status ParseHeld() {
+    std::string held = std::move(held_);
+    held_.clear();
+    LineReader lines(held);
+    absl::string_view line;
+    while (lines.Next(&line)) {
+      if (absl::Status s = Parse(line); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Parse(absl::string_view line) {
+    ++line_no_;
+    if (absl::Status s = parser_->Line(line, line_no_, *builder_); !s.ok()) {
+      // Reported and read past: one bad line must not end a job's watch.
+      builder_->Drop();
+      ++progress_.rejected;
+      std::fprintf(stderr, "twctl follow: %s (line read past)\n", std::string(s.message()).c_str());
+    }
+    absl::Status sent = absl::OkStatus();
+    builder_->Drain([&](const core::StepRecord& rec, int) {
+      if (!sent.ok()) return;
+      sent = stream_->Send(rec);
+      if (sent.ok() && !rec.checkpoint_uri.empty()) {
+        stream_->Checkpoint(rec.step, std::string(rec.checkpoint_uri));
+      }
+    });
+    if (!sent.ok()) return sent;
+    int64_t step;
+    std::string uri;
+    if (matcher_.Match(line, &step, &uri)) stream_->Checkpoint(step, uri);
+    return absl::OkStatus();
+  }
+
+  std::string source_;
+  MetricsFormat format_;
+  ColumnMap map_;
+  CheckpointMatcher matcher_;
+  FollowStream* stream_;
+  std::unique_ptr<LineParser> parser_;
+  std::unique_ptr<TraceBuilder> builder_;
+  std::string held_;  // lines before the format is known
+  int held_lines_ = 0;
+  int line_no_ = 0;
+  core::StepRecord pending_;  // the TensorBoard step being gathered
+  bool have_pending_ = false;
+  Progress progress_;
+};
+
+// `live`: a status while following, which says when the server is away.
+std::string StatusLine(const std::string& source, const Progress& p, const FollowCounts& c,
+                       bool events, bool live) {
+  return absl::StrFormat(
+      "twctl follow: %s: %s %d, records sent %d, acknowledged %d, spilled %d, in flight %d, "
+      "attempts %d, checkpoints %d, rejected %d%s%s\n",
+      source, events ? "events read" : "lines read", events ? p.events : p.lines, c.sent, c.acked,
+      c.spilled, c.in_flight, c.attempts, c.checkpoints, p.rejected,
+      c.dropped > 0 ? absl::StrCat(", lost ", c.dropped) : "",
+      live && !c.connected ? " (server not connected)" : "");
+}
+
+class FollowCommand : public Command {
+ public:
+  FollowCommand()
+      : Command(
+            CommandSpec(
+                "follow", "SOURCE",
+                "stream a running job's log or TensorBoard events to trainwatchd as a run",
+                {Flag("run", "RUN", "the run the records belong to (required)", true),
+                 Flag("format", "FORMAT",
+                      "auto (default), csv, wandb-csv, jsonl, llmc, steplog, megatron, "
+                      "tensorboard"),
+                 Flag("map", "SIGNAL=NAME,...", "columns or tags to signals, as replay's"),
+                 Flag("checkpoint-pattern", "REGEX",
+                      "a line announcing a checkpoint: one group the step, (?<path>..) its uri"),
+                 Flag("drain-timeout", "SECONDS",
+                      "at exit and at a restart, the longest wait for acks (default 30)"),
+                 Flag("status-interval", "SECONDS",
+                      "a status line on stderr this often (default 5; 0: none)"),
+                 Flag("poll-interval", "MS", "wait between reads of an idle source (default 100)"),
+                 Flag("max-in-flight", "N",
+                      "records sent and unacknowledged before reading pauses (default 65536)"),
+                 Flag("spill-dir", "DIR",
+                      "spill unacknowledged records here (default: none, memory only)")})
+                .WithNotes(
+                    "SOURCE: a file, followed like tail -F (waited for until it exists;\n"
+                    "rotation and truncation start the new content from its first byte);\n"
+                    "'-', standard input, until its end; or a TensorBoard log folder, whose\n"
+                    "event files are read as they appear and grow (a torn final record is\n"
+                    "waited for). The format is detected as replay does, or --format.\n"
+                    "The run is marked observed: nothing is skipped or halted in the job.\n"
+                    "Steps going back (a restart) open a new attempt resuming after the step\n"
+                    "before. Checkpoints: Megatron's 'saving checkpoint at iteration N', a\n"
+                    "checkpoint column, or --checkpoint-pattern. A malformed line is reported\n"
+                    "and read past. SIGINT/SIGTERM: what was read is sent and acknowledged\n"
+                    "(up to --drain-timeout), then a summary.\n"
+                    "Exit codes: 0 every record acknowledged; 1 records unacknowledged or lost,\n"
+                    "or the source failed; 2 usage, or lines rejected as malformed.\n")) {}
+
+  int Execute(const Args& args, Context& ctx) const override {
+    auto usage = [&](absl::string_view what) {
+      *ctx.err = absl::StrCat("twctl follow: ", what, "\n", Usage());
+      return kUsage;
+    };
+    const std::string source = args.operands.at(0);
+    const std::string run = args.Get("run");
+    if (run.empty()) return usage("--run RUN is required");
+    MetricsFormat format;
+    if (!ParseFormatName(args.Get("format", "auto"), &format)) {
+      return usage(absl::StrCat("unknown --format ", args.Get("format")));
+    }
+    ColumnMap map;
+    if (args.Has("map")) {
+      absl::StatusOr<ColumnMap> m = ParseColumnMap(args.Get("map"));
+      if (!m.ok()) return usage(m.status().message());
+      map = *std::move(m);
+    }
+    absl::StatusOr<int64_t> drain = args.GetInt("drain-timeout", 30, 0, 3600);
+    absl::StatusOr<int64_t> interval = args.GetInt("status-interval", 5, 0, 86400);
+    absl::StatusOr<int64_t> poll_ms = args.GetInt("poll-interval", 100, 1, 60000);
+    absl::StatusOr<int64_t> window = args.GetInt("max-in-flight", 65536, 1024, 1 << 24);
+    for (const auto* v : {&drain, &interval, &poll_ms, &window}) {
+      if (!v->ok()) return usage(v->status().message());
+    }
+    std::error_code ec;
+    const bool folder = source != "-" && std::filesystem::is_directory(source, ec);
+    if (folder || (format == MetricsFormat::kAuto &&
+                   IsEventFileName(std::filesystem::path(source).filename().string()))) {
+      if (format != MetricsFormat::kAuto && format != MetricsFormat::kTensorBoard) {
+        return usage(absl::StrCat(source, " is followed as TensorBoard event files, not as ",
+                                  FormatName(format)));
+      }
+      format = MetricsFormat::kTensorBoard;
+    } else if (format == MetricsFormat::kTensorBoard && source == "-") {
+      return usage("standard input is followed as text; --format tensorboard needs a folder");
+    }
+    absl::StatusOr<CheckpointMatcher> matcher =
+        CheckpointMatcher::Create(args.Get("checkpoint-pattern"), true);
+    if (!matcher.ok()) return usage(matcher.status().message());
+
+    const Connection conn =
+        ResolveConnection({args.server, args.token, args.ca_file, args.cert_file, args.key_file});
+    if (!conn.error.ok()) return usage(conn.error.message());
+    agent::AgentConfig cfg;
+    cfg.server_address = conn.server;
+    cfg.token = conn.token;
+    cfg.ca_file = conn.ca_file;
+    cfg.cert_file = conn.cert_file;
+    cfg.key_file = conn.key_file;
+    cfg.run_id = run;
+    cfg.spill_dir = args.Get("spill-dir");
+    // The window is the agent's memory and its ring: the reader pauses
+    // before either could overflow, so nothing is dropped.
+    cfg.memory_records = static_cast<size_t>(*window);
+    cfg.ring_records = static_cast<size_t>(*window) + 1;
+    // One follower per job, not thousands of ranks: no herd to spread out.
+    cfg.reconnect_max_ms = 2000;
+    FollowStream stream(cfg, *window, static_cast<int>(*drain * 1000),
+                        [] { return g_stop_signal != 0; });
+    if (absl::Status s = stream.Start(); !s.ok()) {
+      return usage(absl::StrCat("run ", run, ": ", s.message()));
+    }
+
+    g_stop_signal = 0;
+    std::signal(SIGINT, OnStopSignal);
+    std::signal(SIGTERM, OnStopSignal);
+    Follower follower(source == "-" ? "<stdin>" : source, format, map, *std::move(matcher),
+                      &stream);
+    const bool events = format == MetricsFormat::kTensorBoard;
+    int rc = kOk;
+    const absl::Time start = absl::Now();
+    absl::Status failed = Loop(source, events, &follower, &stream, *poll_ms, *interval);
+    const absl::Time read_done = absl::Now();
+    if (!failed.ok()) {
+      std::fprintf(stderr, "twctl follow: %s\n", std::string(failed.message()).c_str());
+      rc = kError;
+    }
+    const bool all_acked = stream.Close();
+    const absl::Time closed = absl::Now();
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
+    const FollowCounts c = stream.Counts();
+    *ctx.err += StatusLine(source, follower.progress(), c, events, false);
+    absl::StrAppendFormat(ctx.err, "twctl follow: %s, format %s; %s\n",
+                          g_stop_signal != 0 ? "stopped by a signal" : "source ended",
+                          FormatName(follower.format()),
+                          all_acked ? "every record acknowledged"
+                                    : absl::StrCat(c.sent - c.acked, " records not acknowledged"));
+    const double read_s = absl::ToDoubleSeconds(read_done - start);
+    const Progress& p = follower.progress();
+    absl::StrAppendFormat(
+        ctx.err,
+        "twctl follow: read %d %s in %.2f s (%.0f/s), then %.2f s for the "
+        "last acks\n",
+        events ? p.events : p.lines, events ? "events" : "lines", read_s,
+        read_s > 0 ? static_cast<double>(events ? p.events : p.lines) / read_s : 0.0,
+        absl::ToDoubleSeconds(closed - read_done));
+    if (rc == kOk && !all_acked) rc = kError;
+    if (rc == kOk && follower.progress().rejected > 0) rc = kUsage;
+    return rc;
+  }
+
+ private:
+  static absl::Status Loop(const std::string& source, bool events, Follower* f,
+                           FollowStream* stream, int64_t poll_ms, int64_t interval_s) {
+    std::unique_ptr<TextTail> tail;
+    std::unique_ptr<EventFolder> folder;
+    if (events) {
+      folder = std::make_unique<EventFolder>(source);
+    } else if (source == "-") {
+      tail = std::make_unique<StdinTail>();
+    } else {
+      tail = std::make_unique<FileTail>(source);
+    }
+    LineSplitter lines;
+    std::string bytes, rest;
+    absl::Time next_status = absl::Now() + absl::Seconds(interval_s);
+    while (g_stop_signal == 0) {
+      bool idle = false;
+      if (events) {
+        ScalarEvent e;
+        absl::StatusOr<bool> got = folder->Next(&e);
+        if (!got.ok()) return got.status();
+        if (*got) {
+          if (absl::Status s = f->Event(e); !s.ok()) return s;
+        } else {
+          idle = true;
+        }
+      } else {
+        bytes.clear();
+        absl::StatusOr<TailEvent> ev = tail->Poll(&bytes, 1 << 16);
+        if (!ev.ok()) return ev.status();
+        lines.Append(bytes);
+        absl::string_view line;
+        while (lines.Next(&line)) {
+          if (absl::Status s = f->Line(line); !s.ok()) return s;
+        }
+        if (*ev == TailEvent::kRestart || *ev == TailEvent::kEnd) {
+          if (lines.Flush(&rest)) {
+            if (absl::Status s = f->Line(rest); !s.ok()) return s;
+          }
+          if (*ev == TailEvent::kEnd) break;
+          std::fprintf(stderr, "twctl follow: %s %s: reading it from the start\n", source.c_str(),
+                       tail->RestartReason().c_str());
+          if (absl::Status s = f->Restart(); !s.ok()) return s;
+        }
+        idle = *ev == TailEvent::kIdle;
+      }
+      if (interval_s > 0 && absl::Now() >= next_status) {
+        std::fputs(StatusLine(source, f->progress(), stream->Counts(), events, true).c_str(),
+                   stderr);
+        next_status = absl::Now() + absl::Seconds(interval_s);
+      }
+      if (idle) absl::SleepFor(absl::Milliseconds(poll_ms));
+    }
+    // Stopped or ended: what was read becomes records, then Close() waits
+    // for their acks.
+    if (absl::Status s = f->EndOfStream(); !s.ok()) return s;
+    return f->SendPending();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Command> MakeFollowCommand() { return std::make_unique<FollowCommand>(); }
+
+}  // namespace trainwatch::cli

@@ -1,0 +1,209 @@
+#include "follow_source.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace trainwatch::cli {
+
+namespace {
+
+absl::Status ErrnoError(absl::string_view what, absl::string_view path) {
+  return absl::UnavailableError(absl::StrCat(path, ": ", what, ": ", std::strerror(errno)));
+}
+
+// Reads up to max_bytes from fd into *out; the count, 0 at EOF, -1 on error.
+ssize_t ReadSome(int fd, std::string* out, size_t max_bytes) {
+  const size_t old = out->size();
+  out->resize(old + max_bytes);
+  ssize_t n;
+  do {
+    n = ::read(fd, out->data() + old, max_bytes);
+  } while (n < 0 && errno == EINTR);
+  out->resize(old + static_cast<size_t>(std::max<ssize_t>(n, 0)));
+  return n;
+}
+
+}  // namespace
+
+FileTail::~FileTail() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::Status FileTail::Open(bool* opened) {
+  *opened = false;
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return absl::OkStatus();  // not there yet: waited for
+    return ErrnoError("cannot open", path_);
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_,
+                     ": is a folder; a folder is followed as TensorBoard event files "
+                     "(--format tensorboard)"));
+  }
+  fd_ = fd;
+  inode_ = st.st_ino;
+  device_ = st.st_dev;
+  offset_ = 0;
+  *opened = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TailEvent> FileTail::Poll(std::string* out, size_t max_bytes) {
+  if (fd_ < 0) {
+    bool opened;
+    if (absl::Status s = Open(&opened); !s.ok()) return s;
+    if (!opened) return TailEvent::kIdle;
+  }
+  const ssize_t n = ReadSome(fd_, out, max_bytes);
+  if (n < 0) return ErrnoError("read", path_);
+  if (n > 0) {
+    offset_ += static_cast<uint64_t>(n);
+    return TailEvent::kData;
+  }
+  // At the end of what the open file holds: has the path moved on?
+  struct stat now;
+  if (::stat(path_.c_str(), &now) == 0 && (now.st_ino != inode_ || now.st_dev != device_)) {
+    // Rotated: the old file is read to its end (this read said so), the
+    // writer now writes the new one.
+    ::close(fd_);
+    fd_ = -1;
+    bool opened;
+    if (absl::Status s = Open(&opened); !s.ok()) return s;
+    reason_ = "rotated";
+    ++restarts_;
+    return TailEvent::kRestart;
+  }
+  struct stat mine;
+  if (::fstat(fd_, &mine) == 0 && static_cast<uint64_t>(mine.st_size) < offset_) {
+    // Truncated in place (copytruncate, `> log`): the writer starts over.
+    if (::lseek(fd_, 0, SEEK_SET) < 0) return ErrnoError("seek", path_);
+    offset_ = 0;
+    reason_ = "truncated";
+    ++restarts_;
+    return TailEvent::kRestart;
+  }
+  return TailEvent::kIdle;
+}
+
+absl::StatusOr<TailEvent> StdinTail::Poll(std::string* out, size_t max_bytes) {
+  struct pollfd p = {0, POLLIN, 0};
+  const int ready = ::poll(&p, 1, 0);
+  if (ready < 0 && errno != EINTR) return ErrnoError("poll", "<stdin>");
+  if (ready <= 0) return TailEvent::kIdle;
+  const ssize_t n = ReadSome(0, out, max_bytes);
+  if (n < 0) {
+    if (errno == EAGAIN) return TailEvent::kIdle;
+    return ErrnoError("read", "<stdin>");
+  }
+  return n == 0 ? TailEvent::kEnd : TailEvent::kData;
+}
+
+bool LineSplitter::Next(absl::string_view* line) {
+  const size_t end = buffer_.find('\n', pos_);
+  if (end == std::string::npos) {
+    // Keep the buffer from growing with what was consumed.
+    if (pos_ > 0) {
+      buffer_.erase(0, pos_);
+      pos_ = 0;
+    }
+    return false;
+  }
+  *line = absl::string_view(buffer_).substr(pos_, end - pos_);
+  pos_ = end + 1;
+  if (!line->empty() && line->back() == '\r') line->remove_suffix(1);
+  return true;
+}
+
+bool LineSplitter::Flush(std::string* line) {
+  line->assign(buffer_, pos_, std::string::npos);
+  buffer_.clear();
+  pos_ = 0;
+  if (!line->empty() && line->back() == '\r') line->pop_back();
+  return !line->empty();
+}
+
+EventFolder::~EventFolder() {
+  for (File& f : files_) {
+    if (f.fd >= 0) ::close(f.fd);
+  }
+}
+
+absl::Status EventFolder::Discover() {
+  std::error_code ec;
+  std::vector<std::string> names;
+  if (!std::filesystem::is_directory(path_, ec)) {
+    if (files_.empty() && std::filesystem::exists(path_, ec)) names.push_back(path_);
+  } else {
+    for (const auto& entry : std::filesystem::directory_iterator(path_, ec)) {
+      if (IsEventFileName(entry.path().filename().string())) {
+        names.push_back(entry.path().string());
+      }
+    }
+    if (ec) return absl::UnavailableError(absl::StrCat(path_, ": cannot list: ", ec.message()));
+    std::sort(names.begin(), names.end());
+  }
+  for (const std::string& name : names) {
+    const bool known =
+        std::any_of(files_.begin(), files_.end(), [&](const File& f) { return f.path == name; });
+    // Only files after the last known one: an earlier name appearing late
+    // would reorder what was already sent.
+    if (known || (!files_.empty() && name < files_.back().path)) continue;
+    File f;
+    f.path = name;
+    f.fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC);
+    if (f.fd < 0) return ErrnoError("cannot open", name);
+    f.reader = std::make_unique<EventFileReader>(name);
+    files_.push_back(std::move(f));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> EventFolder::Next(ScalarEvent* event) {
+  for (bool discovered = false;;) {
+    while (current_ < files_.size()) {
+      File& f = files_[current_];
+      for (;;) {
+        absl::StatusOr<ReadState> state = f.reader->Next(event);
+        if (!state.ok()) return state.status();
+        if (*state == ReadState::kRecord) {
+          if (!event->values.empty()) return true;
+          continue;  // file version, graphs, histograms: read past
+        }
+        std::string bytes;
+        const ssize_t n = ReadSome(f.fd, &bytes, 1 << 16);
+        if (n < 0) return ErrnoError("read", f.path);
+        if (n == 0) break;
+        f.reader->Append(bytes);
+      }
+      // Nothing complete in this file now. A later file means the writer
+      // moved on (a new run of the trainer): this one is finished.
+      if (current_ + 1 >= files_.size()) break;
+      ++current_;
+    }
+    if (discovered) return false;
+    if (absl::Status s = Discover(); !s.ok()) return s;
+    discovered = true;
+  }
+}
+
+uint64_t EventFolder::pending_bytes() const {
+  uint64_t n = 0;
+  for (const File& f : files_) n += f.reader->records().pending();
+  return n;
+}
+
+}  // namespace trainwatch::cli

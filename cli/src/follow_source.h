@@ -1,0 +1,127 @@
+// Private to cli/: the sources `twctl follow` reads as they grow.
+//
+//   FileTail      a path followed like `tail -F`: a file that does not exist
+//                 yet is waited for; rotation (the path names another inode)
+//                 finishes the old file, then opens the new one from byte 0;
+//                 truncation (the size went below what was read) starts
+//                 again from byte 0.
+//   StdinTail     standard input (a pipe, `kubectl logs -f`); EOF ends it.
+//   EventFolder   a TensorBoard log folder: its events.out.tfevents.* files
+//                 in name order (creation order), each read as it grows, new
+//                 ones as they appear; a record not yet complete is waited
+//                 for, a bad CRC is an error naming the file and offset.
+//
+// Every Poll() returns at once with what is there: the caller decides how
+// long to wait between polls, and checks its stop flag in between.
+
+#ifndef TRAINWATCH_CLI_SRC_FOLLOW_SOURCE_H_
+#define TRAINWATCH_CLI_SRC_FOLLOW_SOURCE_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "trainwatch/cli/tensorboard.h"
+
+namespace trainwatch::cli {
+
+// What a text source's Poll() found.
+enum class TailEvent {
+  kData,     // bytes were appended
+  kIdle,     // nothing new (or the file does not exist yet)
+  kRestart,  // the file was rotated or truncated: what follows is a new
+             // stream; everything of the old one was given before
+  kEnd,      // end of input (standard input only)
+};
+
+// A text stream read as it grows.
+class TextTail {
+ public:
+  virtual ~TextTail() = default;
+  // Appends up to `max_bytes` new bytes to *out. Errors (a read error, a
+  // path that is a folder) name the source.
+  virtual absl::StatusOr<TailEvent> Poll(std::string* out, size_t max_bytes) = 0;
+  // What the last kRestart was ("rotated", "truncated"), for the status.
+  virtual std::string RestartReason() const { return ""; }
+  // Rotations and truncations seen.
+  virtual int64_t restarts() const { return 0; }
+};
+
+class FileTail : public TextTail {
+ public:
+  explicit FileTail(std::string path) : path_(std::move(path)) {}
+  ~FileTail() override;
+  absl::StatusOr<TailEvent> Poll(std::string* out, size_t max_bytes) override;
+  std::string RestartReason() const override { return reason_; }
+  int64_t restarts() const override { return restarts_; }
+
+ private:
+  absl::Status Open(bool* opened);
+
+  std::string path_;
+  int fd_ = -1;
+  ino_t inode_ = 0;
+  dev_t device_ = 0;
+  uint64_t offset_ = 0;  // bytes read from the open file
+  std::string reason_;
+  int64_t restarts_ = 0;
+};
+
+class StdinTail : public TextTail {
+ public:
+  absl::StatusOr<TailEvent> Poll(std::string* out, size_t max_bytes) override;
+};
+
+// Splits a text stream into lines as they complete. An unterminated final
+// fragment is a line only when the stream ends or restarts (Flush).
+class LineSplitter {
+ public:
+  void Append(absl::string_view bytes) { buffer_.append(bytes.data(), bytes.size()); }
+  // The next complete line (a trailing '\r' dropped), valid until the next
+  // call; false when none is complete.
+  bool Next(absl::string_view* line);
+  // The unterminated rest as a final line, if any; then empty.
+  bool Flush(std::string* line);
+  size_t pending() const { return buffer_.size() - pos_; }
+
+ private:
+  std::string buffer_;
+  size_t pos_ = 0;
+};
+
+// A TensorBoard log folder (or one event file) read as it grows.
+class EventFolder {
+ public:
+  // `path`: a folder, or one event file.
+  explicit EventFolder(std::string path) : path_(std::move(path)) {}
+  ~EventFolder();
+  // The next event with scalars in *event and true; false when nothing
+  // complete is there now (a torn final record is waited for). A bad CRC
+  // or malformed event is an error naming the file and offset.
+  absl::StatusOr<bool> Next(ScalarEvent* event);
+  int64_t files() const { return static_cast<int64_t>(files_.size()); }
+  // Bytes fed past the last complete record, over every file: a torn tail
+  // not yet completed.
+  uint64_t pending_bytes() const;
+
+ private:
+  struct File {
+    std::string path;
+    int fd = -1;
+    std::unique_ptr<EventFileReader> reader;
+  };
+  absl::Status Discover();
+
+  std::string path_;
+  std::vector<File> files_;  // in name order; the last may still grow
+  size_t current_ = 0;
+};
+
+}  // namespace trainwatch::cli
+
+#endif  // TRAINWATCH_CLI_SRC_FOLLOW_SOURCE_H_

@@ -1,0 +1,313 @@
+// twctl follow against a real trainwatchd: the twctl binary follows a file,
+// a pipe or a TensorBoard folder while the test writes it, and what the
+// server stored is compared with what replay's reader makes of the whole log.
+
+#include <signal.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "event_file_writer.h"
+#include "stack.h"
+#include "test_util.h"
+#include "testing/wait.h"
+#include "trainwatch/cli/metrics_file.h"
+
+namespace trainwatch::cli {
+namespace {
+
+using ::trainwatch::testing::Child;
+using ::trainwatch::testing::QueryInt;
+using ::trainwatch::testing::ReadFile;
+using ::trainwatch::testing::TempDir;
+using ::trainwatch::testing::Trainwatchd;
+using ::trainwatch::testing::WaitUntil;
+
+struct Row {
+  int64_t attempt, step;
+  double loss, grad_norm;
+};
+
+// The run's stored steps, in attempt and step order.
+std::vector<Row> Stored(const std::string& db, const std::string& run) {
+  std::vector<Row> rows;
+  sqlite3* conn = nullptr;
+  if (sqlite3_open_v2(db.c_str(), &conn, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    sqlite3_close(conn);
+    return rows;
+  }
+  sqlite3_busy_timeout(conn, 2000);
+  sqlite3_stmt* st = nullptr;
+  const std::string sql = "SELECT attempt, step, loss, grad_norm FROM steps WHERE run_id = '" +
+                          run + "' ORDER BY attempt, step";
+  if (sqlite3_prepare_v2(conn, sql.c_str(), -1, &st, nullptr) == SQLITE_OK) {
+    while (sqlite3_step(st) == SQLITE_ROW) {
+      rows.push_back({sqlite3_column_int64(st, 0), sqlite3_column_int64(st, 1),
+                      sqlite3_column_double(st, 2), sqlite3_column_double(st, 3)});
+    }
+  }
+  sqlite3_finalize(st);
+  sqlite3_close(conn);
+  return rows;
+}
+
+// What replay reads from the whole log, as rows of one attempt per restart.
+std::vector<Row> Replayed(const std::string& content, MetricsFormat format) {
+  ReadOptions options;
+  options.format = format;
+  absl::StatusOr<Trace> trace = ParseMetrics(content, "log", options);
+  REQUIRE(trace.ok());
+  std::vector<Row> rows;
+  int64_t attempt = 0;
+  for (size_t i = 0; i < trace->size(); ++i) {
+    const core::StepRecord r = trace->Record(i);
+    if (i > 0 && r.step <= rows.back().step) {
+      // A restart: the server's new attempt begins with the history it
+      // resumed from (the earlier attempt's steps up to the resume step).
+      const std::vector<Row> before = rows;
+      ++attempt;
+      for (const Row& b : before) {
+        if (b.attempt == attempt - 1 && b.step < r.step)
+          rows.push_back({attempt, b.step, b.loss, b.grad_norm});
+      }
+    }
+    rows.push_back({attempt, r.step, r.Get(core::Signal::kLoss), r.Get(core::Signal::kGradNorm)});
+  }
+  return rows;
+}
+
+void RequireSame(const std::vector<Row>& stored, const std::vector<Row>& expected) {
+  REQUIRE(stored.size() == expected.size());
+  for (size_t i = 0; i < stored.size(); ++i) {
+    INFO("row " << i << " step " << expected[i].step);
+    CHECK(stored[i].attempt == expected[i].attempt);
+    CHECK(stored[i].step == expected[i].step);
+    CHECK(stored[i].loss == Approx(expected[i].loss).epsilon(1e-6));
+    CHECK(stored[i].grad_norm == Approx(expected[i].grad_norm).epsilon(1e-6));
+  }
+}
+
+bool WaitRows(const std::string& db, const std::string& run, size_t n) {
+  return WaitUntil([&] { return Stored(db, run).size() >= n; }, std::chrono::seconds(15),
+                   std::chrono::milliseconds(20));
+}
+
+std::string Llmc(int64_t from, int64_t to) {
+  std::string out;
+  for (int64_t s = from; s < to; ++s) {
+    out += "s:" + std::to_string(s) + " trl:" + std::to_string(3.0 + 0.001 * (s % 97)) +
+           " lr:0.0006 norm:" + std::to_string(0.5 + 0.002 * (s % 13)) + "\n";
+  }
+  return out;
+}
+
+std::string Megatron(int64_t from, int64_t to) {
+  std::string out;
+  for (int64_t s = from; s < to; ++s) {
+    char line[400];
+    std::snprintf(line, sizeof line,
+                  " [2024-05-01 10:00:00] iteration %8ld/    1000 | consumed samples: %ld | "
+                  "elapsed time per iteration (ms): 900.1 | learning rate: 3.000000E-04 | "
+                  "global batch size: 8 | lm loss: %.6E | loss scale: 1.0 | grad norm: %.3f | "
+                  "number of skipped iterations: 0 | number of nan iterations: 0 |\n",
+                  static_cast<long>(s), static_cast<long>(s * 8), 4.0 + 0.001 * (s % 7),
+                  1.0 + 0.01 * (s % 5));
+    out += line;
+    if (s % 10 == 0) {
+      out += "saving checkpoint at iteration " + std::to_string(s) +
+             " to /ckpt/run-m in torch "
+             "format\n";
+    }
+  }
+  return out;
+}
+
+void Append(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::app) << text;
+}
+
+std::vector<std::string> FollowArgs(const std::string& source, const std::string& run,
+                                    const Trainwatchd& d, std::vector<std::string> more = {}) {
+  std::vector<std::string> argv = {TWCTL_PATH,  "follow",
+                                   source,      "--run",
+                                   run,         "--server",
+                                   d.address(), "--poll-interval",
+                                   "10",        "--status-interval",
+                                   "1"};
+  argv.insert(argv.end(), more.begin(), more.end());
+  return argv;
+}
+
+TEST_CASE("follow: a Megatron log piped on stdin is stored as replay reads it with its checkpoints",
+          "[cli][follow]") {
+  TempDir dir;
+  Trainwatchd d(dir, "", "");
+  const std::string log = dir.File("train.log");
+  const std::string content = "Megatron banner\n" + Megatron(1, 61);
+  std::ofstream(log) << content;
+  const std::string cmd = "cat '" + log + "' | exec '" TWCTL_PATH "' follow - --run run-pipe " +
+                          "--server " + d.address();
+  Child follow({"/bin/sh", "-c", cmd}, dir.File("follow.log"));
+  // EOF ends the follow once every record is acknowledged.
+  const int rc = follow.Wait(20);
+  INFO(ReadFile(dir.File("follow.log")));
+  REQUIRE(rc == 0);
+  CHECK(ReadFile(dir.File("follow.log")).find("every record acknowledged") != std::string::npos);
+  RequireSame(Stored(d.db(), "run-pipe"), Replayed(content, MetricsFormat::kMegatron));
+  CHECK(QueryInt(d.db(), "SELECT COUNT(*) FROM checkpoints WHERE run_id = 'run-pipe'") == 6);
+  CHECK(QueryInt(d.db(),
+                 "SELECT COUNT(*) FROM checkpoints WHERE run_id = 'run-pipe' AND step = "
+                 "30 AND uri = '/ckpt/run-m'") == 1);
+}
+
+TEST_CASE("follow: rotation then truncation then a trainwatchd restart lose no line",
+          "[cli][follow]") {
+  TempDir dir;
+  auto d = std::make_unique<Trainwatchd>(dir, "", "");
+  const int port = d->port();
+  const std::string log = dir.File("train.log");  // not there yet: waited for
+  const std::string run = "run-tail";
+  Child follow(FollowArgs(log, run, *d), dir.File("follow.log"));
+  std::string all;
+  auto write = [&](const std::string& text) {
+    Append(log, text);
+    all += text;
+  };
+  write("banner\n" + Llmc(0, 40));
+  REQUIRE(WaitRows(d->db(), run, 40));
+  // Rotation: the old file moves away, a new one takes its name.
+  std::filesystem::rename(log, log + ".1");
+  write(Llmc(40, 80));
+  REQUIRE(WaitRows(d->db(), run, 80));
+  // Truncation in place; the next lines once the follower has seen it.
+  std::filesystem::resize_file(log, 0);
+  REQUIRE(WaitUntil(
+      [&] { return ReadFile(dir.File("follow.log")).find("truncated") != std::string::npos; },
+      std::chrono::seconds(10), std::chrono::milliseconds(10)));
+  write(Llmc(80, 120));
+  REQUIRE(WaitRows(d->db(), run, 120));
+  // trainwatchd killed: what is written meanwhile waits in the agent.
+  d->Kill();
+  d.reset();
+  write(Llmc(120, 200));
+  REQUIRE(WaitUntil(
+      [&] { return ReadFile(dir.File("follow.log")).find("lines read 201") != std::string::npos; },
+      std::chrono::seconds(10), std::chrono::milliseconds(10)));
+  d = std::make_unique<Trainwatchd>(
+      dir, "", "", std::vector<std::string>{"--listen", "127.0.0.1:" + std::to_string(port)});
+  REQUIRE(WaitRows(d->db(), run, 200));
+  ::kill(follow.pid(), SIGTERM);
+  const int rc = follow.Wait(20);
+  INFO(ReadFile(dir.File("follow.log")));
+  CHECK(rc == 0);
+  RequireSame(Stored(d->db(), run), Replayed(all, MetricsFormat::kLlmc));
+}
+
+TEST_CASE("follow: steps going back open a new attempt resuming after the step before",
+          "[cli][follow]") {
+  TempDir dir;
+  Trainwatchd d(dir, "", "");
+  const std::string log = dir.File("train.log");
+  const std::string content = Llmc(0, 30) + "saved ckpt step=19 at s3://b/ckpt-19\n" + Llmc(20, 50);
+  std::ofstream(log) << content;
+  Child follow(FollowArgs(log, "run-again", d,
+                          {"--checkpoint-pattern", R"(saved ckpt step=(\d+) at (?<path>\S+))"}),
+               dir.File("follow.log"));
+  REQUIRE(WaitRows(d.db(), "run-again", 80));  // 30 + 20 copied + 30
+  ::kill(follow.pid(), SIGTERM);
+  const int rc = follow.Wait(20);
+  INFO(ReadFile(dir.File("follow.log")));
+  CHECK(rc == 0);
+  RequireSame(Stored(d.db(), "run-again"), Replayed(content, MetricsFormat::kLlmc));
+  CHECK(QueryInt(d.db(),
+                 "SELECT from_step FROM attempts WHERE run_id = 'run-again' AND "
+                 "attempt = 1") == 19);
+  CHECK(QueryInt(d.db(),
+                 "SELECT COUNT(*) FROM checkpoints WHERE run_id = 'run-again' AND step = "
+                 "19 AND uri = 's3://b/ckpt-19'") == 1);
+}
+
+TEST_CASE("follow: a TensorBoard folder that grows is followed and a torn tail is waited for",
+          "[cli][follow]") {
+  using testing::ScalarRecord;
+  TempDir dir;
+  Trainwatchd d(dir, "", "");
+  const std::string tb = dir.File("tb");
+  std::filesystem::create_directory(tb);
+  const std::string file = tb + "/events.out.tfevents.1700000000.host.1.0";
+  auto step = [](int64_t s) {
+    return ScalarRecord(s, 1e9 + s, "train/loss", 2.0 + 0.01 * s) +
+           ScalarRecord(s, 1e9 + s, "train/grad_norm", 0.5 + 0.001 * s);
+  };
+  std::string bytes = testing::FileVersionRecord(1e9);
+  for (int64_t s = 0; s < 10; ++s) bytes += step(s);
+  const std::string s10 = step(10);
+  Append(file, bytes + s10.substr(0, 7));  // step 10 torn inside its header
+  Child follow(FollowArgs(tb, "run-tb", d), dir.File("follow.log"));
+  // Step 9 is complete once step 10 begins: 0..8 are there, and no error.
+  REQUIRE(WaitRows(d.db(), "run-tb", 9));
+  CHECK(follow.running());
+  Append(file, s10.substr(7) + step(11));
+  REQUIRE(WaitRows(d.db(), "run-tb", 11));
+  // A second file, as a trainer's next launch writes: its steps follow.
+  Append(tb + "/events.out.tfevents.1700000100.host.1.0",
+         testing::FileVersionRecord(2e9) + step(12) + step(13));
+  REQUIRE(WaitRows(d.db(), "run-tb", 13));
+  ::kill(follow.pid(), SIGTERM);  // flushes step 13, held for more tags
+  const int rc = follow.Wait(20);
+  INFO(ReadFile(dir.File("follow.log")));
+  CHECK(rc == 0);
+  const std::vector<Row> rows = Stored(d.db(), "run-tb");
+  REQUIRE(rows.size() == 14);
+  for (int64_t s = 0; s < 14; ++s) {
+    CHECK(rows[s].step == s);
+    CHECK(rows[s].loss == Approx(2.0 + 0.01 * s).epsilon(1e-6));
+    CHECK(rows[s].grad_norm == Approx(0.5 + 0.001 * s).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("follow: a malformed line is named and read past and the exit says so", "[cli][follow]") {
+  TempDir dir;
+  Trainwatchd d(dir, "", "");
+  const std::string content = Llmc(0, 5) + "s:5 trl:garbage lr:0.1 norm:1\n" + Llmc(6, 10);
+  std::ofstream(dir.File("train.log")) << content;
+  const std::string cmd = "exec '" TWCTL_PATH "' follow - --run run-bad --server " + d.address() +
+                          " < '" + dir.File("train.log") + "'";
+  Child follow({"/bin/sh", "-c", cmd}, dir.File("follow.log"));
+  const int rc = follow.Wait(20);
+  const std::string out = ReadFile(dir.File("follow.log"));
+  INFO(out);
+  CHECK(rc == 2);
+  CHECK(out.find("<stdin>:6:") != std::string::npos);
+  CHECK(out.find("\"garbage\" is not a number") != std::string::npos);
+  CHECK(Stored(d.db(), "run-bad").size() == 9);
+}
+
+TEST_CASE("follow: bad flags are usage errors naming them", "[cli][follow]") {
+  TempDir dir;
+  auto run = [&](std::vector<std::string> argv) {
+    argv.insert(argv.begin(), {TWCTL_PATH, "follow"});
+    Child c(argv, dir.File("out.log"));
+    const int rc = c.Wait(10);  // before the read: make_pair's arguments are unordered
+    return std::make_pair(rc, ReadFile(dir.File("out.log")));
+  };
+  auto [rc1, out1] = run({"-", "--run", "x", "--checkpoint-pattern", "saved at step"});
+  CHECK(rc1 == 2);
+  CHECK(out1.find("no capture group for the step") != std::string::npos);
+  auto [rc2, out2] = run({"-"});
+  CHECK(rc2 == 2);
+  CHECK(out2.find("--run RUN is required") != std::string::npos);
+  auto [rc3, out3] = run({"-", "--run", "x", "--max-in-flight", "3"});
+  CHECK(rc3 == 2);
+  CHECK(out3.find("--max-in-flight") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace trainwatch::cli

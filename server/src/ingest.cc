@@ -85,10 +85,19 @@ void Ingestor::Loop() {
       std::vector<IngestItem> none;
       ProcessBatch(none);
     }
+    bool last;
     {
       absl::MutexLock lock(&mu_);
       done_ += n;
-      if (stopping && queue_.empty() && tasks_.empty()) break;
+      last = stopping && queue_.empty() && tasks_.empty();
+    }
+    if (last) {
+      // A clean shutdown: the next start replays nothing of the runs held.
+      ++batch_seq_;
+      for (auto& [id, run] : runs_) MaybeSnapshotEngine(*run, /*force=*/true, clock_->NowMs());
+      std::vector<IngestItem> none;
+      ProcessBatch(none);
+      break;
     }
   }
 }
@@ -340,15 +349,19 @@ void Ingestor::Evaluate(RunState& run, StepRow s, int64_t now,
   s.loss_ema_ratio = run.out.loss_ema_ratio;
   s.decision = static_cast<int>(run.out.verdict.decision);
   if (run.out.verdict.decision == core::Decision::kSkipUpdate) {
-    // A followed run's trainer skipped nothing (ingest.h).
+    // A followed run's trainer skipped nothing (ingest.h); the attempt's
+    // count of tier 1 verdicts goes into its engine snapshots either way.
     ++(run.row.observed ? run.skips_recommended_total : run.skipped_total);
+    ++run.attempt_skipped;
   }
   run.loss_scale_overflows_total += s.loss_scale_overflow();
+  run.attempt_overflows += s.loss_scale_overflow();
   run.row.last_step = s.step;
   run.row_dirty = true;
   run.latest = s;
   run.has_latest = true;
   batch_.steps.push_back({run.row.run_id, run.row.attempt, std::move(s)});
+  MaybeSnapshotEngine(run, /*force=*/false, now);
   if (!run.out.events.empty()) {
     run.incidents.OnEvents(run.row.attempt, run.out.events, now, &ids_, sink());
   }

@@ -219,6 +219,10 @@ struct IngestStats {
   int64_t resumes_total = 0;       // attempts opened by a new incarnation
   // Older incarnations' streams ended by a newer one, and their Hellos refused.
   int64_t incarnation_conflicts_total = 0;
+  // Rebuilds started from an engine snapshot, and snapshots refused (damaged,
+  // another version or other rules: the whole history was replayed).
+  int64_t engine_snapshots_loaded_total = 0;
+  int64_t engine_snapshots_refused_total = 0;
 };
 
 struct IngestOptions {
@@ -237,6 +241,15 @@ struct IngestOptions {
   // evaluated) for up to this many steps, while a real jump costs one step's
   // evaluation whatever the bound.
   int64_t max_step_jump = 1'000;
+  // A run's rule-engine state is snapshotted into the store every this many
+  // evaluated steps (trainwatchd --engine_snapshot_steps), at eviction and at
+  // a clean shutdown; a rebuild (restart, eviction, resume, rollback) loads
+  // the newest snapshot at or before its step and replays only the steps
+  // after it (engine_snapshots.cc). 0 turns snapshots off: every rebuild
+  // replays the attempt's whole history. A snapshot costs one SaveState
+  // (~0.3 MB with the default windows, well under a millisecond) per this
+  // many steps.
+  int64_t engine_snapshot_steps = 10'000;
 };
 
 class Ingestor {
@@ -298,6 +311,12 @@ class Ingestor {
     int64_t skips_recommended_total = 0;  // followed runs' tier 1 verdicts
     int64_t loss_scale_overflows_total = 0;
     int64_t missing_rank_steps_total = 0;
+    // The current attempt's counts as a replay of it gives them (the totals
+    // above carry over attempts), for the engine snapshots; and the step of
+    // the newest snapshot written or loaded, -1 for none.
+    int64_t attempt_skipped = 0;
+    int64_t attempt_overflows = 0;
+    int64_t snapshot_step = -1;
     // The approved rollback being carried out, until every rank applied it.
     std::optional<RollbackCommand> command;
     ShardQuarantine quarantined;
@@ -329,6 +348,29 @@ class Ingestor {
   // Evicts the least recently used run not touched by the current batch
   // while more than max_runs_in_memory - 1 runs are held.
   void MakeRoom();
+  // engine_snapshots.cc. A replay of one attempt's history into a fresh
+  // engine, or into one restored from the attempt's newest snapshot at or
+  // before the replay's end: the caller feeds the stored steps after
+  // `after()` (ForEachStep's after_step), the snapshot's own row included
+  // (the engine refuses it; the caller still sees the latest row), then the
+  // checkpoints, then finishes.
+  struct EngineReplay {
+    core::EngineRebuilder rebuild;
+    int64_t snapshot_step = -1;  // -1: a full replay
+    int64_t skipped = 0;         // the attempt's counts up to the last row taken
+    int64_t overflows = 0;
+    int64_t after() const { return snapshot_step - 1; }
+    // True when the engine took the row.
+    bool Feed(const StepRow& s, const std::string& checkpoint_uri);
+  };
+  // A snapshot that does not decode or was built under other rules than
+  // options_.rules is logged and a full replay happens; an error only when
+  // the store cannot be read.
+  absl::StatusOr<EngineReplay> StartReplay(const std::string& run_id, int64_t attempt,
+                                           int64_t up_to);
+  // Adds the run's engine snapshot to batch_ when `force` (eviction,
+  // shutdown) and it moved since the last, or engine_snapshot_steps passed.
+  void MaybeSnapshotEngine(RunState& run, bool force, int64_t now);
   // The snapshot of a run built from the store alone (startup, beyond the
   // bound).
   absl::StatusOr<RunSnapshot> StoredSnapshot(const RunRow& row);

@@ -171,16 +171,23 @@ int64_t Ingestor::StartAttempt(RunState& run, int64_t up_to_step, AttemptStart s
   copy.started_ms = now;
   batch_.attempt_copies.push_back(copy);
   run.has_latest = false;
-  core::EngineRebuilder rebuild(options_.rules, copy.up_to_step);
+  // From the old attempt's newest engine snapshot at or before the step,
+  // when one is usable.
+  absl::StatusOr<EngineReplay> started =
+      StartReplay(copy.run_id, copy.from_attempt, copy.up_to_step);
+  if (!started.ok()) {
+    LOG(ERROR) << "run " << copy.run_id << ": reading the engine snapshots: " << started.status();
+    started = EngineReplay{core::EngineRebuilder(options_.rules, copy.up_to_step)};
+  }
+  EngineReplay& replay = *started;
   auto feed = [&](const StepRow& s, const std::string& ckpt) {
-    core::StepRecord rec = s.View();
-    rec.checkpoint_uri = ckpt;
-    if (rebuild.Feed(rec)) {
+    if (replay.Feed(s, ckpt) || s.step == replay.snapshot_step) {
       run.latest = s;
       run.has_latest = true;
     }
   };
-  absl::Status st = store_->ForEachStep(copy.run_id, copy.from_attempt, feed);
+  absl::Status st =
+      store_->ForEachStep(copy.run_id, copy.from_attempt, feed, replay.after());
   if (!st.ok()) LOG(ERROR) << "run " << copy.run_id << ": rebuilding the engine: " << st;
   // The old attempt's records evaluated in this batch are not in the store
   // yet; the copy takes them (it runs after the steps), and so must the
@@ -194,13 +201,18 @@ int64_t Ingestor::StartAttempt(RunState& run, int64_t up_to_step, AttemptStart s
   }
   absl::StatusOr<std::vector<CheckpointRow>> cks = store_->Checkpoints(copy.run_id);
   if (cks.ok()) {
-    for (const CheckpointRow& c : *cks) rebuild.NoteCheckpoint(c.step, c.uri);
+    for (const CheckpointRow& c : *cks) replay.rebuild.NoteCheckpoint(c.step, c.uri);
   }
   for (const CheckpointRow& c : batch_.checkpoints) {
-    if (c.run_id == copy.run_id) rebuild.NoteCheckpoint(c.step, c.uri);
+    if (c.run_id == copy.run_id) replay.rebuild.NoteCheckpoint(c.step, c.uri);
   }
-  const int64_t fed = rebuild.fed();
-  run.engine = std::move(rebuild).Finish();
+  const int64_t fed = replay.rebuild.fed();
+  run.engine = std::move(replay.rebuild).Finish();
+  // The new attempt holds copies of these steps; its first snapshot comes
+  // with its next evaluated step.
+  run.attempt_skipped = replay.skipped;
+  run.attempt_overflows = replay.overflows;
+  run.snapshot_step = -1;
   run.row.attempt = copy.to_attempt;
   run.row.world_size = world_size;
   run.row.last_step = copy.up_to_step;

@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <iterator>
+#include <limits>
 #include <string_view>
 #include <unordered_set>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "ingest.h"
 #include "log.h"
 
@@ -130,6 +132,8 @@ void Ingestor::MakeRoom() {
       if (victim == runs_.end() || key(*it->second) < key(*victim->second)) victim = it;
     }
     if (victim == runs_.end()) return;  // ProcessInBatches keeps this from happening
+    // Its rebuild, when it streams again, starts from here.
+    MaybeSnapshotEngine(*victim->second, /*force=*/true, clock_->NowMs());
     {
       absl::MutexLock lock(&snap_mu_);
       snapshot_[victim->first] = SnapshotOf(*victim->second);
@@ -178,26 +182,30 @@ absl::Status Ingestor::Recover() {
 absl::StatusOr<Ingestor::RunState*> Ingestor::RecoverRun(const RunRow& row) {
   auto rs = std::make_unique<RunState>(row);
   RunState& r = *rs;
-  core::EngineRebuilder rebuild(options_.rules);
+  // From the attempt's newest engine snapshot, when one is usable.
+  absl::StatusOr<EngineReplay> replay =
+      StartReplay(row.run_id, row.attempt, std::numeric_limits<int64_t>::max());
+  if (!replay.ok()) return replay.status();
   absl::Status st = store_->ForEachStep(
-      row.run_id, row.attempt, [&](const StepRow& s, const std::string& ckpt) {
-        core::StepRecord rec = s.View();
-        rec.checkpoint_uri = ckpt;
-        if (rebuild.Feed(rec)) {
+      row.run_id, row.attempt,
+      [&](const StepRow& s, const std::string& ckpt) {
+        if (replay->Feed(s, ckpt) || s.step == replay->snapshot_step) {
           r.latest = s;
           r.has_latest = true;
-          (row.observed ? r.skips_recommended_total : r.skipped_total) +=
-              s.decision == static_cast<int>(core::Decision::kSkipUpdate);
-          r.loss_scale_overflows_total += s.loss_scale_overflow();
         }
-      });
+      },
+      replay->after());
   if (!st.ok()) return st;
   // Checkpoints reported apart from steps (and after the last one).
   absl::StatusOr<std::vector<CheckpointRow>> cks = store_->Checkpoints(row.run_id);
   if (!cks.ok()) return cks.status();
-  for (const CheckpointRow& c : *cks) rebuild.NoteCheckpoint(c.step, c.uri);
-  const int64_t steps = rebuild.fed();
-  r.engine = std::move(rebuild).Finish();
+  for (const CheckpointRow& c : *cks) replay->rebuild.NoteCheckpoint(c.step, c.uri);
+  const int64_t steps = replay->rebuild.fed();
+  (row.observed ? r.skips_recommended_total : r.skipped_total) = r.attempt_skipped =
+      replay->skipped;
+  r.loss_scale_overflows_total = r.attempt_overflows = replay->overflows;
+  r.snapshot_step = replay->snapshot_step;
+  r.engine = std::move(replay->rebuild).Finish();
   if (absl::Status st = RestoreIncidents(store_, &r.incidents, row.run_id); !st.ok()) return st;
   absl::StatusOr<std::vector<std::string>> incarnations = store_->Incarnations(row.run_id);
   if (!incarnations.ok()) return incarnations.status();
@@ -258,8 +266,12 @@ absl::StatusOr<Ingestor::RunState*> Ingestor::RecoverRun(const RunRow& row) {
     r.pending.try_emplace(rk.step, clock_->NowMs())
         .first->second.Add(rk.rank, wire::StepFromProto(rep));
   }
-  if (!r.mode_known && steps > 0) r.mode_known = true;
-  LOG(INFO) << "recovered run " << row.run_id << ": " << steps << " steps, "
+  if (!r.mode_known && (steps > 0 || r.snapshot_step >= 0)) r.mode_known = true;
+  LOG(INFO) << "recovered run " << row.run_id << ": "
+            << (r.snapshot_step >= 0 ? absl::StrCat("the engine snapshot at step ",
+                                                    r.snapshot_step, " and ")
+                                     : std::string())
+            << steps << " steps, "
             << r.incidents.open().size() << " open incidents, " << r.pending.size()
             << " pending steps";
   r.last_batch = batch_seq_;

@@ -126,6 +126,11 @@ absl::Status CheckServerOptions(const ServerOptions& o) {
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = CheckFlagRange("engine_snapshot_steps", o.ingest.engine_snapshot_steps, 0,
+                                     std::numeric_limits<int64_t>::max());
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status s = CheckFlagRange("max_runs_in_memory",
                                      static_cast<int64_t>(o.ingest.max_runs_in_memory), 1,
                                      kMaxRunsLimit);

@@ -11,6 +11,7 @@
 #include "store_incident_rows.h"
 #include "store_migrations.h"
 #include "store_outbox_rows.h"
+#include "store_snapshot_rows.h"
 #include "store_step_rows.h"
 
 namespace trainwatch::server {
@@ -75,6 +76,7 @@ void WriteBatch::clear() {
   attempt_copies.clear();
   incarnations.clear();
   outbox.clear();
+  engine_snapshots.clear();
 }
 
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
@@ -87,7 +89,12 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
     return absl::InvalidArgumentError(
         absl::StrCat("busy timeout must be >= 0 ms, got ", options.busy_timeout_ms));
   }
+  if (options.engine_snapshots_kept < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "engine snapshots kept must be >= 1, got ", options.engine_snapshots_kept));
+  }
   std::unique_ptr<Store> store(new Store());
+  store->engine_snapshots_kept_ = options.engine_snapshots_kept;
   absl::StatusOr<sqlite3*> db = OpenConnection(path, options);
   if (!db.ok()) return db.status();
   store->db_ = *db;
@@ -133,6 +140,7 @@ absl::Status Store::Write(const WriteBatch& b) {
     if (s.ok()) s = rows::InsertCommands(db_, b.commands);
     if (s.ok()) s = rows::InsertQuarantines(db_, b.quarantines);
     if (s.ok()) s = rows::InsertOutbox(db_, b.outbox);
+    if (s.ok()) s = rows::InsertEngineSnapshots(db_, b.engine_snapshots, engine_snapshots_kept_);
     return s;
   });
 }
@@ -143,8 +151,13 @@ absl::StatusOr<std::vector<RunRow>> Store::LoadRuns() { return rows::Runs(db_); 
 
 absl::Status Store::ForEachStep(
     const std::string& run_id, int64_t attempt,
-    const std::function<void(const StepRow&, const std::string&)>& fn) {
-  return rows::ForEachStep(db_, run_id, attempt, fn);
+    const std::function<void(const StepRow&, const std::string&)>& fn, int64_t after_step) {
+  return rows::ForEachStep(db_, run_id, attempt, fn, after_step);
+}
+
+absl::StatusOr<std::optional<EngineSnapshotRow>> Store::LatestEngineSnapshot(
+    const std::string& run_id, int64_t attempt, int64_t max_step) {
+  return rows::LatestEngineSnapshot(db_, run_id, attempt, max_step);
 }
 
 absl::StatusOr<std::vector<RankStepRow>> Store::LoadRankStepsAfter(const std::string& run_id,

@@ -227,6 +227,19 @@ struct OutboxRow {
   int64_t sent_ms = 0;
 };
 
+// A rule-engine snapshot of one run's attempt after `step`
+// (RuleEngine::SaveState), with the attempt's counts up to that step, so a
+// rebuild starts from it (engine_snapshots.cc).
+struct EngineSnapshotRow {
+  std::string run_id;
+  int64_t attempt = 0;
+  int64_t step = 0;
+  int64_t skipped = 0;    // steps decided kSkipUpdate, up to `step`
+  int64_t overflows = 0;  // loss-scale overflow steps, up to `step`
+  int64_t written_ms = 0;
+  std::string state;
+};
+
 // Everything one ingest cycle writes, in one transaction.
 struct WriteBatch {
   std::vector<RunRow> runs;  // upserts
@@ -247,12 +260,13 @@ struct WriteBatch {
   std::vector<AttemptCopy> attempt_copies;  // run after the steps of this batch
   std::vector<IncarnationRow> incarnations;  // a repeated one is ignored
   std::vector<OutboxRow> outbox;  // new pages; one per (incident, channel, kind)
+  std::vector<EngineSnapshotRow> engine_snapshots;
 
   bool empty() const {
     return runs.empty() && steps.empty() && rank_steps.empty() && checkpoints.empty() &&
            events.empty() && incidents.empty() && command_acks.empty() && decisions.empty() &&
            commands.empty() && quarantines.empty() && attempt_copies.empty() &&
-           incarnations.empty() && outbox.empty();
+           incarnations.empty() && outbox.empty() && engine_snapshots.empty();
   }
   void clear();
 };
@@ -275,6 +289,10 @@ struct StoreOptions {
   // How long a write waits for another connection's lock before it fails
   // (SQLITE_BUSY, handled like any store error).
   int busy_timeout_ms = 5000;
+  // Rule-engine snapshots kept per run attempt, the newest (>= 1): the
+  // newest serves a restart, older ones a resume or rollback to an earlier
+  // step. Each is ~0.3 MB with the default windows.
+  int engine_snapshots_kept = 3;
 };
 
 class Store {
@@ -293,10 +311,14 @@ class Store {
 
   // ---- rebuild on start (writer thread)
   absl::StatusOr<std::vector<RunRow>> LoadRuns();
-  // Every step of the run's attempt in step order, with the checkpoint uri
-  // reported at that step (empty if none).
+  // Every step of the run's attempt after `after_step` in step order, with
+  // the checkpoint uri reported at that step (empty if none).
   absl::Status ForEachStep(const std::string& run_id, int64_t attempt,
-                           const std::function<void(const StepRow&, const std::string&)>& fn);
+                           const std::function<void(const StepRow&, const std::string&)>& fn,
+                           int64_t after_step = -1);
+  // The attempt's newest rule-engine snapshot at or before `max_step`.
+  absl::StatusOr<std::optional<EngineSnapshotRow>> LatestEngineSnapshot(
+      const std::string& run_id, int64_t attempt, int64_t max_step);
   // Per-rank reports of one step (any thread).
   absl::StatusOr<std::vector<RankStepRow>> RankStepsAt(const std::string& run_id,
                                                        int64_t attempt, int64_t step);
@@ -356,6 +378,7 @@ class Store {
   absl::Mutex read_mu_;
   sqlite3* read_db_ ABSL_GUARDED_BY(read_mu_) = nullptr;
   int schema_version_ = 0;
+  int engine_snapshots_kept_ = 3;
 };
 
 }  // namespace trainwatch::server

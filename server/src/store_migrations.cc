@@ -215,14 +215,32 @@ CREATE TABLE attempts (
 ALTER TABLE steps ADD COLUMN loss_scale REAL;
 ALTER TABLE steps ADD COLUMN loss_scale_overflow INTEGER;
 )sql",
-    // 8 (issue 17; the merger renumbers it after the other branches' 7):
-    // followed runs (`twctl follow`, Hello.observed), whose records are
+    // 7: followed runs (`twctl follow`, Hello.observed), whose records are
     // observed, not enforced. The run's mark survives a restart of
     // trainwatchd, and each incident keeps whether its run was followed when
     // it opened, so its pages and views say no automatic action was possible.
     R"sql(
 ALTER TABLE runs ADD COLUMN observed INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE incidents ADD COLUMN observed INTEGER NOT NULL DEFAULT 0;
+)sql",
+    // 8: rule-engine snapshots, so that a restart, an eviction's rebuild or a
+    // new attempt replays only the steps after the latest snapshot instead
+    // of the run's whole history (server/src/engine_snapshots.cc). `state`
+    // is RuleEngine::SaveState()'s blob, which names the rule config it was
+    // built under; skipped and overflows are the attempt's counts up to and
+    // including `step`, which a rebuild would otherwise count by a scan.
+    // A rowid table: the blobs are large (~0.3 MB with the default windows).
+    R"sql(
+CREATE TABLE engine_snapshots (
+  run_id TEXT NOT NULL,
+  attempt INTEGER NOT NULL,
+  step INTEGER NOT NULL,
+  skipped INTEGER NOT NULL,
+  overflows INTEGER NOT NULL,
+  written_ms INTEGER NOT NULL,
+  state BLOB NOT NULL,
+  UNIQUE (run_id, attempt, step)
+);
 )sql",
 };
 

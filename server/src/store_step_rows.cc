@@ -216,12 +216,13 @@ absl::StatusOr<std::vector<std::string>> Incarnations(sqlite3* db, const std::st
 }
 
 absl::Status ForEachStep(sqlite3* db, const std::string& run_id, int64_t attempt,
-                         const std::function<void(const StepRow&, const std::string&)>& fn) {
+                         const std::function<void(const StepRow&, const std::string&)>& fn,
+                         int64_t after_step) {
   SqlStatement q(db, absl::StrCat("SELECT ", kStepColumns,
                                   ", (SELECT uri FROM checkpoints c WHERE c.run_id = s.run_id AND "
                                   "c.step = s.step) FROM steps s WHERE run_id = ?1 AND "
-                                  "attempt = ?2 AND late = 0 ORDER BY step"));
-  q.Bind(1, run_id).Bind(2, attempt);
+                                  "attempt = ?2 AND late = 0 AND step > ?3 ORDER BY step"));
+  q.Bind(1, run_id).Bind(2, attempt).Bind(3, after_step);
   absl::Status st;
   while (q.Next(&st)) fn(ReadStep(q), q.Text(kStepColumnCount));
   return st;

@@ -35,10 +35,11 @@ absl::StatusOr<std::vector<AttemptRow>> Attempts(sqlite3* db, const std::string&
 // incarnations: a repeated (run, incarnation) is ignored.
 absl::Status InsertIncarnations(sqlite3* db, const std::vector<IncarnationRow>& rows);
 absl::StatusOr<std::vector<std::string>> Incarnations(sqlite3* db, const std::string& run_id);
-// The attempt's evaluated (not late) steps in step order, each with the uri
-// of the checkpoint reported at that step ("" if none).
+// The attempt's evaluated (not late) steps after `after_step` in step order,
+// each with the uri of the checkpoint reported at that step ("" if none).
 absl::Status ForEachStep(sqlite3* db, const std::string& run_id, int64_t attempt,
-                         const std::function<void(const StepRow&, const std::string&)>& fn);
+                         const std::function<void(const StepRow&, const std::string&)>& fn,
+                         int64_t after_step = -1);
 absl::StatusOr<std::vector<StepRow>> RecentSteps(sqlite3* db, const std::string& run_id,
                                                     int64_t attempt, int limit);
 absl::StatusOr<std::vector<StepRow>> StepsBetween(sqlite3* db, const std::string& run_id,

@@ -62,6 +62,16 @@ ABSL_FLAG(int64_t, max_step_jump, 1000,
           "evaluated (counted in trainwatch_ingest_far_steps_total) unless the next record "
           "follows it within the bound, so one bad record (step 2^63-1) cannot blind detection; "
           "a real jump costs one step's evaluation. At least 1");
+ABSL_FLAG(int64_t, engine_snapshot_steps, 10000,
+          "every this many evaluated steps of a run (and at its eviction and a clean "
+          "shutdown) its rule-engine state is snapshotted into the database (~0.3 MB with the "
+          "default rules); a restart, an evicted run's rebuild, a resume or a rollback loads the "
+          "newest snapshot at or before its step and replays only the steps after it. A snapshot "
+          "that does not decode or was built under other rules is logged and the whole history "
+          "replayed. 0: no snapshots, every rebuild replays the whole history");
+ABSL_FLAG(int64_t, engine_snapshots_kept, 3,
+          "engine snapshots kept per run attempt, the newest; older ones serve a resume or "
+          "rollback to an earlier step. At least 1");
 ABSL_FLAG(int64_t, metrics_stale_run_s, 3600,
           "a run not seen for this many seconds leaves /metrics (its data stays in the "
           "database); 0: never");
@@ -108,18 +118,21 @@ int Run(int argc, char** argv) {
   o.max_runs_per_token = absl::GetFlag(FLAGS_max_runs_per_token);
   o.reflection = absl::GetFlag(FLAGS_reflection);
   o.ingest.max_step_jump = absl::GetFlag(FLAGS_max_step_jump);
+  o.ingest.engine_snapshot_steps = absl::GetFlag(FLAGS_engine_snapshot_steps);
   // These three change type or unit on the way into the options, so they are
   // checked as given.
   const int64_t max_runs = absl::GetFlag(FLAGS_max_runs_in_memory);
   const int64_t stale_s = absl::GetFlag(FLAGS_metrics_stale_run_s);
   const int64_t metrics_runs = absl::GetFlag(FLAGS_metrics_max_runs);
+  const int64_t snapshots_kept = absl::GetFlag(FLAGS_engine_snapshots_kept);
   for (absl::Status s :
        {trainwatch::server::CheckFlagRange("max_runs_in_memory", max_runs, 1,
                                            trainwatch::server::kMaxRunsLimit),
         trainwatch::server::CheckFlagRange("metrics_stale_run_s", stale_s, 0,
                                            trainwatch::server::kMaxStaleRunSeconds),
         trainwatch::server::CheckFlagRange("metrics_max_runs", metrics_runs, 1,
-                                           trainwatch::server::kMaxRunsLimit)}) {
+                                           trainwatch::server::kMaxRunsLimit),
+        trainwatch::server::CheckFlagRange("engine_snapshots_kept", snapshots_kept, 1, 1000)}) {
     if (!s.ok()) {
       std::fprintf(stderr, "trainwatchd: %s\n", std::string(s.message()).c_str());
       return 2;
@@ -128,6 +141,7 @@ int Run(int argc, char** argv) {
   o.ingest.max_runs_in_memory = static_cast<size_t>(max_runs);
   o.metrics.stale_run_ms = stale_s * 1000;
   o.metrics.max_runs = static_cast<size_t>(metrics_runs);
+  o.store.engine_snapshots_kept = static_cast<int>(snapshots_kept);
   if (absl::Status s = trainwatch::server::CheckServerOptions(o); !s.ok()) {
     std::fprintf(stderr, "trainwatchd: %s\n", std::string(s.message()).c_str());
     return 2;

@@ -14,6 +14,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -71,6 +72,22 @@ class RuleEngine {
   // Bytes held by this run's state (windows, rings, episode state).
   size_t MemoryBytes() const;
 
+  // The whole state (windows, EMAs, the medians' samples, spike, episode
+  // and transient state, shard and checkpoint history) as a versioned blob
+  // that names the rules it was built under (RuleConfigToJson) and carries
+  // a checksum (core/src/engine_state_codec.cc). An engine restored from it
+  // decides on later records exactly as this one would: a server snapshot
+  // of a run replaces replaying its history. Doubles keep their bits (NaN
+  // included); integers are little-endian on every host.
+  std::string SaveState() const;
+  // The engine a SaveState() blob describes. InvalidArgument naming what is
+  // wrong when the blob is damaged (bad magic, checksum, truncation, a
+  // window whose shape does not match `config`); FailedPrecondition when it
+  // is another format version or was built under other rules than
+  // `config`. Never a partly restored engine.
+  static absl::StatusOr<std::unique_ptr<RuleEngine>> FromState(const RuleConfig& config,
+                                                               absl::string_view blob);
+
  private:
   std::unique_ptr<EngineState> s_;
 };
@@ -86,6 +103,11 @@ class EngineRebuilder {
   explicit EngineRebuilder(const RuleConfig& config,
                            int64_t up_to = std::numeric_limits<int64_t>::max())
       : engine_(std::make_unique<RuleEngine>(config)), up_to_(up_to) {}
+  // Continues from an engine that already lived the history up to its
+  // last_step() (one restored from a snapshot): only later records are fed.
+  explicit EngineRebuilder(std::unique_ptr<RuleEngine> engine,
+                           int64_t up_to = std::numeric_limits<int64_t>::max())
+      : engine_(std::move(engine)), up_to_(up_to) {}
 
   // True when the engine took the record; false past `up_to` or for a step
   // the engine refuses (not after the last one).

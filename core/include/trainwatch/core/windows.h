@@ -19,6 +19,11 @@
 
 namespace trainwatch::core {
 
+// Reads and writes the private state of these classes for the engine's
+// snapshots (core/src/engine_state_codec.cc), so that a restored window is
+// the same object, bit for bit, as the one that lived the history.
+struct StateCodec;
+
 // An exponentially weighted mean with a span in steps, bias-corrected so that
 // it is meaningful from the first sample: after samples x_k at steps s_k, the
 // value is sum_k w_k x_k / sum_k w_k with w_k = (1 - a)^(s_last - s_k) and
@@ -26,6 +31,8 @@ namespace trainwatch::core {
 // first few hundred steps are past; with gaps between samples the decay
 // follows the steps, not the sample count.
 class DecayingMean {
+  friend struct StateCodec;
+
  public:
   explicit DecayingMean(double span_steps);
 
@@ -62,6 +69,8 @@ class DecayingMean {
 // median depends only on the multiset of live values, never on the heaps'
 // layout, so it is the same bit for bit whatever the order of repairs.
 class SlidingMedian {
+  friend struct StateCodec;
+
  public:
   // Holds at most `window_steps` samples: with strictly increasing integer
   // steps no more can fall inside the window.
@@ -132,6 +141,8 @@ class SlidingMedian {
 // Minimum of the samples whose step lies in [now - window, now], by a
 // monotonic deque over a fixed ring: O(1) amortised per sample.
 class SlidingMin {
+  friend struct StateCodec;
+
  public:
   explicit SlidingMin(int64_t window_steps);
 
@@ -161,6 +172,8 @@ class SlidingMin {
 // trends (is log_z rising for 5,000 steps?) and for locating where a rise
 // began, at a cost of one add per sample.
 class BucketSeries {
+  friend struct StateCodec;
+
  public:
   struct Bucket {
     int64_t index = -1;  // -1: never filled

@@ -76,6 +76,7 @@ class StatusCommand : public Command {
         absl::StrFormat("run %s: step %d, %d of %d ranks connected, %d open incidents\n",
                         resp.run().run_id(), resp.run().latest_step(), resp.run().ranks_connected(),
                         resp.run().world_size(), resp.run().open_incidents());
+    absl::StrAppend(out, "  ", RulesText(resp.run()), "\n");
     std::vector<double> loss, gn, lz, ratio;
     for (const auto& p : resp.recent()) {
       loss.push_back(p.metrics().has_loss() ? p.metrics().loss() : NAN);

@@ -131,9 +131,19 @@ class Exporter : public prometheus::Collectable {
       MetricFamily& m = family("trainwatch_incomplete_steps_total",
                                "Steps completed by timeout with ranks missing.",
                                MetricType::Counter);
+      MetricFamily& a = family("trainwatch_agent_decisions_total",
+                               "Skips and halts agents decided, each on record as a decision, "
+                               "since trainwatchd started.",
+                               MetricType::Counter);
+      MetricFamily& d = family("trainwatch_decision_divergences_total",
+                               "Evaluated steps where the agent's verdict differs from the "
+                               "server engine's by the run's rules, since trainwatchd started.",
+                               MetricType::Counter);
       for (const RunSnapshot& r : runs) {
         add(f, {{"run", r.row.run_id}}, double(r.skipped_total));
         add(m, {{"run", r.row.run_id}}, double(r.missing_rank_steps_total));
+        add(a, {{"run", r.row.run_id}}, double(r.agent_decisions_total));
+        add(d, {{"run", r.row.run_id}}, double(r.decision_divergences_total));
       }
     }
     {

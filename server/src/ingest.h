@@ -69,6 +69,28 @@
 //   launch of the job), and the ingestor the current incarnation's stream
 //   per rank (a few bytes each).
 //
+// The run's rules (ingest_rules.cc). Each run is judged by one RuleConfig,
+// recorded with the run (runs.rules_json and rules_source, migration 7) so
+// that a restart rebuilds it by the same rules:
+//   - an agent given rules of its own announces them in its Hello
+//     (rules_json): the first such Hello before the run's first evaluated
+//     step fixes them ("agent"), and the engine restarts on them; a later
+//     Hello with other rules is logged and changes nothing (the run's
+//     history was judged by the rules it has);
+//   - otherwise the run takes the first --run_rules pattern matching its
+//     id ("server --run_rules <pattern>"), else --rules ("server --rules"),
+//     else the defaults ("server defaults"), when it is created;
+//   - every answer to a Hello names them (DurabilityAck.rules_json), and an
+//     agent without rules of its own switches to them (agent.h).
+// Whatever an agent decided (a skip or a halt in a global record's verdict)
+// is stored as a decision (DECISION_KIND_AGENT_*) with its rule, the
+// engine's explanation and, when its StepReport.rules_hash names rules the
+// server knows (the run's, or the defaults), those rules' JSON; whether the
+// server's engine agreed or not. An evaluated step whose agent verdict
+// differs from the server's is a divergence: logged and counted
+// (RunSnapshot::decision_divergences_total; both counts restart at 0 with
+// trainwatchd).
+//
 // Bounds, so that no agent can grow the server without limit:
 //   runs in memory: at most max_runs_in_memory runs keep their engine state
 //     (about 0.3 MB each with the default rules); the least recently used
@@ -177,6 +199,10 @@ struct RunSnapshot {
   int64_t incidents_total[4] = {0, 0, 0, 0};  // by tier
   int64_t open_incidents[4] = {0, 0, 0, 0};
   int64_t missing_rank_steps_total = 0;
+  // Skips and halts agents decided (each stored as a decision), and steps
+  // where the agent's verdict and the server's engine's differ.
+  int64_t agent_decisions_total = 0;
+  int64_t decision_divergences_total = 0;
 };
 
 struct IngestStats {
@@ -200,8 +226,20 @@ struct IngestStats {
   int64_t incarnation_conflicts_total = 0;
 };
 
-struct IngestOptions {
+// Rules for the runs whose id matches `pattern` (a glob: * ? [...], as
+// fnmatch(3)); trainwatchd --run_rules.
+struct RunRules {
+  std::string pattern;
   core::RuleConfig rules;
+};
+
+struct IngestOptions {
+  // The rules of a run whose agent announces none and that no run_rules
+  // pattern matches (trainwatchd --rules), and how runs record their source.
+  core::RuleConfig rules;
+  std::string rules_source = "server defaults";
+  // Tried in order; the first match wins (see "The run's rules" above).
+  std::vector<RunRules> run_rules;
   int64_t aggregation_timeout_ms = 30'000;
   // Upper bound on one batch, to keep commits short under a flood.
   size_t max_batch_items = 50'000;
@@ -262,6 +300,7 @@ class Ingestor {
   struct RunState {
     explicit RunState(const RunRow& r) : row(r), incidents(r.run_id) {}
     RunRow row;
+    core::RuleConfig rules;  // what the engine judges by (row.rules_json)
     bool mode_known = false;
     bool rank_mode = false;
     std::unique_ptr<core::RuleEngine> engine;
@@ -274,6 +313,8 @@ class Ingestor {
     int64_t skipped_total = 0;
     int64_t loss_scale_overflows_total = 0;
     int64_t missing_rank_steps_total = 0;
+    int64_t agent_decisions_total = 0;
+    int64_t decision_divergences_total = 0;
     // The approved rollback being carried out, until every rank applied it.
     std::optional<RollbackCommand> command;
     ShardQuarantine quarantined;
@@ -334,6 +375,18 @@ class Ingestor {
                        int64_t incident_id, int32_t world_size, int64_t now);
   void HandleStep(RunState& run, const trainwatch::v1::StepReport& r, uint64_t stream,
                   int64_t now);
+  // ingest_rules.cc: the run's rules (see above). A new run's, by the
+  // options.
+  void AssignRules(RunState& run) const;
+  // A run read from the store: its recorded rules (a damaged column is an
+  // error), or, for a run from before migration 7, AssignRules.
+  absl::Status RestoreRules(RunState& run) const;
+  // A Hello's rules, when it announces any.
+  void AdoptHelloRules(RunState& run, const trainwatch::v1::Hello& h);
+  // The agent's verdict in an evaluated global record against the
+  // server's (run.out): stored as a decision when a skip or a halt, counted
+  // and logged when they differ.
+  void RecordAgentVerdict(RunState& run, const trainwatch::v1::StepReport& r, int64_t now);
   // `tensors`: the report's per-tensor statistics, if any (names the source
   // of a numerical failure).
   void Evaluate(RunState& run, StepRow step, int64_t now,

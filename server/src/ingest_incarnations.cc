@@ -33,6 +33,7 @@ void Ingestor::HandleHello(const trainwatch::v1::Hello& h, uint64_t stream, int6
                          : h.incarnation_id() == run->row.incarnation ? HelloKind::kReconnect
                                                                       : HelloKind::kRestart;
   if (!h.incarnation_id().empty() && !AdmitIncarnation(*run, h, stream, now)) return;
+  AdoptHelloRules(*run, h);
   // A job restarted for the rollback under way may have fewer ranks: the
   // command waits for the world it says it has (see ingest.h).
   if (run->command && h.world_size() > 0) run->command->world_size = h.world_size();
@@ -53,6 +54,8 @@ void Ingestor::HandleHello(const trainwatch::v1::Hello& h, uint64_t stream, int6
     (*ack.mutable_durability_ack()->mutable_durable_step())[0] = run->row.last_step;
   }
   AnswerHello(*run, h, kind, now, ack.mutable_durability_ack());
+  ack.mutable_durability_ack()->set_rules_json(run->row.rules_json);
+  ack.mutable_durability_ack()->set_rules_source(run->row.rules_source);
   outgoing_.emplace_back(run->row.run_id, stream, ack.SerializeAsString());
   // A (re)connected rank gets what it has not applied yet.
   if (!run->quarantined.empty()) {
@@ -154,7 +157,7 @@ int64_t Ingestor::StartAttempt(RunState& run, int64_t up_to_step, AttemptStart s
   copy.started_ms = now;
   batch_.attempt_copies.push_back(copy);
   run.has_latest = false;
-  core::EngineRebuilder rebuild(options_.rules, copy.up_to_step);
+  core::EngineRebuilder rebuild(run.rules, copy.up_to_step);
   auto feed = [&](const StepRow& s, const std::string& ckpt) {
     core::StepRecord rec = s.View();
     rec.checkpoint_uri = ckpt;

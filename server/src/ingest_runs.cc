@@ -100,7 +100,8 @@ Ingestor::RunState* Ingestor::RunFor(const std::string& run_id, int32_t world_si
       row.created_ms = now;
       row.last_seen_ms = now;
       auto rs = std::make_unique<RunState>(row);
-      rs->engine = std::make_unique<core::RuleEngine>(options_.rules);
+      AssignRules(*rs);
+      rs->engine = std::make_unique<core::RuleEngine>(rs->rules);
       rs->row_dirty = true;
       runs_.emplace(run_id, std::move(rs));
     }
@@ -178,7 +179,8 @@ absl::Status Ingestor::Recover() {
 absl::StatusOr<Ingestor::RunState*> Ingestor::RecoverRun(const RunRow& row) {
   auto rs = std::make_unique<RunState>(row);
   RunState& r = *rs;
-  core::EngineRebuilder rebuild(options_.rules);
+  if (absl::Status st = RestoreRules(r); !st.ok()) return st;
+  core::EngineRebuilder rebuild(r.rules);
   absl::Status st = store_->ForEachStep(
       row.run_id, row.attempt, [&](const StepRow& s, const std::string& ckpt) {
         core::StepRecord rec = s.View();
@@ -296,6 +298,8 @@ RunSnapshot Ingestor::SnapshotOf(const RunState& r) {
   s.skipped_total = r.skipped_total;
   s.loss_scale_overflows_total = r.loss_scale_overflows_total;
   s.missing_rank_steps_total = r.missing_rank_steps_total;
+  s.agent_decisions_total = r.agent_decisions_total;
+  s.decision_divergences_total = r.decision_divergences_total;
   for (int t = 0; t < 4; ++t) s.incidents_total[t] = r.incidents.totals()[t];
   for (const auto& [ep, inc] : r.incidents.open()) {
     s.open_incidents[std::clamp(inc.tier, 0, 3)]++;

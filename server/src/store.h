@@ -70,6 +70,11 @@ struct RunRow {
   // the step it resumed after, once known (ingest.h).
   std::string incarnation;
   std::optional<int64_t> resume_step;
+  // The rules the run is judged by, as core::ParseRuleConfigJson reads them,
+  // and where they came from (ingest.h: "The run's rules"); empty for a run
+  // stored before migration 7: the server's rules of the day.
+  std::string rules_json;
+  std::string rules_source;
 };
 
 // How an attempt began (operator.proto's AttemptStart).

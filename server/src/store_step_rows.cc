@@ -76,11 +76,13 @@ absl::StatusOr<std::vector<RankStepRow>> SelectRankSteps(sqlite3* db, const std:
 absl::Status UpsertRuns(sqlite3* db, const std::vector<RunRow>& runs) {
   SqlStatement q(db,
                  "INSERT INTO runs (run_id, world_size, attempt, last_step, created_ms, "
-                 "last_seen_ms, incarnation, resume_step) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) "
+                 "last_seen_ms, incarnation, resume_step, rules_json, rules_source) "
+                 "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) "
                  "ON CONFLICT(run_id) DO UPDATE "
                  "SET world_size=excluded.world_size, attempt=excluded.attempt, "
                  "last_step=excluded.last_step, last_seen_ms=excluded.last_seen_ms, "
-                 "incarnation=excluded.incarnation, resume_step=excluded.resume_step");
+                 "incarnation=excluded.incarnation, resume_step=excluded.resume_step, "
+                 "rules_json=excluded.rules_json, rules_source=excluded.rules_source");
   return q.RunEach(runs, [](SqlStatement& q, const RunRow& r) {
     q.Bind(1, r.run_id).Bind(2, int64_t{r.world_size}).Bind(3, r.attempt);
     q.Bind(4, r.last_step).Bind(5, r.created_ms).Bind(6, r.last_seen_ms);
@@ -90,13 +92,14 @@ absl::Status UpsertRuns(sqlite3* db, const std::vector<RunRow>& runs) {
     } else {
       q.BindNull(8);
     }
+    q.Bind(9, r.rules_json).Bind(10, r.rules_source);
   });
 }
 
 absl::StatusOr<std::vector<RunRow>> Runs(sqlite3* db) {
   SqlStatement q(db,
                  "SELECT run_id, world_size, attempt, last_step, created_ms, last_seen_ms, "
-                 "incarnation, resume_step FROM runs ORDER BY run_id");
+                 "incarnation, resume_step, rules_json, rules_source FROM runs ORDER BY run_id");
   return q.All([](const SqlStatement& r) {
     RunRow row;
     row.run_id = r.Text(0);
@@ -107,6 +110,8 @@ absl::StatusOr<std::vector<RunRow>> Runs(sqlite3* db) {
     row.last_seen_ms = r.Int(5);
     row.incarnation = r.Text(6);
     if (!r.IsNull(7)) row.resume_step = r.Int(7);
+    row.rules_json = r.Text(8);
+    row.rules_source = r.Text(9);
     return row;
   });
 }

@@ -39,9 +39,9 @@ TEST_CASE("store migrations: a fresh database reaches the latest version", "[ser
   MemoryDb db;
   auto version = MigrateSchema(db.get());
   REQUIRE(version.ok());
-  CHECK(*version == 6);
+  CHECK(*version == 7);
   CHECK(*version == static_cast<int>(SchemaMigrations().size()));
-  CHECK(db.Int("PRAGMA user_version") == 6);
+  CHECK(db.Int("PRAGMA user_version") == 7);
   for (const char* table :
        {"runs", "steps", "rank_steps", "checkpoints", "incidents", "events", "flagged_shards",
         "quarantined_shards", "commands", "command_acks", "decisions", "outbox", "attempts",
@@ -67,8 +67,8 @@ TEST_CASE("store migrations: an older database is upgraded and keeps its rows", 
 
   auto latest = MigrateSchema(db.get());
   REQUIRE(latest.ok());
-  CHECK(*latest == 6);
-  CHECK(db.Int("PRAGMA user_version") == 6);
+  CHECK(*latest == 7);
+  CHECK(db.Int("PRAGMA user_version") == 7);
   CHECK(HasIndex(db, "outbox_once") == 1);
   CHECK(db.Int("SELECT world_size FROM runs WHERE run_id = 'r'") == 2);
   // Migration 5: a run from before incarnations has none, and no resume step.
@@ -120,7 +120,7 @@ TEST_CASE("store migrations: running twice is a no-op", "[server][store]") {
   const std::string before = Schema(db);
   auto again = MigrateSchema(db.get());
   REQUIRE(again.ok());
-  CHECK(*again == 6);
+  CHECK(*again == 7);
   CHECK(Schema(db) == before);
 }
 

@@ -126,11 +126,11 @@ TEST_CASE("store migrations: running twice is a no-op", "[server][store]") {
 
 TEST_CASE("store migrations: a newer database is refused untouched", "[server][store]") {
   MemoryDb db;
-  REQUIRE(db.Exec("PRAGMA user_version=7") == SQLITE_OK);
+  REQUIRE(db.Exec("PRAGMA user_version=8") == SQLITE_OK);
   auto version = MigrateSchema(db.get());
   REQUIRE_FALSE(version.ok());
   CHECK(version.status().code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(db.Int("PRAGMA user_version") == 7);
+  CHECK(db.Int("PRAGMA user_version") == 8);
   CHECK(db.Int("SELECT COUNT(*) FROM sqlite_master") == 0);
 }
 

@@ -19,6 +19,7 @@
 #include "spill.h"
 #include "step_message.h"
 #include "trainwatch/core/file_system.h"
+#include "trainwatch/core/rule_config_hash.h"
 #include "trainwatch/v1/agent.pb.h"
 #include "trainwatch/wire/client_tls.h"
 #include "trainwatch/wire/run_id.h"
@@ -54,7 +55,8 @@ class Agent::Impl {
       : config_(config),
         reducer_(std::move(reducer)),
         origin_{config.run_id, reducer_->rank(), reducer_->world_size(), std::move(incarnation)},
-        engine_(std::make_unique<core::RuleEngine>(config.rules)),
+        rules_(config.rules.value_or(core::RuleConfig())),
+        engine_(std::make_unique<core::RuleEngine>(rules_)),
         history_(config.resume_history_records),
         sender_(config, origin_, std::move(spill)) {
     if (!config_.server_address.empty()) sender_.Start();
@@ -71,6 +73,7 @@ class Agent::Impl {
     sender_.FillStats(&s);
     s.steps = steps_.load();
     s.streaming = !config_.server_address.empty();
+    s.server_rules_from_step = server_rules_from_.load();
     return s;
   }
   const core::StepOutcome& outcome() const { return outcome_; }
@@ -91,6 +94,8 @@ class Agent::Impl {
       history_head_ = (history_head_ + 1) % history_.size();
     }
   }
+  // The engine rebuilt by `rules` from the kept records up to `step`.
+  std::unique_ptr<core::RuleEngine> Rebuild(const core::RuleConfig& rules, int64_t step);
   // Every rank's shard ids; a collective.
   absl::Status GatherShards(absl::Span<const uint64_t> mine, std::vector<uint64_t>* all);
   // Hands the step's record to the sender (rank 0: the run's; another rank:
@@ -101,6 +106,11 @@ class Agent::Impl {
   const AgentConfig config_;
   const std::unique_ptr<Reducer> reducer_;
   const internal::Origin origin_;
+  // What the engine judges by: the job's own, the defaults, or, from
+  // server_rules_from_, the server's (AgentConfig::rules).
+  core::RuleConfig rules_;
+  uint32_t rules_hash_ = core::RuleConfigHash(rules_);  // told with each record
+  std::atomic<int64_t> server_rules_from_{-1};
   std::unique_ptr<core::RuleEngine> engine_;
   std::vector<core::StepRecord> history_;
   size_t history_head_ = 0, history_count_ = 0;
@@ -134,10 +144,27 @@ absl::StatusOr<Verdict> Agent::Impl::Step(const StepInput& in) {
   if (absl::Status s = CheckLossScale(in); !s.ok()) return s;
   steps_.fetch_add(1, std::memory_order_relaxed);
   internal::StepReduction reduced(in);
+  // Without rules of its own, a streaming agent says whether it holds the
+  // server's, so that every rank switches to them at the same step.
+  const bool awaits_rules = !config_.rules.has_value() && server_rules_from_.load() < 0 &&
+                            !config_.server_address.empty();
+  if (awaits_rules) reduced.SetRulesHash(sender_.server_rules_hash());
   if (absl::Status s = reducer_->AllReduce(reduced.sums(), reduced.maxes()); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("cross-rank reduction failed: ", s.message()));
   }
   values_ = reduced.Values();
+  if (const uint32_t agreed = reduced.AgreedRulesHash(); awaits_rules && agreed != 0) {
+    // Every rank holds rules of this hash: the same rules, taken at the same
+    // step, before this step is judged. The engine is rebuilt from the
+    // steps before this one, as the server judged them.
+    std::optional<core::RuleConfig> server = sender_.ServerRules();
+    if (server.has_value() && core::RuleConfigHash(*server) == agreed) {
+      rules_ = *std::move(server);
+      rules_hash_ = agreed;
+      engine_ = Rebuild(rules_, in.step - 1);
+      server_rules_from_.store(in.step);
+    }
+  }
   core::StepRecord rec(in.step, values_);
   rec.shards = in.shards;
   rec.shard_names = in.shard_names;
@@ -180,6 +207,13 @@ void Agent::Impl::Queue(const StepInput& in, const core::StepRecord& rec,
   slot->elements = slot->rank_scope ? static_cast<uint64_t>(reduced.local_elements())
                                     : reduced.elements();
   slot->verdict = outcome_.verdict;
+  slot->verdict_event.reset();
+  if (outcome_.verdict.decision != Decision::kContinue) {
+    for (const core::Event& e : outcome_.events) {
+      if (e.kind == outcome_.verdict.rule) slot->verdict_event = e;
+    }
+  }
+  slot->rules_hash = rules_hash_;
   slot->shard_count = static_cast<uint16_t>(std::min(in.shards.size(), Slot::kMaxShards));
   std::copy_n(in.shards.begin(), slot->shard_count, slot->shards);
   slot->shard_names.assign(in.shard_names.begin(), in.shard_names.end());
@@ -254,20 +288,28 @@ void Agent::Impl::Acknowledge(const std::string& command_id, AckStatus status,
   sender_.SendControl(std::move(m));
 }
 
+std::unique_ptr<core::RuleEngine> Agent::Impl::Rebuild(const core::RuleConfig& rules,
+                                                       int64_t step) {
+  core::EngineRebuilder rebuild(rules, step);
+  for (const auto& [s, uri] : checkpoints_) rebuild.NoteCheckpoint(s, uri);
+  for (size_t i = 0; i < history_count_; ++i) {
+    const core::StepRecord& rec = history_[(history_head_ + i) % history_.size()];
+    if (rec.step > step) break;
+    rebuild.Feed(rec);
+  }
+  return std::move(rebuild).Finish();
+}
+
 void Agent::Impl::ResumeFrom(int64_t step) {
   // Replay the kept records up to the checkpoint; forget the rest. Every
   // rank kept the same reduced records, so every rank rebuilds the same
   // engine.
-  core::EngineRebuilder rebuild(config_.rules, step);
-  for (const auto& [s, uri] : checkpoints_) rebuild.NoteCheckpoint(s, uri);
+  engine_ = Rebuild(rules_, step);
   size_t kept = 0;
-  for (; kept < history_count_; ++kept) {
-    const core::StepRecord& rec = history_[(history_head_ + kept) % history_.size()];
-    if (rec.step > step) break;
-    rebuild.Feed(rec);
+  while (kept < history_count_ && history_[(history_head_ + kept) % history_.size()].step <= step) {
+    ++kept;
   }
   history_count_ = kept;
-  engine_ = std::move(rebuild).Finish();
   sender_.AbandonAfter(step);
 }
 
@@ -395,7 +437,9 @@ absl::Status ResolveRunId(AgentConfig* cfg, int rank) {
 absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
                                                      std::unique_ptr<Reducer> reducer) {
   if (reducer == nullptr) return absl::InvalidArgumentError("a reducer is required");
-  if (absl::Status s = core::Validate(config.rules); !s.ok()) return s;
+  if (config.rules.has_value()) {
+    if (absl::Status s = core::Validate(*config.rules); !s.ok()) return s;
+  }
   if (config.memory_records == 0 || config.ring_records == 0) {
     return absl::InvalidArgumentError("memory_records and ring_records must be positive");
   }

@@ -95,6 +95,7 @@ StepReduction::StepReduction(const StepInput& in) {
   put(in.attention_logit_p99, kAttnP99, kHasAttn);
   put(in.loss_scale, kLossScale, kHasLossScale);
   maxes_[kLossScaleOverflow] = in.loss_scale_overflow ? 1 : 0;
+  SetRulesHash(0);
   // A max over NaN is not defined the same way by every collective (NCCL's
   // is not): a nonfinite value travels as +inf, still nonfinite, still seen.
   for (double& m : maxes_) {

@@ -45,6 +45,20 @@ class StepReduction {
   int64_t local_nonfinite() const { return local_nonfinite_; }
   int64_t local_elements() const { return local_elements_; }
 
+  // The server's rules this rank holds, as a hash in [1, 2^31] (0: none
+  // yet), carried in the step's collective so that every rank switches to
+  // them at the same step (agent.h): set before the reduction.
+  void SetRulesHash(uint32_t hash) {
+    maxes_[kRulesHash] = static_cast<double>(hash);
+    maxes_[kRulesHashNegated] = -static_cast<double>(hash);
+  }
+  // After the reduction: the hash when every rank holds the same server
+  // rules (its minimum equals its maximum and is not 0), else 0.
+  uint32_t AgreedRulesHash() const {
+    const double max = maxes_[kRulesHash], min = -maxes_[kRulesHashNegated];
+    return max == min && min > 0 ? static_cast<uint32_t>(min) : 0;
+  }
+
  private:
   enum SumIndex {
     kSumSq, kNonfinite, kElements, kHasGrad, kLossSum, kLossCount, kLossNonfinite,
@@ -52,7 +66,10 @@ class StepReduction {
   };
   enum MaxIndex {
     kLr, kZLoss, kActMax, kAttnP99, kHasLr, kHasZLoss, kHasAct, kHasAttn,
-    kLossScale, kHasLossScale, kLossScaleOverflow, kNumMaxes
+    kLossScale, kHasLossScale, kLossScaleOverflow,
+    // The minimum over ranks is the maximum of the negated values: the
+    // reducer has sums and maxes only.
+    kRulesHash, kRulesHashNegated, kNumMaxes
   };
 
   static uint64_t Count(double weighted) {

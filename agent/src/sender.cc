@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "trainwatch/core/rule_config_hash.h"
 #include "trainwatch/core/version.h"
 #include "trainwatch/wire/client_tls.h"
 
@@ -258,6 +259,24 @@ void Sender::HandleServerMessage(const v1::ServerMessage& m) {
       answered_ = true;
       awaited_command_ = a.pending_command_id();
     }
+    // The first rules the server names are kept: the run's rules are fixed
+    // by the server, and a rank that switched must not switch again.
+    if (!config_.rules.has_value() && !a.rules_json().empty() && !server_rules_.has_value()) {
+      absl::StatusOr<core::RuleConfig> rules =
+          core::ParseRuleConfigJson(a.rules_json(), "the server's rules for the run");
+      if (rules.ok()) {
+        server_rules_ = *rules;
+        server_rules_hash_.store(core::RuleConfigHash(*rules), std::memory_order_release);
+        if (origin_.rank == 0) {
+          std::fprintf(stderr, "trainwatch agent: run %s: the server judges by %s; switching to "
+                       "them once every rank has them\n", origin_.run_id.c_str(),
+                       a.rules_source().empty() ? "its rules" : a.rules_source().c_str());
+        }
+      } else {
+        std::fprintf(stderr, "trainwatch agent: run %s: ignoring the server's rules: %s\n",
+                     origin_.run_id.c_str(), std::string(rules.status().message()).c_str());
+      }
+    }
     auto it = a.durable_step().find(origin_.rank);
     if (it == a.durable_step().end()) return;
     if (it->second <= durable_) return;
@@ -311,7 +330,13 @@ v1::AgentMessage Sender::HelloMessage() const {
   h->set_incarnation_id(origin_.incarnation);
   if (config_.resume_step) h->set_resume_step(*config_.resume_step);
   h->set_observed(config_.observed);
+  if (config_.rules.has_value()) h->set_rules_json(core::RuleConfigToJson(*config_.rules));
   return m;
+}
+
+std::optional<core::RuleConfig> Sender::ServerRules() const {
+  absl::MutexLock lock(&mu_);
+  return server_rules_;
 }
 
 v1::AgentMessage Sender::HeartbeatMessage() const {

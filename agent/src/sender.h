@@ -67,6 +67,15 @@ class Sender {
   // are never sent. Training thread only.
   void AbandonAfter(int64_t step) ABSL_LOCKS_EXCLUDED(mu_, drain_mu_);
 
+  // The run's rules from the server's answer to a hello (DurabilityAck.
+  // rules_json), for an agent without rules of its own: their hash
+  // (RulesHash, 0 before any arrived) is read on the step path without a
+  // lock; the rules themselves once the ranks agreed on that hash.
+  uint32_t server_rules_hash() const {
+    return server_rules_hash_.load(std::memory_order_acquire);
+  }
+  std::optional<core::RuleConfig> ServerRules() const ABSL_LOCKS_EXCLUDED(mu_);
+
   // The transport's part of the agent's statistics (every field but steps).
   void FillStats(AgentStats* s) const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -136,6 +145,8 @@ class Sender {
   bool Answered() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stop_ || (answered_ && awaited_command_.empty());
   }
+  std::optional<core::RuleConfig> server_rules_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint32_t> server_rules_hash_{0};
   // A set, since the loader asks about each name it is about to serve.
   std::set<std::string, std::less<>> quarantine_names_ ABSL_GUARDED_BY(mu_);
   // The writer's blocking call, watched by the pump (0: none in progress).

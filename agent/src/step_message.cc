@@ -1,5 +1,6 @@
 #include "step_message.h"
 
+#include "trainwatch/wire/event.h"
 #include "trainwatch/wire/step_report.h"
 #include "trainwatch/wire/time.h"
 
@@ -37,6 +38,8 @@ v1::AgentMessage StepMessage(const Origin& origin, const Slot& s) {
   rep.update_skipped = s.verdict.decision == Decision::kSkipUpdate;
   wire::StepToProto(rep, r);
   wire::VerdictToProto(s.verdict, r);
+  if (s.verdict_event.has_value()) wire::EventToProto(*s.verdict_event, r->mutable_verdict_reason());
+  r->set_rules_hash(s.rules_hash);
   wire::SetTime(s.time_ms, r->mutable_time());
   return m;
 }

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,10 @@ struct Slot {
   double loss_ema_ratio = 0;  // NaN: not sent
   uint64_t nonfinite = 0, elements = 0;
   Verdict verdict;
+  // The event behind a skip or a halt (a failure path: copied only then),
+  // and the hash of the rules the verdict came from.
+  std::optional<core::Event> verdict_event;
+  uint32_t rules_hash = 0;
   uint16_t shard_count = 0;
   uint64_t shards[kMaxShards];
   std::vector<uint64_t> gathered_shards;  // every rank's, when not empty

@@ -10,6 +10,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "proto_text.h"
+#include "trainwatch/core/config.h"
+#include "trainwatch/core/json.h"
 
 namespace trainwatch::cli {
 namespace {
@@ -148,6 +150,34 @@ std::string Chart(const Series& s, int64_t first, int64_t last,
 
 }  // namespace
 
+std::string RulesText(const v1::RunInfo& run) {
+  std::string out = absl::StrCat("rules: ", run.rules_source().empty() ? "unknown" : run.rules_source());
+  // Only what differs from the defaults: the whole set is a page long.
+  absl::StatusOr<core::JsonValue> given = core::ParseJson(run.rules_json(), "rules_json");
+  absl::StatusOr<core::JsonValue> defaults =
+      core::ParseJson(core::RuleConfigToJson(core::RuleConfig()), "defaults");
+  if (!run.rules_json().empty() && given.ok() && defaults.ok()) {
+    std::vector<std::string> differ;
+    for (const auto& [key, value] : given->object) {
+      const core::JsonValue* d = defaults->Find(key);
+      if (value.type != core::JsonValue::Type::kNumber && value.type != core::JsonValue::Type::kBool) {
+        continue;  // the bounds object
+      }
+      if (d == nullptr || d->number != value.number || d->boolean != value.boolean) {
+        differ.push_back(absl::StrCat(key, "=", value.type == core::JsonValue::Type::kBool
+                                                    ? (value.boolean ? "true" : "false")
+                                                    : value.string));
+      }
+    }
+    absl::StrAppend(&out, differ.empty() ? " (the defaults)"
+                                         : absl::StrCat(" (", absl::StrJoin(differ, ", "),
+                                                        "; the rest the defaults)"));
+  }
+  absl::StrAppend(&out, "; ", run.agent_decisions(), " agent decision(s), ",
+                  run.decision_divergences(), " divergence(s) from the server's engine");
+  return out;
+}
+
 std::string HtmlEscape(const std::string& text) {
   std::string out;
   out.reserve(text.size());
@@ -243,6 +273,7 @@ std::string RenderReportHtml(const v1::GetRunStatusResponse& status,
   if (status.has_latest_checkpoint()) {
     absl::StrAppend(&h, "; latest checkpoint at step ", status.latest_checkpoint().step());
   }
+  absl::StrAppend(&h, ".</p>\n<p class=\"meta\">", HtmlEscape(RulesText(run)));
   h += ".</p>\n<p class=\"meta\">Vertical lines mark incidents at their detection step (hover "
        "for the title); a shaded band runs from a page's onset to its detection; dots at the "
        "top mark nonfinite values; dashed grey is what a rollback undid (earlier attempts).</p>\n";

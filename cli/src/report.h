@@ -23,6 +23,11 @@ std::string RenderReportHtml(const trainwatch::v1::GetRunStatusResponse& status,
                              const trainwatch::v1::ListIncidentsResponse& incidents,
                              const trainwatch::v1::ListQuarantinedShardsResponse& shards);
 
+// One line on the rules the server judges the run by: their source, the
+// fields that differ from the defaults (all of them are in `-o json`), and
+// the agents' decisions and divergences. Shared by `status` and `report`.
+std::string RulesText(const trainwatch::v1::RunInfo& run);
+
 // Text safe inside HTML elements and attribute values.
 std::string HtmlEscape(const std::string& text);
 

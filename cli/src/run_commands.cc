@@ -83,6 +83,7 @@ class StatusCommand : public Command {
                       "; no update is skipped nor the trainer halted, a rollback is a restart "
                       "by hand\n");
     }
+    absl::StrAppend(out, "  ", RulesText(resp.run()), "\n");
     std::vector<double> loss, gn, lz, ratio;
     for (const auto& p : resp.recent()) {
       loss.push_back(p.metrics().has_loss() ? p.metrics().loss() : NAN);

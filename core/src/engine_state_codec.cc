@@ -153,10 +153,11 @@ struct StateCodec {
     m.count_ = r.I64("decaying mean");
   }
 
+  // The ring keeps each sample's step and where its heap holds it; the heaps
+  // keep the values (windows.h), so both are written as they are.
   static void Save(const SlidingMedian& m, Writer& w) {
     w.U64(m.ring_.size());
     for (const SlidingMedian::Slot& s : m.ring_) {
-      w.F64(s.value);
       w.I64(s.step);
       w.I64(s.pos);
       w.Bool(s.in_low);
@@ -165,15 +166,17 @@ struct StateCodec {
     w.U64(m.count_);
     for (const auto* heap : {&m.low_, &m.high_}) {
       w.U64(heap->size());
-      for (int32_t slot : *heap) w.I64(slot);
+      for (const SlidingMedian::Entry& e : *heap) {
+        w.F64(e.value);
+        w.I64(e.slot);
+      }
     }
   }
   static void Load(SlidingMedian& m, Reader& r) {
-    const size_t n = r.Count("median ring", 25, m.ring_.size());
+    const size_t n = r.Count("median ring", 17, m.ring_.size());
     r.Expect(n == m.ring_.size(), "median ring", "does not match the rules' window");
     if (!r.ok()) return;
     for (SlidingMedian::Slot& s : m.ring_) {
-      s.value = r.F64("median slot");
       s.step = r.I64("median slot");
       s.pos = static_cast<int32_t>(r.Index("median slot position", n));
       s.in_low = r.Bool("median slot");
@@ -182,10 +185,13 @@ struct StateCodec {
     m.count_ = r.Index("median count", n, /*inclusive=*/true);
     size_t held = 0;
     for (auto* heap : {&m.low_, &m.high_}) {
-      const size_t k = r.Count("median heap", 8, n);
+      const size_t k = r.Count("median heap", 16, n);
       heap->clear();
       for (size_t i = 0; i < k && r.ok(); ++i) {
-        heap->push_back(static_cast<int32_t>(r.Index("median heap slot", n)));
+        SlidingMedian::Entry e;
+        e.value = r.F64("median heap value");
+        e.slot = static_cast<int32_t>(r.Index("median heap slot", n));
+        heap->push_back(e);
       }
       held += k;
     }
@@ -194,9 +200,9 @@ struct StateCodec {
     // Each live slot must be where its heap says, or a later removal would
     // corrupt the heaps.
     for (bool low : {true, false}) {
-      const std::vector<int32_t>& heap = low ? m.low_ : m.high_;
+      const std::vector<SlidingMedian::Entry>& heap = low ? m.low_ : m.high_;
       for (size_t i = 0; i < heap.size(); ++i) {
-        const SlidingMedian::Slot& s = m.ring_[static_cast<size_t>(heap[i])];
+        const SlidingMedian::Slot& s = m.ring_[static_cast<size_t>(heap[i].slot)];
         r.Expect(s.in_low == low && static_cast<size_t>(s.pos) == i, "median heaps",
                  "disagree with their slots");
       }

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "trainwatch/core/config.h"
 #include "trainwatch/core/shard_names.h"
 
 namespace trainwatch::server {
@@ -64,6 +65,16 @@ absl::Status CheckAgentMessage(const v1::AgentMessage& m, const AgentStreamProgr
       if (h.has_resume_step() && h.resume_step() < -1) {
         return absl::InvalidArgumentError(
             absl::StrCat("hello: resume_step must be >= -1, not ", h.resume_step()));
+      }
+      if (h.rules_json().size() > limits.max_hello_rules_bytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("hello: rules_json is ", h.rules_json().size(), " bytes long: at most ",
+                         limits.max_hello_rules_bytes));
+      }
+      if (!h.rules_json().empty()) {
+        // The parser names the field and the bound it breaks.
+        absl::Status s = core::ParseRuleConfigJson(h.rules_json(), "hello.rules_json").status();
+        if (!s.ok()) return absl::InvalidArgumentError(s.message());
       }
       return CheckRank("hello", h.rank(), h.world_size(), limits);
     }

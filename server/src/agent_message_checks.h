@@ -17,6 +17,10 @@
 //   - A Hello's incarnation_id is at most kMaxIncarnationIdBytes bytes of
 //     the run id's characters (it may be empty: an older agent), and its
 //     resume_step, when set, is >= -1 (INVALID_ARGUMENT).
+//   - A Hello's rules_json, when set, is at most max_hello_rules_bytes and
+//     valid rules (core::ParseRuleConfigJson, which also bounds the rules'
+//     memory): INVALID_ARGUMENT naming hello.rules_json and what is wrong,
+//     since the server would build the run's engine from them.
 
 #ifndef TRAINWATCH_SERVER_AGENT_MESSAGE_CHECKS_H_
 #define TRAINWATCH_SERVER_AGENT_MESSAGE_CHECKS_H_
@@ -42,6 +46,10 @@ struct AgentStreamLimits {
   // Largest world_size a Hello or StepReport may claim: a bound on what one
   // run may make the server keep per step (ranks mode aggregates per rank).
   int32_t max_world_size = 65'536;
+  // Largest Hello.rules_json: the rules the server keeps with the run and
+  // parses. Every RuleConfig field printed with its bounds takes under 4
+  // KiB, so 16 KiB leaves room for whitespace and fields to come.
+  size_t max_hello_rules_bytes = 16 * 1024;
 };
 
 // What a stream has seen so far, as far as the rules care.

@@ -27,7 +27,8 @@ bool Ingestor::EngineReplay::Feed(const StepRow& s, const std::string& checkpoin
 }
 
 absl::StatusOr<Ingestor::EngineReplay> Ingestor::StartReplay(const std::string& run_id,
-                                                             int64_t attempt, int64_t up_to) {
+                                                             int64_t attempt, int64_t up_to,
+                                                             const core::RuleConfig& rules) {
   if (options_.engine_snapshot_steps > 0) {
     absl::StatusOr<std::optional<EngineSnapshotRow>> snap =
         store_->LatestEngineSnapshot(run_id, attempt, up_to);
@@ -35,7 +36,7 @@ absl::StatusOr<Ingestor::EngineReplay> Ingestor::StartReplay(const std::string& 
     if (snap->has_value()) {
       const EngineSnapshotRow& row = **snap;
       absl::StatusOr<std::unique_ptr<core::RuleEngine>> engine =
-          core::RuleEngine::FromState(options_.rules, row.state);
+          core::RuleEngine::FromState(rules, row.state);
       // The blob's own last step must be the row's: anything else is a
       // snapshot of some other history.
       if (engine.ok() && (*engine)->last_step() != row.step) {
@@ -55,7 +56,7 @@ absl::StatusOr<Ingestor::EngineReplay> Ingestor::StartReplay(const std::string& 
                    << "); replaying the attempt's whole history";
     }
   }
-  return EngineReplay{core::EngineRebuilder(options_.rules, up_to)};
+  return EngineReplay{core::EngineRebuilder(rules, up_to)};
 }
 
 void Ingestor::MaybeSnapshotEngine(RunState& run, bool force, int64_t now) {

@@ -141,9 +141,19 @@ class Exporter : public prometheus::Collectable {
                                  "1 for a run followed from its log (twctl follow): observed, "
                                  "not enforced; no update skipped, no halt.",
                                  MetricType::Gauge);
+      MetricFamily& a = family("trainwatch_agent_decisions_total",
+                               "Skips and halts agents decided, each on record as a decision, "
+                               "since trainwatchd started.",
+                               MetricType::Counter);
+      MetricFamily& d = family("trainwatch_decision_divergences_total",
+                               "Evaluated steps where the agent's verdict differs from the "
+                               "server engine's by the run's rules, since trainwatchd started.",
+                               MetricType::Counter);
       for (const RunSnapshot& r : runs) {
         add(f, {{"run", r.row.run_id}}, double(r.skipped_total));
         add(m, {{"run", r.row.run_id}}, double(r.missing_rank_steps_total));
+        add(a, {{"run", r.row.run_id}}, double(r.agent_decisions_total));
+        add(d, {{"run", r.row.run_id}}, double(r.decision_divergences_total));
         if (r.row.observed) {
           add(rec, {{"run", r.row.run_id}}, double(r.skips_recommended_total));
           add(obs, {{"run", r.row.run_id}}, 1.0);

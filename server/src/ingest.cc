@@ -293,6 +293,7 @@ void Ingestor::HandleStep(RunState& run, const StepReport& r, uint64_t stream, i
     return;
   }
   Evaluate(run, std::move(s), now, rep.tensors);
+  if (run.row.last_step == r.step()) RecordAgentVerdict(run, r, now);  // evaluated
 }
 
 bool Ingestor::FarAhead(RunState& run, int64_t step, bool rank_scope) {

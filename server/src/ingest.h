@@ -71,7 +71,7 @@
 //
 // Followed runs (Hello.observed: `twctl follow` streams a job's log, and
 // nothing reaches the trainer). The latest Hello marks the run (runs.observed,
-// migration 8), so the mark survives a restart. Its records are observed, not
+// migration 7), so the mark survives a restart. Its records are observed, not
 // enforced:
 //   - a tier 1 verdict is stored as the engine gave it, but counted in
 //     skips_recommended_total, never in skipped_total (the exporter's
@@ -87,6 +87,28 @@
 //     the plan's step, which completes the rollback as every rank's ack
 //     would (a new attempt from that checkpoint). A resume from any other
 //     step is a resume as usual and the rollback stays awaited.
+//
+// The run's rules (ingest_rules.cc). Each run is judged by one RuleConfig,
+// recorded with the run (runs.rules_json and rules_source, migration 9) so
+// that a restart rebuilds it by the same rules:
+//   - an agent given rules of its own announces them in its Hello
+//     (rules_json): the first such Hello before the run's first evaluated
+//     step fixes them ("agent"), and the engine restarts on them; a later
+//     Hello with other rules is logged and changes nothing (the run's
+//     history was judged by the rules it has);
+//   - otherwise the run takes the first --run_rules pattern matching its
+//     id ("server --run_rules <pattern>"), else --rules ("server --rules"),
+//     else the defaults ("server defaults"), when it is created;
+//   - every answer to a Hello names them (DurabilityAck.rules_json), and an
+//     agent without rules of its own switches to them (agent.h).
+// Whatever an agent decided (a skip or a halt in a global record's verdict)
+// is stored as a decision (DECISION_KIND_AGENT_*) with its rule, the
+// engine's explanation and, when its StepReport.rules_hash names rules the
+// server knows (the run's, or the defaults), those rules' JSON; whether the
+// server's engine agreed or not. An evaluated step whose agent verdict
+// differs from the server's is a divergence: logged and counted
+// (RunSnapshot::decision_divergences_total; both counts restart at 0 with
+// trainwatchd).
 //
 // Bounds, so that no agent can grow the server without limit:
 //   runs in memory: at most max_runs_in_memory runs keep their engine state
@@ -198,6 +220,10 @@ struct RunSnapshot {
   int64_t incidents_total[4] = {0, 0, 0, 0};  // by tier
   int64_t open_incidents[4] = {0, 0, 0, 0};
   int64_t missing_rank_steps_total = 0;
+  // Skips and halts agents decided (each stored as a decision), and steps
+  // where the agent's verdict and the server's engine's differ.
+  int64_t agent_decisions_total = 0;
+  int64_t decision_divergences_total = 0;
 };
 
 struct IngestStats {
@@ -225,8 +251,20 @@ struct IngestStats {
   int64_t engine_snapshots_refused_total = 0;
 };
 
-struct IngestOptions {
+// Rules for the runs whose id matches `pattern` (a glob: * ? [...], as
+// fnmatch(3)); trainwatchd --run_rules.
+struct RunRules {
+  std::string pattern;
   core::RuleConfig rules;
+};
+
+struct IngestOptions {
+  // The rules of a run whose agent announces none and that no run_rules
+  // pattern matches (trainwatchd --rules), and how runs record their source.
+  core::RuleConfig rules;
+  std::string rules_source = "server defaults";
+  // Tried in order; the first match wins (see "The run's rules" above).
+  std::vector<RunRules> run_rules;
   int64_t aggregation_timeout_ms = 30'000;
   // Upper bound on one batch, to keep commits short under a flood.
   size_t max_batch_items = 50'000;
@@ -298,6 +336,7 @@ class Ingestor {
       incidents.set_observed(r.observed);
     }
     RunRow row;
+    core::RuleConfig rules;  // what the engine judges by (row.rules_json)
     bool mode_known = false;
     bool rank_mode = false;
     std::unique_ptr<core::RuleEngine> engine;
@@ -317,6 +356,8 @@ class Ingestor {
     int64_t attempt_skipped = 0;
     int64_t attempt_overflows = 0;
     int64_t snapshot_step = -1;
+    int64_t agent_decisions_total = 0;
+    int64_t decision_divergences_total = 0;
     // The approved rollback being carried out, until every rank applied it.
     std::optional<RollbackCommand> command;
     ShardQuarantine quarantined;
@@ -364,10 +405,10 @@ class Ingestor {
     bool Feed(const StepRow& s, const std::string& checkpoint_uri);
   };
   // A snapshot that does not decode or was built under other rules than
-  // options_.rules is logged and a full replay happens; an error only when
-  // the store cannot be read.
+  // `rules` (the run's) is logged and a full replay happens; an error only
+  // when the store cannot be read.
   absl::StatusOr<EngineReplay> StartReplay(const std::string& run_id, int64_t attempt,
-                                           int64_t up_to);
+                                           int64_t up_to, const core::RuleConfig& rules);
   // Adds the run's engine snapshot to batch_ when `force` (eviction,
   // shutdown) and it moved since the last, or engine_snapshot_steps passed.
   void MaybeSnapshotEngine(RunState& run, bool force, int64_t now);
@@ -400,6 +441,18 @@ class Ingestor {
                        int64_t incident_id, int32_t world_size, int64_t now);
   void HandleStep(RunState& run, const trainwatch::v1::StepReport& r, uint64_t stream,
                   int64_t now);
+  // ingest_rules.cc: the run's rules (see above). A new run's, by the
+  // options.
+  void AssignRules(RunState& run) const;
+  // A run read from the store: its recorded rules (a damaged column is an
+  // error), or, for a run from before migration 9, AssignRules.
+  absl::Status RestoreRules(RunState& run) const;
+  // A Hello's rules, when it announces any.
+  void AdoptHelloRules(RunState& run, const trainwatch::v1::Hello& h);
+  // The agent's verdict in an evaluated global record against the
+  // server's (run.out): stored as a decision when a skip or a halt, counted
+  // and logged when they differ.
+  void RecordAgentVerdict(RunState& run, const trainwatch::v1::StepReport& r, int64_t now);
   // `tensors`: the report's per-tensor statistics, if any (names the source
   // of a numerical failure).
   void Evaluate(RunState& run, StepRow step, int64_t now,

@@ -97,11 +97,11 @@ DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
       out.status = cks.status();
       return out;
     }
-    const size_t keep = static_cast<size_t>(options_.rules.checkpoints_retained);
+    const size_t keep = static_cast<size_t>(run->rules.checkpoints_retained);
     const absl::Span<const CheckpointRow> retained =
         absl::MakeConstSpan(*cks).last(std::min(keep, cks->size()));
     absl::StatusOr<v1::RollbackPlan> plan =
-        PlanRollback(inc, r, retained, options_.rules.shard_steps_before_onset);
+        PlanRollback(inc, r, retained, run->rules.shard_steps_before_onset);
     if (!plan.ok()) {
       out.status = plan.status();
       return out;

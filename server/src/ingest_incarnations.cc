@@ -42,6 +42,7 @@ void Ingestor::HandleHello(const trainwatch::v1::Hello& h, uint64_t stream, int6
     run->row_dirty = true;
     run->incidents.set_observed(h.observed());
   }
+  AdoptHelloRules(*run, h);
   // A job restarted for the rollback under way may have fewer ranks: the
   // command waits for the world it says it has (see ingest.h).
   if (run->command && h.world_size() > 0) run->command->world_size = h.world_size();
@@ -62,6 +63,8 @@ void Ingestor::HandleHello(const trainwatch::v1::Hello& h, uint64_t stream, int6
     (*ack.mutable_durability_ack()->mutable_durable_step())[0] = run->row.last_step;
   }
   AnswerHello(*run, h, kind, now, ack.mutable_durability_ack());
+  ack.mutable_durability_ack()->set_rules_json(run->row.rules_json);
+  ack.mutable_durability_ack()->set_rules_source(run->row.rules_source);
   outgoing_.emplace_back(run->row.run_id, stream, ack.SerializeAsString());
   // A (re)connected rank gets what it has not applied yet.
   if (!run->quarantined.empty() && !run->row.observed) {
@@ -174,10 +177,10 @@ int64_t Ingestor::StartAttempt(RunState& run, int64_t up_to_step, AttemptStart s
   // From the old attempt's newest engine snapshot at or before the step,
   // when one is usable.
   absl::StatusOr<EngineReplay> started =
-      StartReplay(copy.run_id, copy.from_attempt, copy.up_to_step);
+      StartReplay(copy.run_id, copy.from_attempt, copy.up_to_step, run.rules);
   if (!started.ok()) {
     LOG(ERROR) << "run " << copy.run_id << ": reading the engine snapshots: " << started.status();
-    started = EngineReplay{core::EngineRebuilder(options_.rules, copy.up_to_step)};
+    started = EngineReplay{core::EngineRebuilder(run.rules, copy.up_to_step)};
   }
   EngineReplay& replay = *started;
   auto feed = [&](const StepRow& s, const std::string& ckpt) {

@@ -102,7 +102,8 @@ Ingestor::RunState* Ingestor::RunFor(const std::string& run_id, int32_t world_si
       row.created_ms = now;
       row.last_seen_ms = now;
       auto rs = std::make_unique<RunState>(row);
-      rs->engine = std::make_unique<core::RuleEngine>(options_.rules);
+      AssignRules(*rs);
+      rs->engine = std::make_unique<core::RuleEngine>(rs->rules);
       rs->row_dirty = true;
       runs_.emplace(run_id, std::move(rs));
     }
@@ -182,9 +183,10 @@ absl::Status Ingestor::Recover() {
 absl::StatusOr<Ingestor::RunState*> Ingestor::RecoverRun(const RunRow& row) {
   auto rs = std::make_unique<RunState>(row);
   RunState& r = *rs;
+  if (absl::Status st = RestoreRules(r); !st.ok()) return st;
   // From the attempt's newest engine snapshot, when one is usable.
   absl::StatusOr<EngineReplay> replay =
-      StartReplay(row.run_id, row.attempt, std::numeric_limits<int64_t>::max());
+      StartReplay(row.run_id, row.attempt, std::numeric_limits<int64_t>::max(), r.rules);
   if (!replay.ok()) return replay.status();
   absl::Status st = store_->ForEachStep(
       row.run_id, row.attempt,
@@ -310,6 +312,8 @@ RunSnapshot Ingestor::SnapshotOf(const RunState& r) {
   s.skips_recommended_total = r.skips_recommended_total;
   s.loss_scale_overflows_total = r.loss_scale_overflows_total;
   s.missing_rank_steps_total = r.missing_rank_steps_total;
+  s.agent_decisions_total = r.agent_decisions_total;
+  s.decision_divergences_total = r.decision_divergences_total;
   for (int t = 0; t < 4; ++t) s.incidents_total[t] = r.incidents.totals()[t];
   for (const auto& [ep, inc] : r.incidents.open()) {
     s.open_incidents[std::clamp(inc.tier, 0, 3)]++;

@@ -163,6 +163,7 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
       auto it = connected.find(run->row.run_id);
       RunToProto(*run, it == connected.end() ? 0 : static_cast<int32_t>(it->second.size()),
                  resp->mutable_run());
+      resp->mutable_run()->set_rules_json(run->row.rules_json);
       if (run->has_latest) StepToProto(run->latest, resp->mutable_latest());
       const int window = static_cast<int>(std::clamp<int64_t>(
           req->window_steps() > 0 ? req->window_steps() : 200, 1, 100000));

@@ -77,6 +77,15 @@ absl::Status CheckFlagRange(absl::string_view flag, int64_t value, int64_t lo, i
 // INVALID_ARGUMENT saying what is wrong otherwise.
 absl::Status CheckListenAddress(const std::string& address, bool allow_unix);
 
+// trainwatchd --run_rules: a JSON object mapping a run-id pattern (a glob,
+// as fnmatch(3): "nightly-*") to an object of RuleConfig fields, the rules
+// of the runs it matches whose agents announce none (ingest.h, "The run's
+// rules"). Patterns are tried in file order and the first match wins, so
+// list exact ids before broad globs. INVALID_ARGUMENT naming `source`, the
+// pattern and what is wrong otherwise.
+absl::StatusOr<std::vector<RunRules>> ParseRunRulesJson(absl::string_view json,
+                                                         absl::string_view source);
+
 // Every option's range and form, checked before anything starts; the
 // message names the flag and what it accepts, on one line.
 absl::Status CheckServerOptions(const ServerOptions& options);

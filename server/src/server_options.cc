@@ -14,6 +14,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "server.h"
+#include "trainwatch/core/config.h"
+#include "trainwatch/core/json.h"
 
 namespace trainwatch::server {
 
@@ -34,6 +36,48 @@ bool Ipv6Char(char c) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<RunRules>> ParseRunRulesJson(absl::string_view json,
+                                                         absl::string_view source) {
+  using core::JsonValue;
+  absl::StatusOr<JsonValue> doc = core::ParseJson(json, source);
+  if (!doc.ok()) return doc.status();
+  if (doc->type != JsonValue::Type::kObject) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": --run_rules must be a JSON object of {\"run-id pattern\": {rules}}"));
+  }
+  std::vector<RunRules> out;
+  for (const auto& [pattern, value] : doc->object) {
+    const std::string where = absl::StrCat(source, ":", value.line, ":", value.column,
+                                           ": pattern \"", pattern, "\"");
+    if (pattern.empty()) return absl::InvalidArgumentError(absl::StrCat(where, " is empty"));
+    if (value.type != JsonValue::Type::kObject) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": its rules must be a JSON object of RuleConfig fields"));
+    }
+    // The rules' own text for their parser, which names what is wrong: the
+    // fields are numbers (as written) and booleans; anything else is its
+    // error too, said here with the position.
+    std::string text = "{";
+    for (const auto& [key, v] : value.object) {
+      if (v.type != JsonValue::Type::kNumber && v.type != JsonValue::Type::kBool) {
+        if (v.type == JsonValue::Type::kObject) continue;  // "bounds", as printed
+        return absl::InvalidArgumentError(absl::StrCat(source, ":", v.line, ":", v.column, ": ",
+                                                       key, " must be a number or a boolean"));
+      }
+      if (text.size() > 1) text += ",";
+      core::AppendJsonString(&text, key);
+      absl::StrAppend(&text, ":", v.type == JsonValue::Type::kNumber ? v.string
+                                  : v.boolean                        ? "true"
+                                                                     : "false");
+    }
+    text += "}";
+    absl::StatusOr<core::RuleConfig> rules = core::ParseRuleConfigJson(text, where);
+    if (!rules.ok()) return rules.status();
+    out.push_back({pattern, *std::move(rules)});
+  }
+  return out;
+}
 
 absl::Status CheckFlagRange(absl::string_view flag, int64_t value, int64_t lo, int64_t hi) {
   if (value >= lo && value <= hi) return absl::OkStatus();

@@ -74,6 +74,11 @@ struct RunRow {
   // enforced. Set by every Hello, so a job that later runs the agent itself
   // is enforced again.
   bool observed = false;
+  // The rules the run is judged by, as core::ParseRuleConfigJson reads them,
+  // and where they came from (ingest.h: "The run's rules"); empty for a run
+  // stored before migration 9: the server's rules of the day.
+  std::string rules_json;
+  std::string rules_source;
 };
 
 // How an attempt began (operator.proto's AttemptStart).

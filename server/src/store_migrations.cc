@@ -242,6 +242,15 @@ CREATE TABLE engine_snapshots (
   UNIQUE (run_id, attempt, step)
 );
 )sql",
+    // 9: the rules each run is judged by (a JSON object of RuleConfig
+    // fields) and where they came from (the agent's hello, the server's
+    // --run_rules or --rules), so that a restart of trainwatchd rebuilds the
+    // run by the same rules. '' on runs from before: they are judged by the
+    // server's rules of the day, as they were.
+    R"sql(
+ALTER TABLE runs ADD COLUMN rules_json TEXT NOT NULL DEFAULT '';
+ALTER TABLE runs ADD COLUMN rules_source TEXT NOT NULL DEFAULT '';
+)sql",
 };
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Row code of the engine_snapshots table (migration 9): the rule-engine
+// Row code of the engine_snapshots table (migration 8): the rule-engine
 // snapshots a rebuild starts from (server/src/engine_snapshots.cc). Runs on
 // the connection it is given and takes no lock, as the other row files.
 // Private to trainwatch::server.

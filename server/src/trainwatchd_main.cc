@@ -35,7 +35,14 @@ ABSL_FLAG(std::string, tokens, "", "bearer tokens file (JSON); empty: authentica
 ABSL_FLAG(std::string, tls_cert, "", "server certificate (PEM)");
 ABSL_FLAG(std::string, tls_key, "", "server private key (PEM)");
 ABSL_FLAG(std::string, tls_client_ca, "", "CA for client certificates: mutual TLS");
-ABSL_FLAG(std::string, rules, "", "rule thresholds (JSON, as `twctl replay --print-config`)");
+ABSL_FLAG(std::string, rules, "",
+          "rule thresholds (a JSON file, as `twctl replay --print-config`) for runs whose "
+          "agents announce none; empty: the defaults. An agent's own rules (its constructor or "
+          "TRAINWATCH_RULES) take precedence for its run");
+ABSL_FLAG(std::string, run_rules, "",
+          "per-run rule thresholds: a JSON file {\"run-id glob\": {rules...}}, tried in file "
+          "order (first match wins) before --rules, for runs whose agents announce none; "
+          "empty: none");
 ABSL_FLAG(int, max_message_bytes, 4 << 20,
           "largest message accepted or sent, in [1024, 1073741824]");
 ABSL_FLAG(int, aggregation_timeout_ms, 30000,
@@ -158,6 +165,19 @@ int Run(int argc, char** argv) {
       return 2;
     }
     o.ingest.rules = *cfg;
+    o.ingest.rules_source = "server --rules";
+  }
+  if (const std::string file = absl::GetFlag(FLAGS_run_rules); !file.empty()) {
+    absl::StatusOr<std::string> text = trainwatch::core::LocalFileSystem().ReadFile(file);
+    absl::StatusOr<std::vector<trainwatch::server::RunRules>> run_rules =
+        text.ok() ? trainwatch::server::ParseRunRulesJson(*text, file)
+                  : absl::StatusOr<std::vector<trainwatch::server::RunRules>>(text.status());
+    if (!run_rules.ok()) {
+      std::fprintf(stderr, "trainwatchd: --run_rules: %s\n",
+                   std::string(run_rules.status().message()).c_str());
+      return 2;
+    }
+    o.ingest.run_rules = *std::move(run_rules);
   }
 
   // SIGTERM and SIGINT stay blocked in every thread (the server's threads

@@ -251,13 +251,13 @@ class ScopedEnv {
 
 TEST_CASE("config: TRAINWATCH_RULES as JSON or a file - below the caller's rules", "[agent][config]") {
   AgentConfig defaults;
-  defaults.rules.warmup_min_records = 7;  // the caller's defaults: kept where the env is silent
+  defaults.rules.emplace().warmup_min_records = 7;  // the caller's defaults: kept where the env is silent
   {
     ScopedEnv env("TRAINWATCH_RULES", R"( {"warmup_steps": 12})");
     auto c = AgentConfig::FromEnvironment();
     REQUIRE(c.ok());
-    CHECK(c->rules.warmup_steps == 12);
-    CHECK(c->rules.warmup_min_records == core::RuleConfig().warmup_min_records);
+    CHECK(c->rules->warmup_steps == 12);
+    CHECK(c->rules->warmup_min_records == core::RuleConfig().warmup_min_records);
   }
   char path[] = "/tmp/tw_rules_XXXXXX";
   const int fd = mkstemp(path);
@@ -270,13 +270,13 @@ TEST_CASE("config: TRAINWATCH_RULES as JSON or a file - below the caller's rules
     auto c = AgentConfig::FromEnvironment();
     std::remove(path);
     REQUIRE(c.ok());
-    CHECK(c->rules.warmup_steps == 34);
+    CHECK(c->rules->warmup_steps == 34);
   }
   {
     // Unset: the defaults given stay.
     auto c = AgentConfig::FromEnvironment(defaults);
     REQUIRE(c.ok());
-    CHECK(c->rules.warmup_min_records == 7);
+    CHECK(c->rules->warmup_min_records == 7);
   }
 }
 

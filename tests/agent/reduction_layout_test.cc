@@ -52,6 +52,27 @@ TEST_CASE("layout: one rank gets its own numbers back", "[agent][layout]") {
   CHECK(packed.elements() == 4);
 }
 
+TEST_CASE("layout: the server's rules are agreed only when every rank holds the same",
+          "[agent][layout][rules]") {
+  struct Case {
+    std::vector<uint32_t> held;  // per rank; 0: none yet
+    uint32_t agreed;
+  };
+  for (const Case& c : std::vector<Case>{{{7, 7, 7}, 7},
+                                         {{7, 0, 7}, 0},   // one rank still waits
+                                         {{0, 0, 0}, 0},
+                                         {{7, 9, 7}, 0},   // different rules: never
+                                         {{1u << 31, 1u << 31}, 1u << 31}}) {
+    std::vector<StepReduction> ranks;
+    for (uint32_t h : c.held) {
+      ranks.emplace_back(StepInput());
+      ranks.back().SetRulesHash(h);
+    }
+    ReduceAcross(ranks);
+    CHECK(ranks[0].AgreedRulesHash() == c.agreed);
+  }
+}
+
 TEST_CASE("layout: nothing reported - nothing present", "[agent][layout]") {
   const StepReduction packed{StepInput()};
   CHECK(packed.Values().present() == 0);

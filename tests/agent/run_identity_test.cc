@@ -64,7 +64,7 @@ absl::StatusOr<std::unique_ptr<Agent>> AgentFromEnvironment(const std::string& r
   if (!run_id_argument.empty()) cfg->run_id = run_id_argument;
   cfg->server_address = server;
   cfg->reconnect_initial_ms = 10'000;  // nothing listens: keep the sender quiet
-  cfg->rules.warmup_steps = 50;
+  cfg->rules.emplace().warmup_steps = 50;
   return Agent::Create(*cfg, std::make_unique<SingleProcessReducer>());
 }
 

@@ -20,6 +20,7 @@
 #include "commands.h"
 #include "operator_client.h"
 #include "registry.h"
+#include "trainwatch/core/config.h"
 #include "trainwatch/core/json.h"
 
 namespace trainwatch::cli {
@@ -349,6 +350,19 @@ TEST_CASE("runs and status against a fake: table and json and exit codes", "[cli
   CHECK(st.out.rfind("run run-a: step 1200, 0 of 0 ranks connected, 0 open incidents\n", 0) == 0);
   CHECK(st.out.find("  loss                   2.5  ▁▂▃▄▅▆▇█\n") != std::string::npos);
   CHECK(st.out.find("  grad_norm                -") != std::string::npos);
+  // The rules the run is judged by: the source, and only what differs from
+  // the defaults.
+  CHECK(st.out.find("  rules: unknown; 0 agent decision(s)") != std::string::npos);
+  core::RuleConfig lowered;
+  lowered.warmup_steps = 50;
+  fake.run_status.mutable_run()->set_rules_json(core::RuleConfigToJson(lowered));
+  fake.run_status.mutable_run()->set_rules_source("agent");
+  fake.run_status.mutable_run()->set_agent_decisions(2);
+  fake.run_status.mutable_run()->set_decision_divergences(1);
+  Result ruled = RunAlone(*status, {"run-a"}, &fake);
+  CHECK(ruled.out.find("  rules: agent (warmup_steps=50; the rest the defaults); 2 agent "
+                       "decision(s), 1 divergence(s) from the server's engine\n") !=
+        std::string::npos);
 
   const int before = fake.calls;
   Result no_run = RunAlone(*status, {}, &fake);

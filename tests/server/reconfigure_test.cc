@@ -26,6 +26,7 @@ namespace {
 namespace v1 = trainwatch::v1;
 using testing::Checkpoint;
 using testing::Hello;
+using testing::HelloAnswer;
 using testing::Running;
 using testing::StartServer;
 using testing::Step;
@@ -68,28 +69,6 @@ v1::SettingChange LrScale(double x) {
   v1::SettingChange s;
   s.set_lr_scale(x);
   return s;
-}
-
-// The server's first answer to a hello of rank 0 on a fresh stream.
-// `incarnation` empty: an agent from before incarnation ids.
-v1::DurabilityAck HelloAnswer(const std::shared_ptr<grpc::Channel>& ch, const std::string& run,
-                              const std::string& incarnation = "") {
-  auto stub = v1::AgentService::NewStub(ch);
-  grpc::ClientContext c;
-  c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-  auto stream = stub->Stream(&c);
-  v1::AgentMessage hello = Hello(run, 0, 1);
-  hello.mutable_hello()->set_incarnation_id(incarnation);
-  REQUIRE(stream->Write(hello));
-  v1::ServerMessage m;
-  REQUIRE(stream->Read(&m));
-  REQUIRE(m.has_durability_ack());
-  const v1::DurabilityAck answer = m.durability_ack();
-  stream->WritesDone();
-  while (stream->Read(&m)) {  // the command, if one follows
-  }
-  CHECK(stream->Finish().ok());
-  return answer;
 }
 
 TEST_CASE("reconfigure: an undecided restart is named at hello and recorded - an approval's "

@@ -39,9 +39,9 @@ TEST_CASE("store migrations: a fresh database reaches the latest version", "[ser
   MemoryDb db;
   auto version = MigrateSchema(db.get());
   REQUIRE(version.ok());
-  CHECK(*version == 8);
+  CHECK(*version == 9);
   CHECK(*version == static_cast<int>(SchemaMigrations().size()));
-  CHECK(db.Int("PRAGMA user_version") == 8);
+  CHECK(db.Int("PRAGMA user_version") == 9);
   for (const char* table :
        {"runs", "steps", "rank_steps", "checkpoints", "incidents", "events", "flagged_shards",
         "quarantined_shards", "commands", "command_acks", "decisions", "outbox", "attempts",
@@ -67,8 +67,8 @@ TEST_CASE("store migrations: an older database is upgraded and keeps its rows", 
 
   auto latest = MigrateSchema(db.get());
   REQUIRE(latest.ok());
-  CHECK(*latest == 8);
-  CHECK(db.Int("PRAGMA user_version") == 8);
+  CHECK(*latest == 9);
+  CHECK(db.Int("PRAGMA user_version") == 9);
   CHECK(HasIndex(db, "outbox_once") == 1);
   CHECK(db.Int("SELECT world_size FROM runs WHERE run_id = 'r'") == 2);
   // Migration 5: a run from before incarnations has none, and no resume step.
@@ -120,17 +120,17 @@ TEST_CASE("store migrations: running twice is a no-op", "[server][store]") {
   const std::string before = Schema(db);
   auto again = MigrateSchema(db.get());
   REQUIRE(again.ok());
-  CHECK(*again == 8);
+  CHECK(*again == 9);
   CHECK(Schema(db) == before);
 }
 
 TEST_CASE("store migrations: a newer database is refused untouched", "[server][store]") {
   MemoryDb db;
-  REQUIRE(db.Exec("PRAGMA user_version=9") == SQLITE_OK);
+  REQUIRE(db.Exec("PRAGMA user_version=10") == SQLITE_OK);
   auto version = MigrateSchema(db.get());
   REQUIRE_FALSE(version.ok());
   CHECK(version.status().code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(db.Int("PRAGMA user_version") == 9);
+  CHECK(db.Int("PRAGMA user_version") == 10);
   CHECK(db.Int("SELECT COUNT(*) FROM sqlite_master") == 0);
 }
 

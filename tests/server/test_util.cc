@@ -66,6 +66,26 @@ v1::AgentMessage Checkpoint(const std::string& run, int64_t step) {
   return m;
 }
 
+v1::DurabilityAck HelloAnswer(const std::shared_ptr<grpc::Channel>& ch, const std::string& run,
+                              const std::string& incarnation) {
+  auto stub = v1::AgentService::NewStub(ch);
+  grpc::ClientContext c;
+  c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto stream = stub->Stream(&c);
+  v1::AgentMessage hello = Hello(run, 0, 1);
+  hello.mutable_hello()->set_incarnation_id(incarnation);
+  REQUIRE(stream->Write(hello));
+  v1::ServerMessage m;
+  REQUIRE(stream->Read(&m));
+  REQUIRE(m.has_durability_ack());
+  const v1::DurabilityAck answer = m.durability_ack();
+  stream->WritesDone();
+  while (stream->Read(&m)) {  // the command, if one follows
+  }
+  CHECK(stream->Finish().ok());
+  return answer;
+}
+
 TestAgent::TestAgent(const std::shared_ptr<grpc::Channel>& channel, const std::string& token,
                      std::chrono::seconds deadline)
     : stub_(v1::AgentService::NewStub(channel)) {

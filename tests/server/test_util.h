@@ -40,6 +40,11 @@ v1::AgentMessage Step(const std::string& run, int32_t rank, int32_t world, int64
 // A checkpoint at `step` with uri "ckpt://<run>/<step>".
 v1::AgentMessage Checkpoint(const std::string& run, int64_t step);
 
+// The server's first answer to a hello of rank 0 on a fresh stream.
+// `incarnation` empty: an agent from before incarnation ids.
+v1::DurabilityAck HelloAnswer(const std::shared_ptr<grpc::Channel>& ch, const std::string& run,
+                              const std::string& incarnation = "");
+
 // One agent stream, driven synchronously.
 class TestAgent {
  public:

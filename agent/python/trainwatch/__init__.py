@@ -145,10 +145,16 @@ class Agent(_NativeAgent):
     rules: thresholds overriding the defaults, e.g. {"warmup_steps": 100}.
         Precedence, highest first: rules given here, then TRAINWATCH_RULES
         (inline JSON starting with "{", or the path of a JSON file), then
-        the defaults; the first one given is used whole, fields it leaves out
-        at their defaults. A bad TRAINWATCH_RULES (missing file, bad JSON, a
-        value out of bounds) raises ValueError naming the variable, also
-        when rules are given here.
+        the server's rules for the run (trainwatchd --run_rules), then the
+        server's --rules, then the defaults; the first one given is used
+        whole, fields it leaves out at their defaults. Rules of the job's
+        own (here or TRAINWATCH_RULES) are announced to trainwatchd, which
+        judges the run by them too. Without any, the agent runs the defaults
+        until the server's answer names the run's rules, then every rank
+        switches to them at the same step; the step never waits for it. A
+        bad TRAINWATCH_RULES (missing file, bad JSON, a value out of bounds)
+        raises ValueError naming the variable, also when rules are given
+        here.
     ca_file: TLS to the server, trusting this CA (PEM); cert_file and key_file,
         together: mutual TLS, for a trainwatchd started with --tls_client_ca.
         Each unset falls back to TRAINWATCH_CA_FILE / _CERT_FILE / _KEY_FILE;

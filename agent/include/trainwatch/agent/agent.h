@@ -62,14 +62,32 @@ struct AgentConfig {
   // naming it.
   std::string cert_file;
   std::string key_file;
-  // The thresholds of the local rule engine. Precedence, highest first: the
-  // caller's own (set after FromEnvironment(), as trainwatch.Agent(rules=)
-  // does), then TRAINWATCH_RULES, then RuleConfig's defaults. Env:
-  // TRAINWATCH_RULES, a JSON object of RuleConfig fields ('{"warmup_steps":
-  // 100}', recognised by its leading '{') or the path of a file holding one;
-  // fields not given keep their defaults. A missing file or bad JSON is
-  // FromEnvironment()'s error naming the variable.
-  core::RuleConfig rules;
+  // The thresholds of the local rule engine, when this job has its own.
+  // Env: TRAINWATCH_RULES, a JSON object of RuleConfig fields
+  // ('{"warmup_steps": 100}', recognised by its leading '{') or the path of
+  // a file holding one; fields not given keep their defaults. A missing file
+  // or bad JSON is FromEnvironment()'s error naming the variable.
+  //
+  // Precedence, highest first:
+  //   1. the caller's own (set after FromEnvironment(), as
+  //      trainwatch.Agent(rules=) does);
+  //   2. TRAINWATCH_RULES;
+  //   3. the server's rules for this run (trainwatchd --run_rules);
+  //   4. the server's --rules;
+  //   5. RuleConfig's defaults.
+  // The job's own rules (1, 2) are announced in the hello (Hello.rules_json)
+  // and the server judges the run by them: what the trainer configured is
+  // what both sides run, so an operator reading an incident sees the
+  // thresholds that actually skipped the step. With none (unset here), the
+  // agent judges by the defaults until the server's answer to its hello
+  // names the run's rules (3 to 5, DurabilityAck.rules_json), then switches
+  // to them: every rank carries whether it holds them (a hash) in the step's
+  // own all-reduce, and all switch at the first step where every rank holds
+  // the same rules, so local decisions stay identical on every rank. The
+  // step never waits for this; the switch rebuilds the engine from the kept
+  // records (resume_history_records) by the new rules, as the server judged
+  // them. An agent without a server stays on the defaults.
+  std::optional<core::RuleConfig> rules;
   // Records waiting for a durable ack, in memory; past this they spill.
   size_t memory_records = 16384;
   // Spill folder (Env: TRAINWATCH_SPILL_DIR); empty: no spilling, the
@@ -256,6 +274,9 @@ struct AgentStats {
   size_t spill_bytes = 0;
   // A newer incarnation of the run took over on the server: not streaming.
   bool replaced = false;
+  // The step from which the local engine judges by the server's rules for
+  // the run (AgentConfig::rules, 3 to 5); -1 while on its own or defaults.
+  int64_t server_rules_from_step = -1;
 };
 
 // Incarnations: each Create() with a server address is one launch of the

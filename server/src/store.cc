@@ -28,10 +28,13 @@ absl::StatusOr<sqlite3*> OpenConnection(const std::string& path, const StoreOpti
     return s;
   }
   sqlite3_busy_timeout(db, options.busy_timeout_ms);
-  // WAL: readers never block the writer. synchronous=FULL: a commit is on
-  // disk when it returns, which is what an acknowledgement promises.
-  for (const char* pragma : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL",
-                             "PRAGMA foreign_keys=ON", "PRAGMA temp_store=MEMORY"}) {
+  // WAL: readers never block the writer. synchronous: what a commit waits
+  // for, which is what an acknowledgement promises (store.h).
+  const char* synchronous = options.synchronous == StoreOptions::Synchronous::kNormal
+                                ? "PRAGMA synchronous=NORMAL"
+                                : "PRAGMA synchronous=FULL";
+  for (const char* pragma : {"PRAGMA journal_mode=WAL", synchronous, "PRAGMA foreign_keys=ON",
+                             "PRAGMA temp_store=MEMORY"}) {
     if (absl::Status s = Exec(db, pragma); !s.ok()) {
       sqlite3_close(db);
       return s;

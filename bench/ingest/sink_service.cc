@@ -295,6 +295,7 @@ void AckBatcher::Process(std::vector<Item>& items) {
         acks.try_emplace({item.stream_id, AckKeyOf(report)}, report.step());
     if (!inserted) it->second = std::max(it->second, report.step());
   }
+  counters_->batch_acks_owed.fetch_add(acks.size(), std::memory_order_relaxed);
   std::vector<SinkStream*> to_write;
   {
     absl::MutexLock lock(&streams_mu_);

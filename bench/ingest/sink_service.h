@@ -55,8 +55,10 @@ struct SinkCounters {
   std::atomic<uint64_t> step_reports{0};
   std::atomic<uint64_t> heartbeats{0};
   std::atomic<uint64_t> acks_sent{0};
-  // kBatch only: writer passes that held at least one step report.
+  // kBatch only: writer passes that held at least one step report, and the
+  // (stream, key) pairs they told: each owes the stream at most one ack.
   std::atomic<uint64_t> batches{0};
+  std::atomic<uint64_t> batch_acks_owed{0};
 };
 
 enum class AckMode { kPerRecord, kBatch };

@@ -1,6 +1,7 @@
 #include "sender.h"
 
 #include <grpcpp/grpcpp.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -68,9 +69,31 @@ Sender::Sender(const AgentConfig& config, Origin origin, std::unique_ptr<SpillSt
 
 Sender::~Sender() { Close(0); }
 
+namespace {
+
+// The sender's threads run as SCHED_BATCH: the same share of the CPU as any
+// thread, but a wake-up of theirs (every 5 ms, every ack) never preempts the
+// running thread, which on a busy machine is the training thread in Step().
+// Threads they start (the reader, gRPC's own when it starts here) inherit
+// it. A refusal (a seccomp filter) leaves the thread as it was: it costs
+// latency, not correctness.
+void YieldToTrainingThread() {
+  sched_param p{};
+  p.sched_priority = 0;
+  sched_setscheduler(0, SCHED_BATCH, &p);
+}
+
+}  // namespace
+
 void Sender::Start() {
-  pump_ = std::thread([this] { PumpLoop(); });
-  writer_ = std::thread([this] { WriterLoop(); });
+  pump_ = std::thread([this] {
+    YieldToTrainingThread();
+    PumpLoop();
+  });
+  writer_ = std::thread([this] {
+    YieldToTrainingThread();
+    WriterLoop();
+  });
 }
 
 void Sender::Commit(const Slot* slot) {

@@ -1,7 +1,9 @@
-// tw-ingest-sink: a no-op AgentService that acknowledges every step report
-// at once and stores nothing; the baseline the real server is compared to.
+// tw-ingest-sink: a no-op AgentService that stores nothing; the baseline the
+// real server is compared to. --ack record acknowledges every step report at
+// once; --ack batch acknowledges as trainwatchd does, per writer batch (see
+// sink_service.h), and is the fair baseline.
 //
-//   tw-ingest-sink --listen 127.0.0.1:0
+//   tw-ingest-sink --listen 127.0.0.1:0 [--ack record|batch]
 //
 // Prints "listening on HOST:PORT" on stdout once it accepts calls, and
 // shuts down cleanly on SIGTERM or SIGINT.
@@ -9,6 +11,7 @@
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -26,14 +29,21 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "HOST:PORT to listen on; port 0 picks a free port");
 ABSL_FLAG(std::string, token, "",
           "when set, calls must carry 'authorization: Bearer <token>'");
+ABSL_FLAG(std::string, ack, "record",
+          "how step reports are acknowledged: 'record' (each at once, on its "
+          "stream's thread) or 'batch' (as trainwatchd: one writer thread "
+          "takes what is queued and acks each stream once per batch)");
+ABSL_FLAG(int64_t, max_batch_items, 50000,
+          "--ack batch: most messages in one batch (trainwatchd's default); "
+          "at least 1");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(2),
           "on SIGTERM/SIGINT, time given to open streams before they are "
           "cancelled");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "No-op AgentService sink: acknowledges every step report as durable "
-      "at once and stores nothing.");
+      "No-op AgentService sink: acknowledges step reports as durable (each "
+      "at once, or per batch as trainwatchd) and stores nothing.");
   std::vector<std::string> args =
       trainwatch::bench::NormalizeFlagNames(argc, argv);
   std::vector<char*> normalized = trainwatch::bench::ArgvOf(args);
@@ -50,8 +60,25 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  trainwatch::bench::SinkOptions options;
+  options.token = absl::GetFlag(FLAGS_token);
+  const std::string ack = absl::GetFlag(FLAGS_ack);
+  if (ack == "batch") {
+    options.ack = trainwatch::bench::AckMode::kBatch;
+  } else if (ack != "record") {
+    std::fprintf(stderr,
+                 "tw-ingest-sink: --ack must be 'record' or 'batch', not '%s'\n",
+                 ack.c_str());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_max_batch_items) < 1) {
+    std::fprintf(stderr, "tw-ingest-sink: --max_batch_items must be >= 1\n");
+    return 2;
+  }
+  options.max_batch_items =
+      static_cast<size_t>(absl::GetFlag(FLAGS_max_batch_items));
   const std::string listen = absl::GetFlag(FLAGS_listen);
-  trainwatch::bench::SinkService service(absl::GetFlag(FLAGS_token));
+  trainwatch::bench::SinkService service(options);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
@@ -75,12 +102,13 @@ int main(int argc, char** argv) {
   const auto& c = service.counters();
   std::fprintf(stderr,
                "tw-ingest-sink: stopped on signal %d; %lu streams (%lu "
-               "refused), %lu step reports, %lu heartbeats, %lu acks\n",
+               "refused), %lu step reports, %lu heartbeats, %lu acks, %lu batches\n",
                signal_number,
                static_cast<unsigned long>(c.streams_opened.load()),
                static_cast<unsigned long>(c.streams_rejected.load()),
                static_cast<unsigned long>(c.step_reports.load()),
                static_cast<unsigned long>(c.heartbeats.load()),
-               static_cast<unsigned long>(c.acks_sent.load()));
+               static_cast<unsigned long>(c.acks_sent.load()),
+               static_cast<unsigned long>(c.batches.load()));
   return 0;
 }

@@ -1,6 +1,7 @@
 #include "sink_service.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -9,10 +10,17 @@
 #include "absl/synchronization/mutex.h"
 
 namespace trainwatch::bench {
-namespace {
 
 using trainwatch::v1::AgentMessage;
 using trainwatch::v1::ServerMessage;
+
+namespace {
+
+int32_t AckKeyOf(const trainwatch::v1::StepReport& report) {
+  return report.scope() == trainwatch::v1::REPORT_SCOPE_RANK ? report.rank() : 0;
+}
+
+}  // namespace
 
 // One agent stream. Reactions (OnReadDone, OnWriteDone, OnCancel) may run
 // concurrently on gRPC's threads; the state they share is behind mu_. The
@@ -21,13 +29,18 @@ using trainwatch::v1::ServerMessage;
 // Invariants: at most one write in flight (write_in_flight_); Finish() is
 // called once (finished_), and only when no write is in flight, so the
 // message being written (out_) is never touched by two parties.
+//
+// With a batcher (kBatch), step reports go to it and their acks come back
+// through Durable(); the stream is registered with it until OnDone.
 class SinkStream final
     : public grpc::ServerBidiReactor<AgentMessage, ServerMessage> {
  public:
   SinkStream(grpc::CallbackServerContext* context,
-             const std::string& expected_authorization, SinkCounters* counters)
-      : counters_(counters) {
+             const std::string& expected_authorization, SinkCounters* counters,
+             AckBatcher* batcher)
+      : counters_(counters), batcher_(batcher) {
     counters_->streams_opened.fetch_add(1, std::memory_order_relaxed);
+    if (batcher_ != nullptr) id_ = batcher_->Register(this);
     if (!expected_authorization.empty() &&
         !HasAuthorization(*context, expected_authorization)) {
       counters_->streams_rejected.fetch_add(1, std::memory_order_relaxed);
@@ -44,6 +57,14 @@ class SinkStream final
       RequestFinish(grpc::Status::OK);
       return;
     }
+    if (batcher_ != nullptr && saw_hello_unlocked_ && in_.has_step_report()) {
+      counters_->step_reports.fetch_add(1, std::memory_order_relaxed);
+      // As trainwatchd's stream: the message moves to the writer whole.
+      batcher_->Submit(id_, std::move(in_));
+      in_.Clear();
+      StartRead(&in_);
+      return;
+    }
     bool write = false;
     {
       absl::MutexLock lock(&mu_);
@@ -52,6 +73,7 @@ class SinkStream final
           finish_error_ = true;
         } else {
           saw_hello_ = true;
+          saw_hello_unlocked_ = true;
           run_id_ = in_.hello().run_id();
           hello_ack_pending_ = true;
           quarantine_pending_ = true;
@@ -59,14 +81,9 @@ class SinkStream final
       } else if (in_.has_step_report()) {
         const auto& report = in_.step_report();
         counters_->step_reports.fetch_add(1, std::memory_order_relaxed);
-        const int32_t key = report.scope() == trainwatch::v1::REPORT_SCOPE_RANK
-                                ? report.rank()
-                                : 0;
-        auto [it, inserted] = durable_.try_emplace(key, report.step());
-        if (!inserted) it->second = std::max(it->second, report.step());
         // A duplicate or older report is acknowledged again; that is
         // harmless and keeps the sink free of per-step state.
-        ack_pending_ = true;
+        RaiseDurableLocked(AckKeyOf(report), report.step());
       } else if (in_.has_heartbeat()) {
         counters_->heartbeats.fetch_add(1, std::memory_order_relaxed);
       }
@@ -109,9 +126,30 @@ class SinkStream final
     RequestFinish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    if (batcher_ != nullptr) batcher_->Unregister(id_);
+    delete this;
+  }
+
+  // From the batcher, after a batch: every report of this stream up to
+  // `step` for `key` is durable. Returns whether the caller must call
+  // StartWrite(out()) once it holds no lock of the batcher's; the write in
+  // flight keeps this stream alive until then (Finish waits for it).
+  bool Durable(int32_t key, int64_t step) {
+    absl::MutexLock lock(&mu_);
+    RaiseDurableLocked(key, step);
+    return PrepareWriteLocked();
+  }
+  void StartPreparedWrite() { StartWrite(&out_); }
 
  private:
+  void RaiseDurableLocked(int32_t key, int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto [it, inserted] = durable_.try_emplace(key, step);
+    if (!inserted) it->second = std::max(it->second, step);
+    ack_pending_ = true;
+  }
+
   static bool HasAuthorization(const grpc::CallbackServerContext& context,
                                const std::string& expected) {
     const auto& md = context.client_metadata();
@@ -164,9 +202,12 @@ class SinkStream final
   }
 
   SinkCounters* const counters_;
+  AckBatcher* const batcher_;
+  uint64_t id_ = 0;  // the batcher's name for this stream
   // Read only by reactions that gRPC serialises (one read at a time).
   AgentMessage in_;
   bool finish_error_ = false;
+  bool saw_hello_unlocked_ = false;  // saw_hello_, for the read path alone
 
   absl::Mutex mu_;
   ServerMessage out_ ABSL_GUARDED_BY(mu_);
@@ -183,15 +224,104 @@ class SinkStream final
   grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace
+AckBatcher::AckBatcher(size_t max_batch_items, SinkCounters* counters)
+    : max_batch_items_(std::max<size_t>(1, max_batch_items)),
+      counters_(counters),
+      thread_([this] { Loop(); }) {}
 
-SinkService::SinkService(std::string token)
-    : expected_authorization_(token.empty() ? std::string()
-                                            : absl::StrCat("Bearer ", token)) {}
+AckBatcher::~AckBatcher() {
+  {
+    absl::MutexLock lock(&queue_mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+uint64_t AckBatcher::Register(SinkStream* stream) {
+  absl::MutexLock lock(&streams_mu_);
+  const uint64_t id = next_id_++;
+  streams_[id] = stream;
+  return id;
+}
+
+void AckBatcher::Unregister(uint64_t stream_id) {
+  absl::MutexLock lock(&streams_mu_);
+  streams_.erase(stream_id);
+}
+
+void AckBatcher::Submit(uint64_t stream_id, AgentMessage message) {
+  absl::MutexLock lock(&queue_mu_);
+  queue_.push_back({stream_id, std::move(message)});
+}
+
+// Ingestor::Loop without the store: the same wake-up, the same batch bound.
+void AckBatcher::Loop() {
+  std::vector<Item> items;
+  for (;;) {
+    bool stopping;
+    {
+      absl::MutexLock lock(&queue_mu_);
+      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(queue_mu_) {
+        return !queue_.empty() || stop_;
+      };
+      queue_mu_.AwaitWithTimeout(absl::Condition(&ready),
+                                 absl::Milliseconds(50));
+      stopping = stop_;
+      if (queue_.size() <= max_batch_items_) {
+        items.swap(queue_);
+      } else {
+        items.assign(std::make_move_iterator(queue_.begin()),
+                     std::make_move_iterator(queue_.begin() + max_batch_items_));
+        queue_.erase(queue_.begin(), queue_.begin() + max_batch_items_);
+      }
+    }
+    Process(items);
+    items.clear();
+    if (stopping) {
+      absl::MutexLock lock(&queue_mu_);
+      if (queue_.empty()) return;
+    }
+  }
+}
+
+void AckBatcher::Process(std::vector<Item>& items) {
+  if (items.empty()) return;
+  counters_->batches.fetch_add(1, std::memory_order_relaxed);
+  // (stream, key) -> highest step in this batch, as Ingestor::acks_.
+  absl::flat_hash_map<std::pair<uint64_t, int32_t>, int64_t> acks;
+  for (const Item& item : items) {
+    const auto& report = item.message.step_report();
+    auto [it, inserted] =
+        acks.try_emplace({item.stream_id, AckKeyOf(report)}, report.step());
+    if (!inserted) it->second = std::max(it->second, report.step());
+  }
+  counters_->batch_acks_owed.fetch_add(acks.size(), std::memory_order_relaxed);
+  std::vector<SinkStream*> to_write;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    for (const auto& [key, step] : acks) {
+      auto it = streams_.find(key.first);
+      if (it == streams_.end()) continue;  // gone; re-sent on reconnect
+      if (it->second->Durable(key.second, step)) to_write.push_back(it->second);
+    }
+  }
+  // Outside streams_mu_: a reaction may run inline and end the stream.
+  for (SinkStream* s : to_write) s->StartPreparedWrite();
+}
+
+SinkService::SinkService(const SinkOptions& options)
+    : expected_authorization_(options.token.empty()
+                                  ? std::string()
+                                  : absl::StrCat("Bearer ", options.token)) {
+  if (options.ack == AckMode::kBatch) {
+    batcher_ = std::make_unique<AckBatcher>(options.max_batch_items, &counters_);
+  }
+}
 
 grpc::ServerBidiReactor<AgentMessage, ServerMessage>* SinkService::Stream(
     grpc::CallbackServerContext* context) {
-  return new SinkStream(context, expected_authorization_, &counters_);
+  return new SinkStream(context, expected_authorization_, &counters_,
+                        batcher_.get());
 }
 
 }  // namespace trainwatch::bench

@@ -34,7 +34,7 @@ void ServiceState::OnDurable(uint64_t stream_id, const std::string& run_id, int3
     auto& v = s->acks[{run_id, rank}];
     v = std::max(v, step);
   }
-  AgentStream::Deliver(s);
+  deliveries_.Post([s = std::move(s)] { AgentStream::Deliver(s); });
 }
 
 void ServiceState::OnStreamFailed(uint64_t stream_id, const absl::Status& status) {
@@ -45,7 +45,11 @@ void ServiceState::OnStreamFailed(uint64_t stream_id, const absl::Status& status
     if (it == sessions_.end()) return;  // gone already: the agent reconnects anyway
     s = it->second;
   }
-  AgentStream::FinishWhenIdle(s, ToGrpc(status));
+  // After the writes posted before it: what the stream was told is durable
+  // reaches it before the end.
+  deliveries_.Post([s = std::move(s), status = ToGrpc(status)]() mutable {
+    AgentStream::FinishWhenIdle(s, std::move(status));
+  });
 }
 
 void ServiceState::OnServerMessage(const std::string& run_id, uint64_t stream_id,
@@ -63,7 +67,7 @@ void ServiceState::OnServerMessage(const std::string& run_id, uint64_t stream_id
       if (s->run_id != run_id || s->done) continue;
       s->outgoing.push_back(serialized);
     }
-    AgentStream::Deliver(s);
+    deliveries_.Post([s] { AgentStream::Deliver(s); });
   }
 }
 

@@ -114,7 +114,12 @@ class ServiceState : public IngestListener {
     return out;
   }
 
-  // IngestListener (writer thread).
+  // IngestListener (writer thread). The writes to the streams these cause
+  // (acks, server messages, ends) run on deliveries_, in the order the
+  // writer asked for them: gRPC does a write's work (framing, a sendmsg)
+  // inline in StartWrite, which on the writer cost as much as the commit
+  // itself, one batch's worth of streams at a time, before the next batch
+  // could start.
   void OnDurable(uint64_t stream_id, const std::string& run_id, int32_t rank,
                  int64_t step) override;
   void OnIncident(const IncidentRow& incident, IncidentChange change) override;
@@ -155,6 +160,7 @@ class ServiceState : public IngestListener {
   absl::Mutex watch_mu_;
   std::set<IncidentWatcher*> watchers_ ABSL_GUARDED_BY(watch_mu_);
   WorkQueue reads_;
+  WorkQueue deliveries_;  // writes to agent streams, in the writer's order
 };
 
 }  // namespace trainwatch::server

@@ -29,10 +29,13 @@ absl::StatusOr<sqlite3*> OpenConnection(const std::string& path, const StoreOpti
     return s;
   }
   sqlite3_busy_timeout(db, options.busy_timeout_ms);
-  // WAL: readers never block the writer. synchronous=FULL: a commit is on
-  // disk when it returns, which is what an acknowledgement promises.
-  for (const char* pragma : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL",
-                             "PRAGMA foreign_keys=ON", "PRAGMA temp_store=MEMORY"}) {
+  // WAL: readers never block the writer. synchronous: what a commit waits
+  // for, which is what an acknowledgement promises (store.h).
+  const char* synchronous = options.synchronous == StoreOptions::Synchronous::kNormal
+                                ? "PRAGMA synchronous=NORMAL"
+                                : "PRAGMA synchronous=FULL";
+  for (const char* pragma : {"PRAGMA journal_mode=WAL", synchronous, "PRAGMA foreign_keys=ON",
+                             "PRAGMA temp_store=MEMORY"}) {
     if (absl::Status s = Exec(db, pragma); !s.ok()) {
       sqlite3_close(db);
       return s;
@@ -127,20 +130,29 @@ absl::Status Store::Write(const WriteBatch& b) {
     // The order is the one batches have always been written in, and it
     // matters where tables meet: the steps go in before the attempt copies,
     // so a copy also takes the old attempt's steps still in this batch.
-    absl::Status s = rows::UpsertRuns(db_, b.runs);
-    if (s.ok()) s = rows::InsertSteps(db_, b.steps);
-    if (s.ok()) s = rows::InsertRankSteps(db_, b.rank_steps);
-    if (s.ok()) s = rows::ReplaceCheckpoints(db_, b.checkpoints);
-    if (s.ok()) s = rows::UpsertIncidents(db_, b.incidents);
-    if (s.ok()) s = rows::InsertEvents(db_, b.events);
-    if (s.ok()) s = rows::InsertCommandAcks(db_, b.command_acks);
-    if (s.ok()) s = rows::CopyAttempts(db_, b.attempt_copies);
-    if (s.ok()) s = rows::InsertIncarnations(db_, b.incarnations);
-    if (s.ok()) s = rows::InsertDecisions(db_, b.decisions);
-    if (s.ok()) s = rows::InsertCommands(db_, b.commands);
-    if (s.ok()) s = rows::InsertQuarantines(db_, b.quarantines);
-    if (s.ok()) s = rows::InsertOutbox(db_, b.outbox);
-    if (s.ok()) s = rows::InsertEngineSnapshots(db_, b.engine_snapshots, engine_snapshots_kept_);
+    // An empty table is skipped: preparing its statement anyway is paid on
+    // every commit, and commits are small and many at a steady rate
+    // (unpaced ingest: 1.07x [1.00-1.13] records/s without them).
+    absl::Status s;
+    auto write = [&](const auto& table, auto fn) {
+      if (s.ok() && !table.empty()) s = fn(db_, table);
+    };
+    write(b.runs, rows::UpsertRuns);
+    write(b.steps, rows::InsertSteps);
+    write(b.rank_steps, rows::InsertRankSteps);
+    write(b.checkpoints, rows::ReplaceCheckpoints);
+    write(b.incidents, rows::UpsertIncidents);
+    write(b.events, rows::InsertEvents);
+    write(b.command_acks, rows::InsertCommandAcks);
+    write(b.attempt_copies, rows::CopyAttempts);
+    write(b.incarnations, rows::InsertIncarnations);
+    write(b.decisions, rows::InsertDecisions);
+    write(b.commands, rows::InsertCommands);
+    write(b.quarantines, rows::InsertQuarantines);
+    write(b.outbox, rows::InsertOutbox);
+    write(b.engine_snapshots, [this](sqlite3* db, const std::vector<EngineSnapshotRow>& t) {
+      return rows::InsertEngineSnapshots(db, t, engine_snapshots_kept_);
+    });
     return s;
   });
 }

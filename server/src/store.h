@@ -1,4 +1,4 @@
-// The system of record: one SQLite file (WAL, synchronous=FULL) holding
+// The system of record: one SQLite file (WAL) holding
 // every run, every step record, every event and incident, the shards they
 // flagged, checkpoints, commands and their acknowledgements, decisions (the
 // audit log), the pager's outbox, and each run's attempts (how each began)
@@ -6,7 +6,19 @@
 //
 // Writes come in batches, one transaction each, from a single writer (the
 // ingest thread): a batch is durable when Write() returns, and only then is
-// anything acknowledged to an agent. Reads may come from any thread; they
+// anything acknowledged to an agent. What durable means is
+// StoreOptions::synchronous (trainwatchd --db_synchronous):
+//   kFull (default): the commit is fsynced before Write() returns, so an
+//     acknowledged record survives a crash of trainwatchd, of the kernel,
+//     and a power loss.
+//   kNormal: the commit is in the OS's page cache (written to the WAL file)
+//     when Write() returns, and fsynced at the next WAL checkpoint (about
+//     every 1,000 pages, 4 MB). An acknowledged record survives a crash of
+//     trainwatchd (SIGKILL, abort, OOM kill); a power loss or kernel crash
+//     may lose the commits since the last checkpoint, never the database's
+//     consistency. Agents hold records only until acknowledged, so such
+//     records are lost for good; choose it where the disk's fsync is slow
+//     and a host's power loss is acceptable to lose seconds of records. Reads may come from any thread; they
 // use their own connection (WAL readers do not block the writer).
 //
 // Thread-safety: Write() and the Load*() rebuild readers are for the writer
@@ -285,6 +297,10 @@ struct IncidentFilter {
 };
 
 struct StoreOptions {
+  enum class Synchronous { kFull, kNormal };
+  // What a commit waits for; see the header comment. kFull is the safe
+  // default.
+  Synchronous synchronous = Synchronous::kFull;
   // A quota on the database file (PRAGMA max_page_count on every
   // connection): past it a write fails as on a full disk (SQLITE_FULL), the
   // batch is not acknowledged and the agents re-send it later (ingest.h).

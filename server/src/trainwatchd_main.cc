@@ -20,6 +20,7 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
 #include "trainwatch/core/config.h"
 #include "trainwatch/core/file_system.h"
 #include "trainwatch/core/version.h"
@@ -59,6 +60,12 @@ ABSL_FLAG(int64_t, db_max_bytes, 0,
           "quota on the database file in bytes (SQLite max_page_count); past it writes fail "
           "as on a full disk: nothing is acknowledged, agents keep their records and re-send "
           "them once space is freed or the quota raised. 0: no quota");
+ABSL_FLAG(std::string, db_synchronous, "full",
+          "what a commit waits for before records are acknowledged: 'full' (fsync: an "
+          "acknowledged record survives a crash of trainwatchd, of the kernel and a power "
+          "loss) or 'normal' (the OS has it; fsync at each WAL checkpoint: it survives a crash "
+          "of trainwatchd, while a power loss or kernel crash may lose the last seconds of "
+          "acknowledged records)");
 ABSL_FLAG(int64_t, max_runs_in_memory, 256,
           "runs whose rule-engine state (about 0.3 MB each with the default rules) stays in "
           "memory; the least recently used beyond it is evicted and rebuilt from the database "
@@ -107,6 +114,9 @@ int Run(int argc, char** argv) {
       "the tiered rule engine, keeps every record in SQLite, serves the operator API and\n"
       "Prometheus metrics. Defaults work with no configuration (loopback, ./trainwatch.db).");
   absl::ParseCommandLine(argc, argv);
+  // Deadlock detection (on in the system Abseil) costs a lock-graph lookup
+  // on every lock, several per record on the ingest path; the tests keep it.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
   trainwatch::server::ServerOptions o;
   o.listen = absl::GetFlag(FLAGS_listen);
@@ -120,6 +130,13 @@ int Run(int argc, char** argv) {
   o.grafana_url = absl::GetFlag(FLAGS_grafana_url);
   o.pager_config_file = absl::GetFlag(FLAGS_pager_config);
   o.store.max_bytes = absl::GetFlag(FLAGS_db_max_bytes);
+  if (const std::string sync = absl::GetFlag(FLAGS_db_synchronous); sync == "normal") {
+    o.store.synchronous = trainwatch::server::StoreOptions::Synchronous::kNormal;
+  } else if (sync != "full") {
+    std::fprintf(stderr, "trainwatchd: --db_synchronous must be 'full' or 'normal', not '%s'\n",
+                 sync.c_str());
+    return 2;
+  }
   o.ingest.aggregation_timeout_ms = absl::GetFlag(FLAGS_aggregation_timeout_ms);
   o.max_world_size = absl::GetFlag(FLAGS_max_world_size);
   o.max_runs_per_token = absl::GetFlag(FLAGS_max_runs_per_token);

@@ -4,10 +4,13 @@
 
 #include "sender.h"
 
+#include <dirent.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <limits>
 #include <memory>
@@ -54,6 +57,38 @@ AgentStats StatsOf(const Sender& sender) {
   AgentStats s;
   sender.FillStats(&s);
   return s;
+}
+
+// Threads of this process running as SCHED_BATCH.
+int BatchThreads() {
+  int n = 0;
+  DIR* d = opendir("/proc/self/task");
+  REQUIRE(d != nullptr);
+  while (dirent* e = readdir(d)) {
+    const int tid = std::atoi(e->d_name);
+    if (tid > 0 && sched_getscheduler(tid) == SCHED_BATCH) ++n;
+  }
+  closedir(d);
+  return n;
+}
+
+// A wake-up of the sender's (every few ms, every ack) must not preempt the
+// training thread in Step(): on a busy machine that was most of its
+// multi-millisecond maxima.
+TEST_CASE("sender: its threads never preempt the training thread - SCHED_BATCH",
+          "[agent][sender]") {
+  const int port = FreePort();
+  FakeServer fake;
+  Running server(&fake, port);
+  const int before = BatchThreads();
+  Sender sender(Config(port), kOrigin, nullptr);
+  sender.Start();
+  Push(sender, 1);
+  REQUIRE(WaitUntil([&] { return StatsOf(sender).durable_step == 1; }, seconds(20)));
+  // The pump, the writer and the writer's reader, at least.
+  CHECK(BatchThreads() - before >= 3);
+  CHECK(sched_getscheduler(0) == SCHED_OTHER);  // the caller's own is left alone
+  sender.Close(1000);
 }
 
 TEST_CASE("sender: records reach the server and are acknowledged", "[agent][sender]") {

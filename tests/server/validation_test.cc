@@ -127,7 +127,9 @@ TEST_CASE("validation: trainwatchd exits 2 on a bad flag with one line naming it
            {db + " --aggregation_timeout_ms=-1",
             "trainwatchd: --aggregation_timeout_ms must be in [1, 86400000], not -1\n"},
            {db + " --max_world_size=0",
-            "trainwatchd: --max_world_size must be in [1, 1000000], not 0\n"}}) {
+            "trainwatchd: --max_world_size must be in [1, 1000000], not 0\n"},
+           {db + " --db_synchronous=off",
+            "trainwatchd: --db_synchronous must be 'full' or 'normal', not 'off'\n"}}) {
     INFO(c.flags);
     std::string out;
     CHECK(Trainwatchd(c.flags, &out) == 2);

@@ -125,8 +125,10 @@ class TorchLoopTest(unittest.TestCase):
         # has-grad, loss sum, loss count, loss nonfinite, log_z sum, rows,
         # log_z nonfinite.
         # The maxes: lr, z-loss, activation, attention, their four has-flags,
-        # then loss scale, its has-flag, overflow.
-        peer = {"sums": [1.0, 5, 100, 1, 2.5, 1, 0, 0, 0, 0], "maxes": [-math.inf] * 11}
+        # then loss scale, its has-flag, overflow, and the hash of the rules
+        # the rank holds as +h and -h (so that the max gives the min too;
+        # -inf: the peer adds nothing).
+        peer = {"sums": [1.0, 5, 100, 1, 2.5, 1, 0, 0, 0, 0], "maxes": [-math.inf] * 13}
         agent = trainwatch.Agent(run_id="py-ranks", rank=0, world_size=2, reduce=reduce_for(peer))
         v = agent.step(0, loss=2.5, grads=[torch.full((100,), 0.1)], shards=[77])
         self.assertEqual(sums_seen[0][1], 0.0)  # this rank's own count went in

@@ -114,13 +114,13 @@ std::string IncidentOfTier(const Trainwatchd& daemon, int tier) {
 TEST_CASE("follow e2e: the detached trainer's log piped to twctl follow pages as observed",
           "[integration][follow]") {
   TempDir dir;
+  const std::string root = PROJECT_SOURCE_DIR;
+  const std::string rules = dir.File("rules.json");
+  std::ofstream(rules) << kRules;
   HttpReceiver hook;
   Alertmanager am(dir, hook.port());
   const std::string pager =
       am.WritePagerConfig(dir, "http://127.0.0.1:3000/d/trainwatch/trainwatch");
-  const std::string root = PROJECT_SOURCE_DIR;
-  const std::string rules = dir.File("rules.json");
-  std::ofstream(rules) << kRules;
   // A followed job announces no rules: the server's --rules judge it.
   Trainwatchd daemon(dir, rules, pager);
   Prometheus prom(dir, daemon.metrics_port(), root + "/deploy/prometheus/trainwatch-rules.yml");
@@ -154,28 +154,17 @@ TEST_CASE("follow e2e: the detached trainer's log piped to twctl follow pages as
   REQUIRE(!drift.empty());
   REQUIRE(WaitUntil([&] { return PagedFiring(hook, drift); }, std::chrono::seconds(30),
                     std::chrono::milliseconds(100)));
-  bool paged = false;
-  for (const auto& r : hook.requests()) {
-    auto v = core::ParseJson(r.body, "webhook");
-    REQUIRE(v.ok());
-    for (const core::JsonValue& a : v->Find("alerts")->array) {
-      if (a.Find("labels")->Find("incident")->string != drift ||
-          a.Find("status")->string != "firing") {
-        continue;
-      }
-      paged = true;
-      CHECK(a.Find("labels")->Find("run")->string == kRun);
-      const core::JsonValue* ann = a.Find("annotations");
-      CHECK(ann->Find("summary")->string.find("(observed, not enforced)") != std::string::npos);
-      REQUIRE(ann->Find("observed") != nullptr);
-      CHECK(ann->Find("observed")->string.find("No automatic action was possible") !=
-            std::string::npos);
-      const std::string& d = ann->Find("description")->string;
-      CHECK(d.find("logit drift") != std::string::npos);
-      CHECK(d.find("roll back to checkpoint step") != std::string::npos);
-    }
+  for (const core::JsonValue& a : FiringAlerts(hook, drift)) {
+    CHECK(a.Find("labels")->Find("run")->string == kRun);
+    const core::JsonValue* ann = a.Find("annotations");
+    CHECK(ann->Find("summary")->string.find("(observed, not enforced)") != std::string::npos);
+    REQUIRE(ann->Find("observed") != nullptr);
+    CHECK(ann->Find("observed")->string.find("No automatic action was possible") !=
+          std::string::npos);
+    const std::string& d = ann->Find("description")->string;
+    CHECK(d.find("logit drift") != std::string::npos);
+    CHECK(d.find("roll back to checkpoint step") != std::string::npos);
   }
-  CHECK(paged);
 
   // The NaN: a tier 3 incident, observed, with nothing halted.
   const std::string nan = IncidentOfTier(daemon, 3);

@@ -173,7 +173,11 @@ if len(sys.argv) > 2:
     h = subprocess.run([sys.argv[2], "follow", "--help"], capture_output=True, text=True)
     listed = set(re.findall(r"--([a-z][a-z-]*)", h.stdout + h.stderr))
     if h.returncode == 0 and "run" in listed:
-        follow_flags = listed
+        # twctl's connection flags are taken before or after the command but
+        # are listed by `twctl --help` only (its usage line).
+        g = subprocess.run([sys.argv[2], "--help"], capture_output=True, text=True)
+        usage = (g.stdout + g.stderr).split("\n", 1)[0]
+        follow_flags = listed | set(re.findall(r"--([a-z][a-z-]*)", usage))
 
 
 def check_follow(where, args):

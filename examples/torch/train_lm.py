@@ -17,6 +17,12 @@ Failures can be injected to watch trainwatch react:
                    (NaN under rsqrt), not in fp32 -> tier 3: halt; after a
                    rollback with --precision norm=fp32 the step passes
   --z-loss ALPHA   z-loss alpha * (log Z)^2 from the start
+  --no-agent       train with trainwatch detached: nothing is skipped or
+                   halted; one JSON line per step on stdout (step, loss,
+                   grad_norm, log_z, nan_frac, lr, z_loss_alpha, shards, and
+                   checkpoint where one was saved), which `twctl follow -`
+                   and `twctl replay` read; other messages go to stderr.
+                   trainwatch need not be installed.
 
 The model trains under CPU bf16 autocast (--autocast off: fp32). A rollback
 command from the server (after a human approved it), received while running
@@ -39,9 +45,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import trainwatch
-import trainwatch.rollback as twr
-import trainwatch.torch as twt
+if "--no-agent" not in sys.argv[1:]:  # a detached job need not have trainwatch installed
+    import trainwatch
+    import trainwatch.rollback as twr
+    import trainwatch.torch as twt
 
 SHARD_BYTES = 1024     # the corpus is cut into shards of this many bytes
 SHARDS_PER_STEP = 2    # each batch reads from this many consecutive shards
@@ -161,6 +168,25 @@ class Model(nn.Module):
         return self.head(self.norm(h))
 
 
+def finite_or_name(x):
+    """x, or "nan"/"inf"/"-inf": JSON has no such numbers, replay's reader
+    takes them as strings."""
+    return x if math.isfinite(x) else str(x)
+
+
+def detached_metrics(step, loss, flat, model, opt, z_loss, shards):
+    """The step's line when trainwatch is detached: what the agent would
+    have measured (log_z the mean logsumexp of the logits, nan_frac the
+    nonfinite share of the gradients), for a follower to read."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    nonfinite = sum(int((~torch.isfinite(g)).sum()) for g in grads)
+    elements = sum(g.numel() for g in grads)
+    log_z = torch.logsumexp(flat.detach(), dim=-1).mean().item()
+    return {"step": step, "loss": finite_or_name(loss.item()), "log_z": finite_or_name(log_z),
+            "nan_frac": nonfinite / elements, "lr": opt.param_groups[0]["lr"],
+            "z_loss_alpha": z_loss, "shards": list(shards)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--steps", type=int, default=1500)
@@ -186,7 +212,13 @@ def main():
     ap.add_argument("--server", default="", help="trainwatchd address (or TRAINWATCH_SERVER)")
     ap.add_argument("--run-id", default="", help="(or TRAINWATCH_RUN_ID)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-agent", action="store_true",
+                    help="trainwatch detached: a JSON line per step on stdout for\n"
+                         "`twctl follow -` or `twctl replay`; messages on stderr")
     args = ap.parse_args()
+    # Detached, stdout is the metrics log: everything else goes to stderr so
+    # that every stdout line parses.
+    log = sys.stderr if args.no_agent else sys.stdout
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
 
@@ -212,21 +244,23 @@ def main():
         return state["step"]
 
     # --- trainwatch: the few lines a user writes
-    agent = trainwatch.Agent(server=args.server, run_id=args.run_id,
-                             rules=json.loads(args.rules) if args.rules else None)
-    guard = twt.watch(opt, agent, params=model.named_parameters())
+    agent = guard = None
+    if not args.no_agent:
+        agent = trainwatch.Agent(server=args.server, run_id=args.run_id,
+                                 rules=json.loads(args.rules) if args.rules else None)
+        guard = twt.watch(opt, agent, params=model.named_parameters())
     # ---
 
     print(f"train_lm: {len(data):,} bytes in {loader.shards} shards, checkpoints in {ckpt_dir}",
-          flush=True)
-    if args.server and args.wait_for_server > 0 and not agent.wait_for_server(args.wait_for_server):
+          file=log, flush=True)
+    if agent is not None and args.server and args.wait_for_server > 0 and not agent.wait_for_server(args.wait_for_server):
         print(f"train_lm: no answer from {args.server} within {args.wait_for_server:g} s; "
               "starting anyway", flush=True)
     kept = []
     step = 0
     started = time.time()
     while step < args.steps:
-        cmd = agent.poll_command()
+        cmd = agent.poll_command() if agent is not None else None
         if cmd is not None and cmd.kind == "rollback":
             try:
                 done = twr.apply_rollback(cmd, agent, model, opt, load_checkpoint, guard=guard)
@@ -265,15 +299,21 @@ def main():
         if step == args.nan_at:
             with torch.no_grad():
                 model.head.weight.grad[3, 7] = float("nan")
-        v = guard.observe(step, loss, logits=flat, shards=shards)   # grads before clipping
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        try:
-            opt.step()                                  # skipped or halted by the agent
-        except trainwatch.TrainingHalted as e:
-            print(f"train_lm: {e}", flush=True)  # one line: step, rule, reason, tensors
-            agent.close()
-            return 3
-        if v.decision != "continue" or step % 100 == 0:
+        if agent is None:
+            line = detached_metrics(step, loss, flat, model, opt, z_loss, shards)
+            line["grad_norm"] = finite_or_name(
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item())
+            opt.step()
+        else:
+            v = guard.observe(step, loss, logits=flat, shards=shards)   # grads before clipping
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            try:
+                opt.step()                              # skipped or halted by the agent
+            except trainwatch.TrainingHalted as e:
+                print(f"train_lm: {e}", flush=True)  # one line: step, rule, reason, tensors
+                agent.close()
+                return 3
+        if agent is not None and (v.decision != "continue" or step % 100 == 0):
             print(f"train_lm: step {step} loss {loss.item():.3f} ratio {v.loss_ema_ratio:.2f} "
                   f"grad_norm {v.grad_norm:.2f} -> {v.decision}"
                   + (f" ({v.rule})" if v.rule else ""), flush=True)
@@ -281,13 +321,20 @@ def main():
             path = os.path.join(ckpt_dir, f"step-{step:07d}.pt")
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
                         "z_loss": z_loss, "quarantine": loader.quarantine}, path)
-            agent.report_checkpoint(step, "file://" + path)
+            if agent is not None:
+                agent.report_checkpoint(step, "file://" + path)
+            else:
+                line["checkpoint"] = "file://" + path
             kept.append(path)
             while len(kept) > 10:
                 os.remove(kept.pop(0))
+        if agent is None:
+            print(json.dumps(line), flush=True)
         step += 1
-    print(f"train_lm: finished {args.steps} steps in {time.time() - started:.0f} s", flush=True)
-    agent.close()
+    print(f"train_lm: finished {args.steps} steps in {time.time() - started:.0f} s",
+          file=log, flush=True)
+    if agent is not None:
+        agent.close()
     return 0
 
 

@@ -17,7 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "event_file_writer.h"
+#include "trainwatch/core/event.h"
 #include "trainwatch/cli/replay.h"
 
 namespace trainwatch::cli {
@@ -397,6 +399,79 @@ TEST_CASE(
   }
   INFO(json);
   CHECK(json.find("{\"step\":120,\"tier\":3,\"action\":\"halt\"") != std::string::npos);
+}
+
+// The tags a TensorBoard writer would give replay's signals.
+const char* TagOf(core::Signal s) {
+  switch (s) {
+    case core::Signal::kLoss: return "train/loss";
+    case core::Signal::kGradNorm: return "train/grad_norm";
+    case core::Signal::kLogZ: return "train/log_z";
+    case core::Signal::kNanFrac: return "train/nan_frac";
+    case core::Signal::kLearningRate: return "train/lr";
+    default: return nullptr;
+  }
+}
+
+// What a verdict is, its reason's wording (which prints the values) left out.
+std::vector<std::string> Verdicts(const ReplayResult& r) {
+  std::vector<std::string> out;
+  for (const core::Event& e : r.events) {
+    out.push_back(absl::StrCat(e.step, " tier ", e.tier, " ", core::ActionName(e.action), " ",
+                               core::EventKindName(e.kind), " onset ", e.onset_step,
+                               " checkpoint ", e.recommended_checkpoint_step));
+  }
+  return out;
+}
+
+TEST_CASE("tensorboard: the four real logs give the same verdicts when converted to event files",
+          "[cli][tensorboard][realdata]") {
+  const std::string dir = TempDir("realdata");
+  size_t events = 0;
+  for (const char* name : {"llmc-gpt2-124m.main.log", "modded-nanogpt-1p5b.log",
+                           "parameter-golf-behemoth-v10.log", "parameter-golf-bitnet.train.log"}) {
+    auto log = ReadMetricsFile(std::string(TRAINWATCH_REALDATA_DIR) + "/" + name);
+    REQUIRE(log.ok());
+    auto want = Replay(*log, core::RuleConfig());
+    REQUIRE(want.ok());
+    events += want->events.size();
+    // One Event per step with every signal the log reported: as torch's
+    // add_scalar writes it by default (simple_value, a float), and with
+    // double_precision=True (a DT_DOUBLE tensor), whose values are exact.
+    for (ScalarKind kind : {ScalarKind::kSimpleValue, ScalarKind::kDoubleVal}) {
+      const bool exact = kind == ScalarKind::kDoubleVal;
+      INFO(name << (exact ? " as doubles" : " as floats"));
+      std::string bytes = testing::FileVersionRecord(0);
+      for (size_t i = 0; i < log->size(); ++i) {
+        const core::StepRecord r = log->Record(i);
+        std::vector<std::string> values;
+        for (int k = 0; k < core::kNumSignals; ++k) {
+          const auto s = static_cast<core::Signal>(k);
+          if (TagOf(s) != nullptr && r.Has(s)) {
+            values.push_back(testing::ScalarValue(TagOf(s), r.Get(s), kind));
+          }
+        }
+        bytes += testing::EventRecord(r.step, static_cast<double>(i), values);
+      }
+      const std::string file =
+          dir + "/events.out.tfevents.1." + name + (exact ? ".double" : ".float");
+      testing::WriteFile(file, bytes);
+      auto converted = ReadMetricsFile(file);
+      INFO(converted.status());
+      REQUIRE(converted.ok());
+      CHECK(converted->format() == MetricsFormat::kTensorBoard);
+      REQUIRE(converted->size() == log->size());
+      auto got = Replay(*converted, core::RuleConfig());
+      REQUIRE(got.ok());
+      CHECK(Verdicts(*got) == Verdicts(*want));
+      // Exact values: the whole output, reasons and summary too.
+      if (exact) {
+        CHECK(FormatEventsJson(*got) == FormatEventsJson(*want));
+        CHECK(FormatSummaryJson(*got) == FormatSummaryJson(*want));
+      }
+    }
+  }
+  CHECK(events > 0);  // the logs have verdicts to compare
 }
 
 }  // namespace

@@ -6,3 +6,5 @@
 # renamed case only loses its early start, so rename it here too.
 set_tests_properties("e2e: the example trainer through tiers 1 and 2 and 3 with real components"
   PROPERTIES COST 110)
+set_tests_properties("follow e2e: the detached trainer's log piped to twctl follow pages as observed"
+  PROPERTIES COST 30)

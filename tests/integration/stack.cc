@@ -115,18 +115,23 @@ void Child::Kill() {
   pid_ = pgid_ = -1;
 }
 
-bool PagedFiring(HttpReceiver& hook, const std::string& incident) {
+std::vector<core::JsonValue> FiringAlerts(HttpReceiver& hook, const std::string& incident) {
+  std::vector<core::JsonValue> out;
   for (const auto& r : hook.requests()) {
     auto v = core::ParseJson(r.body, "webhook");
     if (!v.ok()) continue;
     for (const core::JsonValue& a : v->Find("alerts")->array) {
       if (a.Find("labels")->Find("incident")->string == incident &&
           a.Find("status")->string == "firing") {
-        return true;
+        out.push_back(a);
       }
     }
   }
-  return false;
+  return out;
+}
+
+bool PagedFiring(HttpReceiver& hook, const std::string& incident) {
+  return !FiringAlerts(hook, incident).empty();
 }
 
 int64_t QueryInt(const std::string& db, const std::string& sql) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "test_util.h"
+#include "trainwatch/core/json.h"
 
 namespace trainwatch::testing {
 
@@ -47,6 +48,10 @@ class Child {
 // The first column of the first row of `sql` on the database at `db`, read
 // on a connection of its own (-1 when no row).
 int64_t QueryInt(const std::string& db, const std::string& sql);
+
+// The alerts of `incident` that Alertmanager delivered to `hook` as firing
+// (each as the webhook's JSON has it: labels, annotations, ...).
+std::vector<core::JsonValue> FiringAlerts(HttpReceiver& hook, const std::string& incident);
 
 // Whether Alertmanager delivered to `hook` (its webhook receiver) the page
 // of `incident` as firing.

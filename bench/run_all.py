@@ -55,6 +55,8 @@ GOALS = [
     ("rule_engine", "rule engine (M records/s, idle)", r"^rule engine", "value", ">=", 3.0),
     ("replay", "twctl replay --summary, 500k steps (s)", r"^twctl replay", "value", "<=", 0.5),
     ("agent_overhead", "agent Step() p99.9 with the server up (us)", r"p99\.9", "value", "<=", 20.0),
+    ("follow", "twctl follow end to end (lines/s, one core)", r"^twctl follow, Megatron", "value", ">=",
+     50000.0),
 ] + [("cpu_stats", f"grad stats {d} vs plain 1-thread read", rf"^grad stats {d} vs plain 1-thread",
       "ratio", ">=", 0.9) for d in ("fp32", "bf16", "fp16")] + [
     ("cpu_stats", f"grad stats {d} vs torch", rf"^grad stats {d} vs torch", "ratio", ">", 1.0)
@@ -176,8 +178,10 @@ def benches(build, smoke):
     out.append(("restart", restart and [restart] + (["--smoke"] if smoke else []), None))
     clip = script(os.path.join(ROOT, "bench", "agent", "clip_overhead.py"))
     out.append(("clip", clip and [PY, clip] + (["--smoke"] if smoke else []), None))
-    follow = exe(b("bin", "follow_bench"))
-    out.append(("follow", follow and [follow] + (["--smoke"] if smoke else []), None))
+    follow = script(os.path.join(ROOT, "bench", "follow", "follow_throughput.sh"))
+    follow_bins = [exe(b("bin", "trainwatchd")), exe(b("bin", "twctl"))]
+    out.append(("follow", follow and all(follow_bins) and
+                [follow] + follow_bins + (["20000", "1", "0"] if smoke else []), None))
     return out
 
 

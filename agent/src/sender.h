@@ -100,8 +100,10 @@ class Sender {
   using Stream = grpc::ClientReaderWriter<v1::AgentMessage, v1::ServerMessage>;
   // Sends on one connection until it breaks or the sender stops.
   void SendUntilBroken(Stream* stream) ABSL_LOCKS_EXCLUDED(mu_);
-  // A write, timed for the pump's stall watch.
-  bool Write(Stream* stream, const v1::AgentMessage& m);
+  // A write, timed for the pump's stall watch. `more`: another write follows
+  // at once, so gRPC may buffer this one until then (WriteOptions'
+  // buffer_hint); the last write of a burst passes false, which flushes.
+  bool Write(Stream* stream, const v1::AgentMessage& m, bool more = false);
   void HandleServerMessage(const v1::ServerMessage& m) ABSL_LOCKS_EXCLUDED(mu_);
   v1::AgentMessage HelloMessage() const;
   v1::AgentMessage HeartbeatMessage() const ABSL_LOCKS_EXCLUDED(mu_);

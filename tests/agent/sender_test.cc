@@ -128,6 +128,31 @@ std::string StderrOf(Fn fn) {
   return trainwatch::testing::ReadFile(path);
 }
 
+// Bursts are written with gRPC's buffer hint on all but their last write.
+// A record on its own (the trainer's usual one a step) must still go out at
+// once, not wait for a next write to flush it: the clock stands still, so no
+// heartbeat comes to push a held-back record out.
+TEST_CASE("sender: a lone record after a burst is acknowledged at once", "[agent][sender]") {
+  const int port = FreePort();
+  FakeServer fake;
+  Running server(&fake, port);
+  FakeClock clock;
+  AgentConfig config = Config(port);
+  config.clock = &clock;
+  Sender sender(config, kOrigin, nullptr);
+  sender.Start();
+  REQUIRE(WaitUntil([&] { return StatsOf(sender).connected; }, seconds(5)));
+  for (int64_t s = 0; s < 2000; ++s) Push(sender, s);
+  REQUIRE(WaitUntil([&] { return StatsOf(sender).durable_step == 1999; }, seconds(20)));
+  for (int64_t s = 2000; s < 2003; ++s) {
+    Push(sender, s);
+    // The pump moves it within 5 ms; a loaded machine gets the rest.
+    CHECK(WaitUntil([&] { return StatsOf(sender).durable_step == s; }, milliseconds(1500)));
+  }
+  CHECK(fake.steps().size() == 2003);
+  sender.Close(1000);
+}
+
 TEST_CASE("sender: closing with unacknowledged records and no spill folder warns with the count",
           "[agent][sender]") {
   // Nothing listens on the port: no record is ever acknowledged.

@@ -55,6 +55,8 @@ GOALS = [
     ("rule_engine", "rule engine (M records/s, idle)", r"^rule engine", "value", ">=", 3.0),
     ("replay", "twctl replay --summary, 500k steps (s)", r"^twctl replay", "value", "<=", 0.5),
     ("agent_overhead", "agent Step() p99.9 with the server up (us)", r"p99\.9", "value", "<=", 20.0),
+    ("clip", "observe + guard.clip_grad_norm_ vs torch's clip alone", r"^clip: observe \+ guard",
+     "ratio", "<=", 1.1),
     ("follow", "twctl follow end to end (lines/s, one core)", r"^twctl follow, Megatron", "value", ">=",
      50000.0),
 ] + [("cpu_stats", f"grad stats {d} vs plain 1-thread read", rf"^grad stats {d} vs plain 1-thread",
@@ -177,7 +179,7 @@ def benches(build, smoke):
     restart = exe(b("bin", "restart_bench"))
     out.append(("restart", restart and [restart] + (["--smoke"] if smoke else []), None))
     clip = script(os.path.join(ROOT, "bench", "agent", "clip_overhead.py"))
-    out.append(("clip", clip and [PY, clip] + (["--smoke"] if smoke else []), None))
+    out.append(("clip", clip and [PY, clip] + (["--rounds", "3"] if smoke else []), None))
     follow = script(os.path.join(ROOT, "bench", "follow", "follow_throughput.sh"))
     follow_bins = [exe(b("bin", "trainwatchd")), exe(b("bin", "twctl"))]
     out.append(("follow", follow and all(follow_bins) and
@@ -243,7 +245,10 @@ def main():
         else:
             print(f"== {name}: {' '.join(cmd)}", flush=True)
             with tempfile.NamedTemporaryFile("r", suffix=".json", dir=out_dir) as j:
-                env = dict(os.environ, TW_BENCH_JSON=j.name)
+                # The Python benches import the package from the build.
+                env = dict(os.environ, TW_BENCH_JSON=j.name,
+                           PYTHONPATH=os.pathsep.join(filter(None, [
+                               os.path.join(build, "python"), os.environ.get("PYTHONPATH")])))
                 try:
                     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        env=env, timeout=args.timeout, cwd=ROOT)

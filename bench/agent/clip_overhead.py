@@ -22,6 +22,8 @@ threads (torch's clip uses them; the statistics kernel is one pass on the
 calling thread). About 20 s with the defaults.
 """
 import argparse
+import json
+import os
 import statistics
 import time
 
@@ -134,3 +136,22 @@ for k in ("b", "c"):
     ratios = [x / y for x, y in zip(times[k], times["a"])]
     print(f"{k}/a {statistics.median(ratios):.2f}  [p10 {pct(ratios, .1):.2f}, "
           f"p90 {pct(ratios, .9):.2f}]")
+
+# For `make bench` (bench/run_all.py): one JSON object per figure, into the
+# file it names, or on stdout.
+labels_json = {"b": "observe + guard.clip_grad_norm_", "c": "observe + torch's clip"}
+figs = []
+for k in ("b", "c"):
+    ratios = [x / y for x, y in zip(times[k], times["a"])]
+    figs.append({"figure": f"clip: {labels_json[k]} vs torch's clip alone, {len(params)} tensors, "
+                           f"{n / 1e6:.0f}M params, {args.threads} thread(s)",
+                 "unit": "ms", "value": statistics.median(times[k]) * 1e3,
+                 "baseline": statistics.median(times["a"]) * 1e3,
+                 "ratio": statistics.median(ratios), "median": statistics.median(ratios),
+                 "min": min(ratios), "max": max(ratios)})
+if os.environ.get("TW_BENCH_JSON"):
+    with open(os.environ["TW_BENCH_JSON"], "a") as f:
+        f.write("".join(json.dumps(x) + "\n" for x in figs))
+else:
+    for x in figs:
+        print(json.dumps(x))

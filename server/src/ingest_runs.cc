@@ -205,8 +205,11 @@ absl::Status Ingestor::Recover() {
     absl::MutexLock lock(&snap_mu_);
     snapshot_[row.run_id] = *std::move(snap);
   }
-  LOG(INFO) << "rebuilding the " << startup_order_.size() << " most recently seen of "
-            << runs->size() << " runs in the background; the others when they stream again";
+  if (!runs->empty()) {
+    LOG(INFO) << "rebuilding " << startup_order_.size() << " of " << runs->size()
+              << " runs in the background"
+              << (runs->size() > bound ? "; the others when they stream again" : "");
+  }
   {
     absl::MutexLock lock(&snap_mu_);
     stats_.runs_rebuilding = static_cast<int64_t>(rebuilding_.size());

@@ -35,18 +35,23 @@ double SecondsToServe(const std::string& db, int64_t snapshot_steps) {
   return s;
 }
 
+// 8 runs x 25k steps in `dir`, with engine snapshots every `snapshot_steps`.
+std::string WriteDb(const testing::TempDir& dir, int64_t snapshot_steps) {
+  const std::string db = dir.File("tw.db");
+  auto store = Store::Open(db);
+  REQUIRE(store.ok());
+  testing::HistoryShape shape;
+  shape.runs = 8;
+  shape.steps = 25'000;
+  shape.snapshot_steps = snapshot_steps;
+  REQUIRE(testing::WriteHistory(store->get(), shape).ok());
+  return db;
+}
+
 TEST_CASE("restart: 8 runs x 25k steps stored - serving within an empty start plus 0.3 s",
           "[server][snapshot][restart]") {
   testing::TempDir dir;
-  const std::string db = dir.File("tw.db");
-  {
-    auto store = Store::Open(db);
-    REQUIRE(store.ok());
-    testing::HistoryShape shape;
-    shape.runs = 8;
-    shape.steps = 25'000;
-    REQUIRE(testing::WriteHistory(store->get(), shape).ok());
-  }
+  const std::string db = WriteDb(dir, 10'000);
   testing::TempDir empty_dir;
   const double empty = SecondsToServe(empty_dir.File("tw.db"), 10'000);
   const double full = SecondsToServe(db, 10'000);
@@ -60,16 +65,7 @@ TEST_CASE("restart: 8 runs x 25k steps stored - serving within an empty start pl
 TEST_CASE("restart: snapshots off - the port serves while runs rebuild and marks them rebuilding",
           "[server][snapshot][restart]") {
   testing::TempDir dir;
-  const std::string db = dir.File("tw.db");
-  {
-    auto store = Store::Open(db);
-    REQUIRE(store.ok());
-    testing::HistoryShape shape;
-    shape.runs = 8;
-    shape.steps = 25'000;
-    shape.snapshot_steps = 0;
-    REQUIRE(testing::WriteHistory(store->get(), shape).ok());
-  }
+  const std::string db = WriteDb(dir, 0);
   ServerOptions options;
   options.ingest.engine_snapshot_steps = 0;
   testing::Running r = testing::StartServer(db, core::SystemClock(), options);

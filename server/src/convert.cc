@@ -61,6 +61,7 @@ void RunToProto(const RunSnapshot& s, int32_t ranks_connected, v1::RunInfo* out)
   out->set_rules_source(s.row.rules_source);  // rules_json: GetRunStatus's alone
   out->set_agent_decisions(s.agent_decisions_total);
   out->set_decision_divergences(s.decision_divergences_total);
+  out->set_rebuilding(s.rebuilding);
   int open = 0;
   for (int t = 0; t < 4; ++t) open += static_cast<int>(s.open_incidents[t]);
   out->set_open_incidents(open);

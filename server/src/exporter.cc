@@ -178,6 +178,11 @@ class Exporter : public prometheus::Collectable {
     add(family("trainwatch_runs_in_memory", "Runs holding their rule engine's state in memory.",
                MetricType::Gauge),
         {}, double(st.runs_in_memory));
+    add(family("trainwatch_runs_rebuilding",
+               "Runs whose rule engine is still being rebuilt from the store after a restart "
+               "(their figures are the stored ones meanwhile).",
+               MetricType::Gauge),
+        {}, double(st.runs_rebuilding));
     add(family("trainwatch_runs_evicted_total",
                "Idle runs evicted from memory (rebuilt from the store when they stream again).",
                MetricType::Counter),

@@ -57,8 +57,11 @@ void Ingestor::Loop() {
       auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
         return !queue_.empty() || !tasks_.empty() || stop_;
       };
-      // Wake at least every 50 ms for aggregation timeouts.
-      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(50));
+      // Wake at least every 50 ms for aggregation timeouts, at once while
+      // runs are left to rebuild after a restart.
+      mu_.AwaitWithTimeout(absl::Condition(&ready),
+                           startup_next_ < startup_order_.size() ? absl::ZeroDuration()
+                                                                 : absl::Milliseconds(50));
       stopping = stop_;
       tasks.swap(tasks_);
       if (queue_.size() <= options_.max_batch_items) {
@@ -70,6 +73,7 @@ void Ingestor::Loop() {
       }
     }
     const size_t n = items.size();
+    const bool idle = n == 0 && tasks.empty() && !stopping;
     ProcessInBatches(items);
     items.clear();
     if (!tasks.empty()) {
@@ -85,6 +89,9 @@ void Ingestor::Loop() {
       std::vector<IngestItem> none;
       ProcessBatch(none);
     }
+    // One run rebuilt after a restart per idle turn: a message waits for
+    // at most one run's rebuild besides its own run's.
+    if (idle) RebuildNextAtStartup();
     bool last;
     {
       absl::MutexLock lock(&mu_);

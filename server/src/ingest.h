@@ -114,9 +114,9 @@
 //   runs in memory: at most max_runs_in_memory runs keep their engine state
 //     (about 0.3 MB each with the default rules); the least recently used
 //     is evicted and rebuilt from the store (RecoverRun) when a message or
-//     a decision needs it again. Recover() at startup rebuilds the most
-//     recently seen runs that fit and leaves the rest to be rebuilt on
-//     demand. Every run keeps a RunSnapshot (a few hundred bytes), so the
+//     a decision needs it again. At startup the most recently seen runs
+//     that fit are rebuilt after the port opens (see "Restart" below) and
+//     the rest are left to be rebuilt on demand. Every run keeps a RunSnapshot (a few hundred bytes), so the
 //     operator API and the exporter see evicted runs too. One batch never
 //     touches more runs than the bound (Loop splits it).
 //   world_size: taken per attempt. Within an attempt it only grows (ranks
@@ -133,6 +133,22 @@
 //     under way; one for another run's command, or for a command not
 //     issued, is refused with a log line and a count (refused_acks_total)
 //     and not stored.
+//
+// Restart. Recover() reads only the runs' rows and stored figures (no step
+// is replayed), so trainwatchd listens at once whatever the history. The
+// max_runs_in_memory most recently seen runs are then rebuilt on the writer
+// thread, one at a time, most recent first, whenever it has nothing queued
+// (RebuildNextAtStartup): a message never waits behind more than one run's
+// rebuild. Meanwhile:
+//   - a message (Hello, StepReport, CheckpointNotice, CommandAck) or a
+//     decision for a run not yet rebuilt rebuilds that run first, as for an
+//     evicted run (RunFor): nothing is ever judged by an empty engine, and
+//     the agent's answers are those of a fully rebuilt server, only later;
+//   - the operator API and /metrics answer at once from RunSnapshot: a run
+//     not yet rebuilt shows its stored figures (last step, skips, overflows,
+//     incidents, as for an evicted run) with RunSnapshot::rebuilding set
+//     (RunInfo.rebuilding), and IngestStats::runs_rebuilding
+//     (trainwatch_runs_rebuilding) counts those left.
 //
 // Thread-safety: Submit(), Snapshot(), Stats() and Flush() from any thread;
 // everything else is the writer thread's.
@@ -224,6 +240,9 @@ struct RunSnapshot {
   // where the agent's verdict and the server's engine's differ.
   int64_t agent_decisions_total = 0;
   int64_t decision_divergences_total = 0;
+  // After a restart, until the run's engine is rebuilt (see "Restart"): the
+  // figures above are the store's.
+  bool rebuilding = false;
 };
 
 struct IngestStats {
@@ -242,6 +261,7 @@ struct IngestStats {
   int64_t runs_in_memory = 0;      // runs holding engine state
   int64_t runs_evicted_total = 0;
   int64_t runs_rebuilt_total = 0;  // evicted (or left at startup), rebuilt on demand
+  int64_t runs_rebuilding = 0;     // after a restart, still to be rebuilt (see "Restart")
   int64_t resumes_total = 0;       // attempts opened by a new incarnation
   // Older incarnations' streams ended by a newer one, and their Hellos refused.
   int64_t incarnation_conflicts_total = 0;
@@ -299,11 +319,12 @@ class Ingestor {
   Ingestor(const Ingestor&) = delete;
   Ingestor& operator=(const Ingestor&) = delete;
 
-  // Rebuilds runs' state from the store: the rule engine by feeding it the
-  // stored records again (deterministic, so windows and episodes come back
-  // exactly), open incidents by episode, pending per-rank steps. Only the
-  // max_runs_in_memory most recently seen runs are rebuilt; the others get
-  // a snapshot from the store and are rebuilt when first needed.
+  // Reads the runs from the store: each gets its stored snapshot, and the
+  // max_runs_in_memory most recently seen are queued to be rebuilt by the
+  // writer thread after Start() (see "Restart"): the rule engine by feeding
+  // it the stored records again (deterministic, so windows and episodes come
+  // back exactly), open incidents by episode, pending per-rank steps. The
+  // others are rebuilt when first needed.
   // REQUIRES: before Start().
   absl::Status Recover();
 
@@ -386,6 +407,12 @@ class Ingestor {
   // the rebuild failed (logged).
   RunState* RunFor(const std::string& run_id, int32_t world_size, int64_t now,
                    bool create = true);
+  // Rebuilds the evicted run `it` (RecoverRun) and takes it out of
+  // evicted_ and rebuilding_; logs and returns null when the store fails.
+  RunState* RebuildEvicted(std::map<std::string, RunRow>::iterator it);
+  // Rebuilds the next run queued by Recover() that is still evicted, while
+  // room is left (a background rebuild never evicts); true when one was.
+  bool RebuildNextAtStartup();
   // Evicts the least recently used run not touched by the current batch
   // while more than max_runs_in_memory - 1 runs are held.
   void MakeRoom();
@@ -502,6 +529,11 @@ class Ingestor {
   std::map<std::string, std::unique_ptr<RunState>> runs_;
   // Runs known to the store but not held in memory, by id.
   std::map<std::string, RunRow> evicted_;
+  // Runs Recover() queued to be rebuilt, most recently seen first, the next
+  // at startup_next_; and those of them not yet rebuilt (by any path).
+  std::vector<std::string> startup_order_;
+  size_t startup_next_ = 0;
+  std::set<std::string> rebuilding_;
   uint64_t batch_seq_ = 0;
   IdCounters ids_;
   std::vector<std::pair<std::function<void(DecisionOutcome)>, DecisionOutcome>> answers_;

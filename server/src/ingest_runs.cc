@@ -85,15 +85,8 @@ Ingestor::RunState* Ingestor::RunFor(const std::string& run_id, int32_t world_si
     if (evicted == evicted_.end() && !create) return nullptr;
     MakeRoom();
     if (evicted != evicted_.end()) {
-      absl::StatusOr<RunState*> rebuilt = RecoverRun(evicted->second);
-      if (!rebuilt.ok()) {
-        LOG(ERROR) << "run " << run_id << ": rebuilding from the store: " << rebuilt.status();
-        return nullptr;
-      }
-      evicted_.erase(evicted);
+      if (RebuildEvicted(evicted) == nullptr) return nullptr;
       absl::MutexLock lock(&snap_mu_);
-      // Not rebuilt from the store: carried over from the snapshot.
-      (*rebuilt)->missing_rank_steps_total = snapshot_[run_id].missing_rank_steps_total;
       stats_.runs_rebuilt_total++;
     } else {
       RunRow row;
@@ -117,6 +110,43 @@ Ingestor::RunState* Ingestor::RunFor(const std::string& run_id, int32_t world_si
   }
   r.row.last_seen_ms = now;
   return &r;
+}
+
+Ingestor::RunState* Ingestor::RebuildEvicted(std::map<std::string, RunRow>::iterator it) {
+  const std::string run_id = it->first;
+  absl::StatusOr<RunState*> rebuilt = RecoverRun(it->second);
+  if (!rebuilt.ok()) {
+    LOG(ERROR) << "run " << run_id << ": rebuilding from the store: " << rebuilt.status();
+    return nullptr;
+  }
+  evicted_.erase(it);
+  rebuilding_.erase(run_id);
+  absl::MutexLock lock(&snap_mu_);
+  // Not rebuilt from the store: carried over from the snapshot.
+  (*rebuilt)->missing_rank_steps_total = snapshot_[run_id].missing_rank_steps_total;
+  // Readers see the rebuilt run at once, not after the next batch.
+  snapshot_[run_id] = SnapshotOf(**rebuilt);
+  stats_.runs_rebuilding = static_cast<int64_t>(rebuilding_.size());
+  stats_.runs_in_memory = static_cast<int64_t>(runs_.size());
+  return *rebuilt;
+}
+
+bool Ingestor::RebuildNextAtStartup() {
+  const size_t bound = std::max<size_t>(1, options_.max_runs_in_memory);
+  while (startup_next_ < startup_order_.size()) {
+    const std::string& id = startup_order_[startup_next_++];
+    auto it = evicted_.find(id);
+    if (it == evicted_.end()) continue;  // rebuilt on demand already
+    // New runs took the room: a background rebuild evicts none of them, the
+    // rest are rebuilt on demand like any evicted run. A run whose rebuild
+    // failed (logged) is left the same way.
+    if (runs_.size() < bound && RebuildEvicted(it) != nullptr) return true;
+    rebuilding_.erase(id);
+    absl::MutexLock lock(&snap_mu_);
+    snapshot_[id].rebuilding = false;
+    stats_.runs_rebuilding = static_cast<int64_t>(rebuilding_.size());
+  }
+  return false;
 }
 
 void Ingestor::MakeRoom() {
@@ -158,23 +188,31 @@ absl::Status Ingestor::Recover() {
   std::stable_sort(runs->begin(), runs->end(), [](const RunRow& a, const RunRow& b) {
     return a.last_seen_ms > b.last_seen_ms;
   });
+  // Nothing is replayed here, so that the port opens at once: every run
+  // starts evicted with its stored figures, and the writer thread rebuilds
+  // those that fit (see "Restart" in ingest.h).
   const size_t bound = std::max<size_t>(1, options_.max_runs_in_memory);
   for (size_t i = 0; i < runs->size(); ++i) {
     const RunRow& row = (*runs)[i];
-    if (i < bound) {
-      absl::StatusOr<RunState*> r = RecoverRun(row);
-      if (!r.ok()) return r.status();
-      continue;
-    }
     absl::StatusOr<RunSnapshot> snap = StoredSnapshot(row);
     if (!snap.ok()) return snap.status();
     evicted_.emplace(row.run_id, row);
+    if (i < bound) {
+      snap->rebuilding = true;
+      startup_order_.push_back(row.run_id);
+      rebuilding_.insert(row.run_id);
+    }
     absl::MutexLock lock(&snap_mu_);
     snapshot_[row.run_id] = *std::move(snap);
   }
-  if (runs->size() > bound) {
-    LOG(INFO) << "rebuilt the " << bound << " most recently seen of " << runs->size()
-              << " runs; the others are rebuilt when they stream again";
+  if (!runs->empty()) {
+    LOG(INFO) << "rebuilding " << startup_order_.size() << " of " << runs->size()
+              << " runs in the background"
+              << (runs->size() > bound ? "; the others when they stream again" : "");
+  }
+  {
+    absl::MutexLock lock(&snap_mu_);
+    stats_.runs_rebuilding = static_cast<int64_t>(rebuilding_.size());
   }
   PublishSnapshot();
   return absl::OkStatus();

@@ -169,6 +169,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->pager = std::make_unique<Pager>(impl->store.get(), pager_config, clock);
   impl->ingestor = std::make_unique<Ingestor>(impl->store.get(), options.ingest, clock);
   impl->ingestor->SetPager(impl->pager.get());
+  // Reads the runs only: their engines are rebuilt by the writer thread
+  // after Start(), so the port below opens at once (ingest.h "Restart").
   if (absl::Status s = impl->ingestor->Recover(); !s.ok()) return s;
   impl->state = std::make_unique<ServiceState>(impl->ingestor.get(), impl->store.get(),
                                                impl->pager.get(), std::move(auth), clock,

@@ -215,9 +215,12 @@ TEST_CASE("run bounds: 2000 run ids with 16 in memory - evicted runs rebuilt on 
   CHECK(h.Run("r7").row.last_step == 3);
   CHECK(h.Run("r7").incidents_total[3] == 1);
 
-  // A restart rebuilds only the 16 most recently seen; the others keep
-  // their snapshot from the store, and their incidents can be decided.
+  // A restart rebuilds only the 16 most recently seen (in the background);
+  // the others keep their snapshot from the store, and their incidents can
+  // be decided.
   h.Restart();
+  REQUIRE(testing::WaitUntil([&] { return h.ingestor_->Stats().runs_rebuilding == 0; },
+                             std::chrono::seconds(30)));
   st = h.ingestor_->Stats();
   CHECK(st.runs_in_memory == 16);
   snap = h.ingestor_->Snapshot();

@@ -20,6 +20,7 @@ import torch
 
 import trainwatch
 import trainwatch.torch as twt
+import trainwatch._stats as tws  # which path reads a step's tensors
 from trainwatch import _trainwatch
 
 GPU = torch.cuda.is_available() and _trainwatch.has_cuda
@@ -120,26 +121,26 @@ class HasCudaTest(unittest.TestCase):
         fake = types.SimpleNamespace(is_cuda=True, dtype=torch.float32,
                                      device=types.SimpleNamespace(index=0))
         with mock.patch.object(torch.cuda, "current_device", return_value=0), \
-                mock.patch.object(twt, "_CUDA_KERNELS", None):
+                mock.patch.object(tws, "_CUDA_KERNELS", None):
             with self.assertWarnsRegex(UserWarning, "CUDA kernels cannot run here"):
-                self.assertFalse(twt._fused_cuda([fake]))
-            self.assertFalse(twt._fused_cuda([fake]))  # decided once
+                self.assertFalse(tws._fused_cuda([fake]))
+            self.assertFalse(tws._fused_cuda([fake]))  # decided once
 
     def test_fused_kernels_only_for_a_cuda_build_and_their_dtypes(self):
         def fake(dtype, index=0):
             return types.SimpleNamespace(is_cuda=True, dtype=dtype,
                                          device=types.SimpleNamespace(index=index))
         with mock.patch.object(torch.cuda, "current_device", return_value=0), \
-                mock.patch.object(twt, "_CUDA_KERNELS", True):
-            with mock.patch.object(twt, "_HAS_CUDA", True):
+                mock.patch.object(tws, "_CUDA_KERNELS", True):
+            with mock.patch.object(tws, "_HAS_CUDA", True):
                 for dtype in (torch.float32, torch.bfloat16, torch.float16):
-                    self.assertTrue(twt._fused_cuda([fake(dtype)]), dtype)
-                self.assertFalse(twt._fused_cuda([fake(torch.float32), fake(torch.float64)]))
-                self.assertFalse(twt._fused_cuda([fake(torch.float32, index=1)]))
-                self.assertFalse(twt._fused_cuda([torch.zeros(3)]))
-                self.assertFalse(twt._fused_cuda([]))
-            with mock.patch.object(twt, "_HAS_CUDA", False):
-                self.assertFalse(twt._fused_cuda([fake(torch.float32)]))
+                    self.assertTrue(tws._fused_cuda([fake(dtype)]), dtype)
+                self.assertFalse(tws._fused_cuda([fake(torch.float32), fake(torch.float64)]))
+                self.assertFalse(tws._fused_cuda([fake(torch.float32, index=1)]))
+                self.assertFalse(tws._fused_cuda([torch.zeros(3)]))
+                self.assertFalse(tws._fused_cuda([]))
+            with mock.patch.object(tws, "_HAS_CUDA", False):
+                self.assertFalse(tws._fused_cuda([fake(torch.float32)]))
 
 
 class FallbackTest(unittest.TestCase):

@@ -91,6 +91,22 @@ TW_AVX2 float MaxF32(__m256 v) {
   return m;
 }
 
+// The fast passes ask for the data kPrefetchBytes ahead of where they read,
+// two cache lines per 128 bytes consumed. The hardware prefetcher alone kept
+// too few lines in flight: with it only, the 16-bit passes reached 0.88-0.94x
+// a plain read of the same bytes from memory, with the prefetch 1.1-1.3x
+// (bench/kernels/cpu_stats_bench.py). 2-8 KiB measured alike; 4 KiB is half a
+// 16-bit piece. A prefetch never faults, so reading past the end is harmless.
+constexpr int kPrefetchBytes = 4096;
+
+TW_AVX2 inline void PrefetchAhead(const void* at) {
+  // Through an integer: the address may lie past the end of the tensor.
+  const char* c = reinterpret_cast<const char*>(
+      reinterpret_cast<uintptr_t>(at) + kPrefetchBytes);
+  _mm_prefetch(c, _MM_HINT_T0);
+  _mm_prefetch(c + 64, _MM_HINT_T0);
+}
+
 // Each piece is first reduced by a fast pass that assumes every element is
 // finite: per vector only a load, a sign mask, an integer max of the
 // magnitude bits and the fused multiply-adds (squares do not need the sign).
@@ -181,6 +197,7 @@ TW_AVX2 RangeStats GradRangeF32(const void* data, int64_t n) {
     __m256i vmax0 = _mm256_setzero_si256(), vmax1 = _mm256_setzero_si256();
     int64_t i = start;
     for (; i + 32 <= end; i += 32) {
+      PrefetchAhead(p + i);
       TW_F32_FAST(acc0, vmax0, 0)
       TW_F32_FAST(acc1, vmax1, 8)
       TW_F32_FAST(acc2, vmax0, 16)
@@ -339,6 +356,7 @@ TW_AVX2 RangeStats GradRange16(const void* data, int64_t n) {
     __m256i vmax = _mm256_setzero_si256();
     int64_t i = start;
     for (; i + 64 <= end; i += 64) {
+      PrefetchAhead(p + i);
       TW_16_FAST(a0, a1, m0, 0)
       TW_16_FAST(a2, a3, m1, 16)
       TW_16_FAST(a4, a5, m2, 32)

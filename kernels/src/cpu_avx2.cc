@@ -1,18 +1,19 @@
-// The AVX2 (+FMA, +F16C) CPU kernels. Each function carries its own target
-// attribute, so this file compiles with the baseline flags and the code only
-// runs after CpuHasAvx2() said yes: one binary serves every x86-64 machine.
+// The AVX2 (+FMA, +F16C) gradient kernels and the processor check (the
+// logit kernels are in cpu_avx2_logits.cc). Each function carries its own
+// target attribute, so this file compiles with the baseline flags and the
+// code only runs after CpuHasAvx2() said yes: one binary serves every x86-64
+// machine.
 //
 // Gradient kernels: see "fast pass" below. bf16 and fp16 are maxed as
 // 16-bit integers before they are widened (for non-negative floats the bit
-// order is the value order), and widening costs a shift and a mask (bf16) or
-// one F16C convert (fp16) per 8 values.
+// order is the value order), and widening costs a shuffle and a mask (bf16)
+// or one F16C convert from memory (fp16) per 8 values.
 
+#include "cpu_avx2.h"
 #include "cpu_kernels.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#define TRAINWATCH_KERNELS_X86 1
+#if defined(TRAINWATCH_KERNELS_X86)
 #include <cpuid.h>
-#include <immintrin.h>
 #endif
 
 #include <algorithm>
@@ -24,46 +25,53 @@ namespace trainwatch::kernels::internal {
 
 #if defined(TRAINWATCH_KERNELS_X86)
 
-#define TW_AVX2 __attribute__((target("avx2,fma,f16c")))
-
 namespace {
 
 constexpr float kFloatMax = std::numeric_limits<float>::max();
 
-// Folds four fp32 accumulators (32 lanes) into an fp64 sum, lane by lane in
-// a fixed order, plus a scalar tail accumulator. Sets *overflow when any of
-// them is inf (nonfinite inputs were zeroed, so only overflow makes one).
+// Folds four fp32 accumulators (32 lanes) into an fp64 sum, plus a scalar
+// tail accumulator. The lanes are widened to fp64 and added as a fixed tree
+// (the same order on every call, so results are deterministic): a serial
+// chain of 32 fp64 adds would cost ~130 cycles of latency per piece, a third
+// of a 16-bit piece's loop. Sets *overflow when a lane is inf: lanes are
+// non-negative and nonfinite inputs never reach them, so the fp64 sum of 33
+// finite floats is finite exactly when no lane overflowed.
+TW_AVX2 __m256d WidenSum(__m256 a) {
+  return _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(a)),
+                       _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)));
+}
+
 TW_AVX2 double FoldLanes(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float tail,
                          bool* overflow) {
-  alignas(32) float lanes[32];
-  _mm256_store_ps(lanes, a0);
-  _mm256_store_ps(lanes + 8, a1);
-  _mm256_store_ps(lanes + 16, a2);
-  _mm256_store_ps(lanes + 24, a3);
-  double s = 0.0;
-  bool of = !(tail <= kFloatMax);
-  for (float lane : lanes) {
-    of |= !(lane <= kFloatMax);
-    s += static_cast<double>(lane);
-  }
-  *overflow = of;
-  return s + static_cast<double>(tail);
+  const __m256d s = _mm256_add_pd(_mm256_add_pd(WidenSum(a0), WidenSum(a1)),
+                                  _mm256_add_pd(WidenSum(a2), WidenSum(a3)));
+  __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+  h = _mm_add_sd(h, _mm_unpackhi_pd(h, h));
+  const double sum = _mm_cvtsd_f64(h) + static_cast<double>(tail);
+  *overflow = !(sum <= std::numeric_limits<double>::max());
+  return sum;
 }
 
-TW_AVX2 int64_t SumI32(__m256i v) {
-  alignas(32) int32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), v);
-  int64_t s = 0;
-  for (int32_t x : lanes) s += x;
-  return s;
+// The same for eight accumulators (64 lanes): each half is folded as above
+// and the halves are added.
+TW_AVX2 double FoldLanes8(__m256 a0, __m256 a1, __m256 a2, __m256 a3,
+                          __m256 a4, __m256 a5, __m256 a6, __m256 a7,
+                          float tail, bool* overflow) {
+  bool of_lo, of_hi;
+  const double lo = FoldLanes(a0, a1, a2, a3, tail, &of_lo);
+  const double hi = FoldLanes(a4, a5, a6, a7, 0.0f, &of_hi);
+  *overflow = of_lo || of_hi;
+  return lo + hi;
 }
 
+// Horizontal maxima in a few shuffles (they run once per piece, on the
+// critical path between the loop and the fold).
 TW_AVX2 uint16_t MaxU16(__m256i v) {
-  alignas(32) uint16_t lanes[16];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), v);
-  uint16_t m = 0;
-  for (uint16_t x : lanes) m = std::max(m, x);
-  return m;
+  const __m128i m = _mm_max_epu16(_mm256_castsi256_si128(v),
+                                  _mm256_extracti128_si256(v, 1));
+  // minpos finds the unsigned minimum; the max of m is the min of ~m.
+  const __m128i inv = _mm_xor_si128(m, _mm_set1_epi32(-1));
+  return static_cast<uint16_t>(~_mm_cvtsi128_si32(_mm_minpos_epu16(inv)));
 }
 
 TW_AVX2 float MaxF32(__m256 v) {
@@ -72,6 +80,22 @@ TW_AVX2 float MaxF32(__m256 v) {
   float m = 0.0f;
   for (float x : lanes) m = std::max(m, x);
   return m;
+}
+
+// The fast passes ask for the data kPrefetchBytes ahead of where they read,
+// two cache lines per 128 bytes consumed. The hardware prefetcher alone kept
+// too few lines in flight: with it only, the 16-bit passes reached 0.88-0.94x
+// a plain read of the same bytes from memory, with the prefetch 1.1-1.3x
+// (bench/kernels/cpu_stats_bench.py). 2-8 KiB measured alike; 4 KiB is half a
+// 16-bit piece. A prefetch never faults, so reading past the end is harmless.
+constexpr int kPrefetchBytes = 4096;
+
+TW_AVX2 inline void PrefetchAhead(const void* at) {
+  // Through an integer: the address may lie past the end of the tensor.
+  const char* c = reinterpret_cast<const char*>(
+      reinterpret_cast<uintptr_t>(at) + kPrefetchBytes);
+  _mm_prefetch(c, _MM_HINT_T0);
+  _mm_prefetch(c + 64, _MM_HINT_T0);
 }
 
 // Each piece is first reduced by a fast pass that assumes every element is
@@ -92,11 +116,11 @@ struct PieceResult {
 // ----------------------------------------------------------------- fp32
 
 TW_AVX2 uint32_t MaxU32(__m256i v) {
-  alignas(32) uint32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), v);
-  uint32_t m = 0;
-  for (uint32_t x : lanes) m = std::max(m, x);
-  return m;
+  __m128i m = _mm_max_epu32(_mm256_castsi256_si128(v),
+                            _mm256_extracti128_si256(v, 1));
+  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(1, 0, 3, 2)));
+  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(2, 3, 0, 1)));
+  return static_cast<uint32_t>(_mm_cvtsi128_si32(m));
 }
 
 // The masked pass over [start, end) of fp32 data.
@@ -164,6 +188,7 @@ TW_AVX2 RangeStats GradRangeF32(const void* data, int64_t n) {
     __m256i vmax0 = _mm256_setzero_si256(), vmax1 = _mm256_setzero_si256();
     int64_t i = start;
     for (; i + 32 <= end; i += 32) {
+      PrefetchAhead(p + i);
       TW_F32_FAST(acc0, vmax0, 0)
       TW_F32_FAST(acc1, vmax1, 8)
       TW_F32_FAST(acc2, vmax0, 16)
@@ -199,15 +224,27 @@ TW_AVX2 RangeStats GradRangeF32(const void* data, int64_t n) {
 // 16 elements per vector as 16-bit integers. kInfBits is the infinity
 // pattern (magnitudes at or above it are nonfinite); Widen turns 16 values
 // into two fp32 vectors in some fixed lane order (only sums of squares are
-// taken, so the order and the signs do not matter).
+// taken, so the order and the signs do not matter), and WidenAt does the
+// same from memory, which the fast pass uses: it lets the widening pick the
+// cheapest instructions for the ports the loop leaves free.
 struct Bf16Ops {
   static constexpr uint16_t kInfBits = 0x7f80;
   static constexpr DType kDType = DType::kBFloat16;
   TW_AVX2 static void Widen(__m256i m, __m256* lo, __m256* hi) {
-    // Even elements: shifted into the top half; odd ones already are.
-    *lo = _mm256_castsi256_ps(_mm256_slli_epi32(m, 16));
+    // Even elements: moved into the top half by a byte shuffle (port 5,
+    // where a shift would take a slot from the multiply-adds); odd ones
+    // already are, under the even element's bits, which a mask clears.
+    const __m256i even_up = _mm256_setr_epi8(
+        -1, -1, 0, 1, -1, -1, 4, 5, -1, -1, 8, 9, -1, -1, 12, 13,  //
+        -1, -1, 0, 1, -1, -1, 4, 5, -1, -1, 8, 9, -1, -1, 12, 13);
+    *lo = _mm256_castsi256_ps(_mm256_shuffle_epi8(m, even_up));
     *hi = _mm256_castsi256_ps(
         _mm256_and_si256(m, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
+  TW_AVX2 static void WidenAt(const uint16_t* p, __m256i x, __m256* lo,
+                              __m256* hi) {
+    (void)p;
+    Widen(x, lo, hi);
   }
   static float BitsToFloat(uint16_t b) { return BFloat16BitsToFloat(b); }
 };
@@ -218,6 +255,15 @@ struct Fp16Ops {
   TW_AVX2 static void Widen(__m256i m, __m256* lo, __m256* hi) {
     *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(m));
     *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(m, 1));
+  }
+  // The converts read memory directly: the register form of vcvtph2ps and
+  // the lane extract would add three port-5 uops per 16 values.
+  TW_AVX2 static void WidenAt(const uint16_t* p, __m256i x, __m256* lo,
+                              __m256* hi) {
+    (void)x;
+    *lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    *hi = _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
   }
   static float BitsToFloat(uint16_t b) { return HalfBitsToFloat(b); }
 };
@@ -278,28 +324,41 @@ TW_AVX2 RangeStats GradRange16(const void* data, int64_t n) {
   const uint16_t* p = static_cast<const uint16_t*>(data);
   const __m256i abs_mask = _mm256_set1_epi16(0x7fff);
   RangeStats r;
-#define TW_16_FAST(acc_lo, acc_hi, off)                                      \
+#define TW_16_FAST(acc_lo, acc_hi, mag, off)                                 \
+  const __m256i x##off =                                                     \
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + (off)));   \
+  const __m256i mag = _mm256_and_si256(x##off, abs_mask);                    \
   {                                                                          \
-    const __m256i x =                                                        \
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + (off))); \
-    vmax = _mm256_max_epu16(vmax, _mm256_and_si256(x, abs_mask));            \
     __m256 lo, hi;                                                           \
-    Ops::Widen(x, &lo, &hi);                                                 \
+    Ops::WidenAt(p + i + (off), x##off, &lo, &hi);                           \
     acc_lo = _mm256_fmadd_ps(lo, lo, acc_lo);                                \
     acc_hi = _mm256_fmadd_ps(hi, hi, acc_hi);                                \
   }
-  // Four accumulators are enough: the loop is bound by the vector ALU ops
-  // (about 2 cycles per 16 elements), not by the FMA latency; eight
-  // measured slower.
+  // Eight accumulators: with four, each took one multiply-add per 32
+  // values and the loop waited on their 4-cycle latency (16 bytes a cycle,
+  // about the memory's speed, so any stall showed). The four magnitudes of
+  // an iteration are maxed as a tree, so the max chain gains one step per
+  // iteration. Named variables, not an array: GCC spilled an array of
+  // accumulators to the stack.
   for (int64_t start = 0; start < n; start += kGradPieceElems) {
     const int64_t end = std::min(n, start + kGradPieceElems);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m256 a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     __m256i vmax = _mm256_setzero_si256();
     int64_t i = start;
-    for (; i + 32 <= end; i += 32) {
-      TW_16_FAST(acc0, acc1, 0)
-      TW_16_FAST(acc2, acc3, 16)
+    for (; i + 64 <= end; i += 64) {
+      PrefetchAhead(p + i);
+      TW_16_FAST(a0, a1, m0, 0)
+      TW_16_FAST(a2, a3, m1, 16)
+      TW_16_FAST(a4, a5, m2, 32)
+      TW_16_FAST(a6, a7, m3, 48)
+      vmax = _mm256_max_epu16(
+          vmax, _mm256_max_epu16(_mm256_max_epu16(m0, m1),
+                                 _mm256_max_epu16(m2, m3)));
+    }
+    for (; i + 16 <= end; i += 16) {
+      TW_16_FAST(a0, a1, m0, 0)
+      vmax = _mm256_max_epu16(vmax, m0);
     }
     uint16_t max_bits = MaxU16(vmax);
     float tail = 0.0f;
@@ -314,7 +373,7 @@ TW_AVX2 RangeStats GradRange16(const void* data, int64_t n) {
       piece = MaskedPiece16<Ops>(p, start, end);
     } else {
       bool overflow;
-      piece.sum = FoldLanes(acc0, acc1, acc2, acc3, tail, &overflow);
+      piece.sum = FoldLanes8(a0, a1, a2, a3, a4, a5, a6, a7, tail, &overflow);
       if (overflow) piece.sum = SumSquaresFp64<Ops::kDType>(p, start, end);
       piece.max_abs = Ops::BitsToFloat(max_bits);
     }
@@ -332,151 +391,6 @@ TW_AVX2 RangeStats GradRangeBf16(const void* data, int64_t n) {
 
 TW_AVX2 RangeStats GradRangeFp16(const void* data, int64_t n) {
   return GradRange16<Fp16Ops>(data, n);
-}
-
-// ------------------------------------------------------------- logits
-
-// exp(x) for x <= 0, with exp(x) = 0 below -87.3 (where fp32 stops being
-// normal) and for x = -inf. Range reduction x = n ln2 + r with ln2 split in
-// two parts, then a degree-6 minimax polynomial on |r| <= ln2 / 2; about
-// 2 ulp over the range used here.
-TW_AVX2 __m256 ExpNonPositive(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.3f);
-  const __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
-  x = _mm256_max_ps(x, lo);
-  const __m256 n =
-      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r),
-                      _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(keep, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
-}
-
-// Eight logits widened to fp32.
-struct F32Load {
-  TW_AVX2 static __m256 Load(const void* p, int64_t i) {
-    return _mm256_loadu_ps(static_cast<const float*>(p) + i);
-  }
-};
-struct Bf16Load {
-  TW_AVX2 static __m256 Load(const void* p, int64_t i) {
-    const __m128i h = _mm_loadu_si128(
-        reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
-};
-struct Fp16Load {
-  TW_AVX2 static __m256 Load(const void* p, int64_t i) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(
-        reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i)));
-  }
-};
-
-// One row in chunks: pass 1 over a chunk finds its finite max and counts NaN
-// and +inf (nonfinite lanes become -inf); pass 2 sums exp(u - max) over the
-// chunk, which is still in L1. The row is read from memory once.
-template <DType D, typename L>
-TW_AVX2 RowLse RowLseImpl(const void* row, int64_t vocab) {
-  const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
-  const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  RowLse st;
-  st.max = -std::numeric_limits<float>::infinity();
-  for (int64_t start = 0; start < vocab; start += kLogitChunkElems) {
-    const int64_t end = std::min(vocab, start + kLogitChunkElems);
-    const int64_t vec_end = start + ((end - start) & ~int64_t{7});
-    __m256 cmax = ninf;
-    __m256i nan = _mm256_setzero_si256();
-    __m256i pinf = _mm256_setzero_si256();
-    for (int64_t i = start; i < vec_end; i += 8) {
-      const __m256 x = L::Load(row, i);
-      const __m256 is_nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-      const __m256 is_pinf = _mm256_cmp_ps(x, inf, _CMP_EQ_OQ);
-      const __m256 fin =
-          _mm256_cmp_ps(_mm256_and_ps(x, abs_mask), inf, _CMP_LT_OQ);
-      nan = _mm256_sub_epi32(nan, _mm256_castps_si256(is_nan));
-      pinf = _mm256_sub_epi32(pinf, _mm256_castps_si256(is_pinf));
-      cmax = _mm256_max_ps(cmax, _mm256_blendv_ps(ninf, x, fin));
-    }
-    float chunk_max = -std::numeric_limits<float>::infinity();
-    {
-      alignas(32) float lanes[8];
-      _mm256_store_ps(lanes, cmax);
-      for (float v : lanes) chunk_max = std::max(chunk_max, v);
-    }
-    for (int64_t i = vec_end; i < end; ++i) {
-      const float x = ElemTraits<D>::Value(row, i);
-      if (std::isnan(x)) {
-        ++st.nan;
-      } else if (x == std::numeric_limits<float>::infinity()) {
-        ++st.posinf;
-      } else if (std::isfinite(x)) {
-        chunk_max = std::max(chunk_max, x);
-      }
-    }
-    st.nan += SumI32(nan);
-    st.posinf += SumI32(pinf);
-    if (chunk_max == -std::numeric_limits<float>::infinity()) continue;
-    if (chunk_max > st.max) {
-      // st.max may be -inf: exp(-inf) = 0 and st.sum is 0 then.
-      st.sum *= std::exp(static_cast<double>(st.max) - chunk_max);
-      st.max = chunk_max;
-    }
-    const __m256 m = _mm256_set1_ps(st.max);
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int64_t i = start;
-    for (; i + 16 <= vec_end; i += 16) {
-      const __m256 x0 = L::Load(row, i);
-      const __m256 x1 = L::Load(row, i + 8);
-      const __m256 f0 =
-          _mm256_cmp_ps(_mm256_and_ps(x0, abs_mask), inf, _CMP_LT_OQ);
-      const __m256 f1 =
-          _mm256_cmp_ps(_mm256_and_ps(x1, abs_mask), inf, _CMP_LT_OQ);
-      s0 = _mm256_add_ps(
-          s0, _mm256_and_ps(f0, ExpNonPositive(_mm256_sub_ps(x0, m))));
-      s1 = _mm256_add_ps(
-          s1, _mm256_and_ps(f1, ExpNonPositive(_mm256_sub_ps(x1, m))));
-    }
-    for (; i < vec_end; i += 8) {
-      const __m256 x0 = L::Load(row, i);
-      const __m256 f0 =
-          _mm256_cmp_ps(_mm256_and_ps(x0, abs_mask), inf, _CMP_LT_OQ);
-      s0 = _mm256_add_ps(
-          s0, _mm256_and_ps(f0, ExpNonPositive(_mm256_sub_ps(x0, m))));
-    }
-    alignas(32) float lanes[16];
-    _mm256_store_ps(lanes, s0);
-    _mm256_store_ps(lanes + 8, s1);
-    double chunk_sum = 0.0;
-    for (float v : lanes) chunk_sum += v;
-    for (; i < end; ++i) {
-      const float x = ElemTraits<D>::Value(row, i);
-      if (std::isfinite(x))
-        chunk_sum += std::exp(static_cast<double>(x) - st.max);
-    }
-    st.sum += chunk_sum;
-  }
-  return st;
-}
-
-RowLse RowLseF32(const void* row, int64_t vocab) {
-  return RowLseImpl<DType::kFloat32, F32Load>(row, vocab);
-}
-RowLse RowLseBf16(const void* row, int64_t vocab) {
-  return RowLseImpl<DType::kBFloat16, Bf16Load>(row, vocab);
-}
-RowLse RowLseFp16(const void* row, int64_t vocab) {
-  return RowLseImpl<DType::kFloat16, Fp16Load>(row, vocab);
 }
 
 // CPUID directly (both GCC and Clang have <cpuid.h>; Clang's
@@ -515,23 +429,10 @@ GradRangeFn Avx2GradRange(DType dtype) {
   return nullptr;
 }
 
-RowLseFn Avx2RowLse(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return &RowLseF32;
-    case DType::kBFloat16:
-      return &RowLseBf16;
-    case DType::kFloat16:
-      return &RowLseFp16;
-  }
-  return nullptr;
-}
-
 #else  // !TRAINWATCH_KERNELS_X86
 
 bool CpuHasAvx2() { return false; }
 GradRangeFn Avx2GradRange(DType) { return nullptr; }
-RowLseFn Avx2RowLse(DType) { return nullptr; }
 
 #endif
 

@@ -98,6 +98,44 @@ TEST_CASE("a huge finite gradient is not counted as nonfinite", "[grad]") {
   }
 }
 
+TEST_CASE(
+    "a huge or nonfinite value in any accumulator lane of a 16-bit piece is "
+    "seen",
+    "[grad]") {
+  // The AVX2 16-bit pass keeps eight accumulators over 64 values, then a
+  // 16-value loop, then scalars: put the value in each of them, in the first
+  // piece and in the second (the piece walk restarts the lanes).
+  const DType dtype = GENERATE(DType::kBFloat16, DType::kFloat16);
+  const int64_t numel = 4096 + 64 + 16 + 5;
+  INFO("dtype " << DTypeName(dtype));
+  for (int64_t at = 0; at < numel; at += 7) {
+    INFO("at " << at);
+    HostTensor t(dtype, numel);
+    for (int64_t i = 0; i < numel; ++i) t.Set(i, 0.5f);
+    const double rest = 0.25 * static_cast<double>(numel - 1);
+    for (CpuPath path : Paths()) {
+      INFO("path " << CpuPathName(path));
+      GradStatsOptions options;
+      options.cpu_path = path;
+      const TensorView view = t.view();
+      GradStats got;
+      // fp16's largest value squares to 4.3e9: no overflow, but a max.
+      t.Set(at, dtype == DType::kBFloat16 ? -1e30f : -65504.0f);
+      const double big = testing::LoadAsDoubleForTest(t, at);
+      REQUIRE(ComputeGradStats(&view, 1, options, &got).ok());
+      CHECK(got.nonfinite == 0);
+      CHECK(got.max_abs == -big);
+      CHECK(testing::Near(got.sum_squares, big * big + rest, 1e-6));
+      t.SetBits(at, dtype == DType::kBFloat16 ? 0x7fc0 : 0xfc00);  // NaN, -inf
+      REQUIRE(ComputeGradStats(&view, 1, options, &got).ok());
+      CHECK(got.nonfinite == 1);
+      CHECK(got.max_abs == 0.5);
+      CHECK(testing::Near(got.sum_squares, rest, 1e-6));
+      t.Set(at, 0.5f);
+    }
+  }
+}
+
 TEST_CASE("fp16 and bf16 extremes are finite and exact", "[grad]") {
   HostTensor h(DType::kFloat16, 3);
   h.SetBits(0, 0x7bff);  // 65504

@@ -89,6 +89,46 @@ TEST_CASE("logit stats match the reference for every dtype and path",
   }
 }
 
+TEST_CASE("a NaN or an inf logit in any lane of the AVX2 row walk is seen",
+          "[logits]") {
+  // vocab = one 2048-logit chunk, then 59: the 16-logit loop (both halves),
+  // the 8-logit step and the scalar tail. One special per row, at each of
+  // those places; the AVX2 pass 1 goes the slow way only for a chunk with a
+  // NaN or a +inf, and pass 2 masks +inf only there.
+  const DType dtype =
+      GENERATE(DType::kFloat32, DType::kBFloat16, DType::kFloat16);
+  INFO("dtype " << DTypeName(dtype));
+  const int64_t vocab = 2048 + 59;
+  const int64_t at[] = {5, 13, 2048 + 20, 2048 + 29, 2048 + 50, 2048 + 57};
+  const float special[] = {std::nanf(""), kInf, -kInf};
+  const int64_t rows = 3 * 6;
+  HostTensor t(dtype, rows * vocab);
+  Rng rng(31);
+  testing::FillLogits(&t, rows, vocab, vocab, rng);
+  for (int64_t r = 0; r < rows; ++r) t.Set(r * vocab + at[r % 6], special[r / 6]);
+  const LogitsView view{t.data(), dtype, rows, vocab, 0};
+  LogitStatsOptions options;
+  std::vector<float> want_rows(rows), got_rows(rows);
+  options.row_log_z = want_rows.data();
+  LogitStats want;
+  REQUIRE(ReferenceLogitStats(view, options, &want).ok());
+  for (CpuPath path : Paths()) {
+    INFO("path " << CpuPathName(path));
+    options.cpu_path = path;
+    options.row_log_z = got_rows.data();
+    LogitStats got;
+    REQUIRE(ComputeLogitStats(view, options, &got).ok());
+    testing::CheckLogitStats(got, want, kRowTol);
+    CHECK(got.nonfinite_rows == 12);
+    for (int64_t r = 0; r < rows; ++r) {
+      INFO("row " << r << " special at " << at[r % 6]);
+      if (r < 6) CHECK(std::isnan(got_rows[r]));
+      if (r >= 6 && r < 12) CHECK(got_rows[r] == kInf);
+    }
+    CHECK(testing::RowLogZMismatches(got_rows, want_rows, kRowTol) == 0);
+  }
+}
+
 TEST_CASE("logit stats of a 32k vocabulary match the reference", "[logits]") {
   const DType dtype = GENERATE(DType::kFloat32, DType::kBFloat16);
   const int64_t rows = 24, vocab = 32768;

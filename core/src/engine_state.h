@@ -162,7 +162,11 @@ struct EngineState {
     }
     const size_t per = static_cast<size_t>(c.max_shards_per_step);
     const size_t n = std::min(per, r.shards.size());
-    std::copy_n(r.shards.begin(), n, shard_ids.begin() + slot * per);
+    // The first id by hand: most steps name one shard, and a memmove call
+    // for eight bytes was a few percent of Observe.
+    uint64_t* const ids = shard_ids.data() + slot * per;
+    if (n > 0) ids[0] = r.shards[0];
+    if (n > 1) std::copy_n(r.shards.begin() + 1, n - 1, ids + 1);
     shard_steps[slot] = ShardEntry{r.step, static_cast<uint32_t>(n), r.shards.size() > n};
   }
 

@@ -5,12 +5,34 @@
 #ifndef TRAINWATCH_CLI_LINES_H_
 #define TRAINWATCH_CLI_LINES_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <istream>
+#include <string>
 
 #include "absl/strings/string_view.h"
 
 namespace trainwatch::cli {
+
+// All of `in` into *content, in large blocks straight into the string: sized
+// once when `size_hint` (a regular file's size, 0 when unknown) is right,
+// read on in 1 MiB blocks past it (a pipe, a growing log). Not a character
+// at a time through istreambuf_iterator, nor through a bounce buffer. False
+// on a read error.
+inline bool ReadStream(std::istream& in, size_t size_hint, std::string* content) {
+  constexpr size_t kBlock = size_t{1} << 20;
+  content->clear();
+  // One more than the size, so that the read that meets the end fits too.
+  content->reserve(size_hint + 1);
+  for (;;) {
+    const size_t have = content->size();
+    content->resize(have + std::max(kBlock, content->capacity() - have));
+    in.read(content->data() + have, static_cast<std::streamsize>(content->size() - have));
+    content->resize(have + static_cast<size_t>(in.gcount()));
+    if (!in) return !in.bad();
+  }
+}
 
 // The number of '\n' in `text`: an upper bound on its lines less one, for
 // reserving a trace's rows once. memchr per line, not std::count per byte

@@ -556,22 +556,11 @@ absl::StatusOr<Trace> ReadMetricsFile(const std::string& path, const ReadOptions
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
-  // In large blocks into a string sized once when the size is known (a pipe
-  // or a growing file just reads on): a character at a time through
-  // istreambuf_iterator, with the string doubling as it went, was a tenth of
-  // a 500k-step replay.
-  constexpr size_t kBlock = size_t{1} << 20;
   std::string content;
-  const uintmax_t size = std::filesystem::file_size(path, ec);
-  if (!ec) content.reserve(static_cast<size_t>(size) + 1);
-  for (;;) {
-    const size_t have = content.size();
-    content.resize(have + std::max(kBlock, content.capacity() - have));
-    in.read(content.data() + have, static_cast<std::streamsize>(content.size() - have));
-    content.resize(have + static_cast<size_t>(in.gcount()));
-    if (!in) break;
+  const uintmax_t size = std::filesystem::file_size(path, ec);  // -1 and ec for a pipe
+  if (!ReadStream(in, ec ? 0 : static_cast<size_t>(size), &content)) {
+    return absl::DataLossError(absl::StrCat(path, ": read error"));
   }
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
   return ParseMetrics(content, path, options);
 }
 

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <sstream>
 
 #include "absl/status/status.h"
@@ -41,44 +40,65 @@ namespace {
 constexpr Signal kRequired[] = {Signal::kLoss, Signal::kGradNorm, Signal::kLogZ,
                                 Signal::kNanFrac};
 
+// A field of the line being parsed: a view into the line, or for a quoted
+// field with doubled quotes into the parser's scratch (valid until the next
+// line), so that a row costs no allocation.
 struct CsvField {
-  std::string text;
+  absl::string_view text;
   int column;
 };
 
-// Splits one CSV line (RFC 4180 quoting, no embedded newlines).
+bool IsCsvSpace(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v'; }
+
+// absl::StripAsciiWhitespace, with the common case (nothing to strip) first.
+absl::string_view StripField(absl::string_view f) {
+  while (!f.empty() && IsCsvSpace(f.front())) f.remove_prefix(1);
+  while (!f.empty() && IsCsvSpace(f.back())) f.remove_suffix(1);
+  return f;
+}
+
+// Splits one CSV line (RFC 4180 quoting, no embedded newlines). `scratch`
+// holds unescaped quoted fields; it is reserved to the line's size first, so
+// it never moves while fields point into it.
 absl::Status SplitCsv(absl::string_view line, absl::string_view source, int line_no,
-                      std::vector<CsvField>* out) {
+                      std::vector<CsvField>* out, std::string* scratch) {
   out->clear();
+  scratch->clear();
+  scratch->reserve(line.size());
   size_t i = 0;
   for (;;) {
     CsvField f;
     f.column = static_cast<int>(i) + 1;
     if (i < line.size() && line[i] == '"') {
       ++i;
+      const size_t begin = scratch->size();
       for (;;) {
         if (i >= line.size()) return At(source, line_no, f.column, "unterminated quoted field");
         if (line[i] == '"') {
           if (i + 1 < line.size() && line[i + 1] == '"') {
-            f.text.push_back('"');
+            scratch->push_back('"');
             i += 2;
             continue;
           }
           ++i;
           break;
         }
-        f.text.push_back(line[i++]);
+        scratch->push_back(line[i++]);
       }
+      f.text = absl::string_view(*scratch).substr(begin);
       if (i < line.size() && line[i] != ',') {
         return At(source, line_no, static_cast<int>(i) + 1,
                   "unexpected text after a quoted field");
       }
     } else {
-      const size_t end = std::min(line.find(',', i), line.size());
-      f.text = std::string(absl::StripAsciiWhitespace(line.substr(i, end - i)));
+      // A loop, not find(): fields are a few characters, shorter than the
+      // call it would cost.
+      size_t end = i;
+      while (end < line.size() && line[end] != ',') ++end;
+      f.text = StripField(line.substr(i, end - i));
       i = end;
     }
-    out->push_back(std::move(f));
+    out->push_back(f);
     if (i >= line.size()) return absl::OkStatus();
     ++i;  // the comma
   }
@@ -103,8 +123,10 @@ class CsvParser : public LineParser {
       : source_(source), strict_(strict), map_(map) {}
 
   absl::Status Line(absl::string_view line, int line_no, TraceBuilder& b) override {
-    if (absl::StripAsciiWhitespace(line).empty()) return absl::OkStatus();
-    if (absl::Status s = SplitCsv(line, source_, line_no, &fields_); !s.ok()) return s;
+    if (StripField(line).empty()) return absl::OkStatus();
+    if (absl::Status s = SplitCsv(line, source_, line_no, &fields_, &scratch_); !s.ok()) {
+      return s;
+    }
     if (!have_header_) {
       have_header_ = true;
       bool seen_step = false;
@@ -250,6 +272,7 @@ class CsvParser : public LineParser {
   const ColumnMap map_;
   std::vector<Column> columns_;
   std::vector<CsvField> fields_;
+  std::string scratch_;  // unescaped quoted fields of the current line
   bool have_header_ = false;
 };
 
@@ -504,9 +527,11 @@ absl::StatusOr<Trace> ParseLines(absl::string_view content, absl::string_view so
   std::unique_ptr<LineParser> parser = NewLineParser(format, source, map);
   if (parser == nullptr) return absl::InternalError("not a line format");
   TraceBuilder b(source);
-  if (format == MetricsFormat::kCsv || format == MetricsFormat::kJsonLines) {
-    // A row per line in these, so one allocation for the whole trace.
-    b.Reserve(static_cast<size_t>(std::count(content.begin(), content.end(), '\n')) + 1);
+  if (format == MetricsFormat::kCsv || format == MetricsFormat::kGenericCsv ||
+      format == MetricsFormat::kJsonLines) {
+    // At most a row per line in these, so one allocation for the whole trace
+    // (a detected CSV is read as kGenericCsv, so it is the common case).
+    b.Reserve(CountNewlines(content) + 1);
   }
   LineReader lines(content);
   absl::string_view line;
@@ -531,8 +556,11 @@ absl::StatusOr<Trace> ReadMetricsFile(const std::string& path, const ReadOptions
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
-  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
+  std::string content;
+  const uintmax_t size = std::filesystem::file_size(path, ec);  // -1 and ec for a pipe
+  if (!ReadStream(in, ec ? 0 : static_cast<size_t>(size), &content)) {
+    return absl::DataLossError(absl::StrCat(path, ": read error"));
+  }
   return ParseMetrics(content, path, options);
 }
 

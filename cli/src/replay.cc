@@ -14,6 +14,7 @@
 #include "trainwatch/cli/tensorboard.h"
 #include "trainwatch/core/json.h"
 #include "trainwatch/core/rule_engine.h"
+#include "lines.h"
 
 namespace trainwatch::cli {
 
@@ -319,14 +320,11 @@ bool ReadAll(const std::string& path, std::string* content) {
     if (!file) return false;
   }
   std::istream& in = path == "-" ? std::cin : file;
-  // In blocks, not a character at a time through istreambuf_iterator: that
-  // was an eighth of a 500k-step replay. Works on pipes as on files.
-  content->clear();
+  // file_size is -1 with ec set for what is not a regular file (a pipe named
+  // /dev/stdin, a FIFO): reserving that was a length_error.
   std::error_code ec;
-  if (path != "-") content->reserve(std::filesystem::file_size(path, ec));  // 0 on error
-  char block[1 << 16];
-  while (in.read(block, sizeof block) || in.gcount() > 0) content->append(block, in.gcount());
-  return !in.bad();
+  const uintmax_t size = path == "-" ? 0 : std::filesystem::file_size(path, ec);
+  return ReadStream(in, ec ? 0 : static_cast<size_t>(size), content);
 }
 
 }  // namespace

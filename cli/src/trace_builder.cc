@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "lines.h"
 #include "trainwatch/core/shard_names.h"
 
 namespace trainwatch::cli {
@@ -34,6 +35,7 @@ bool SignalByName(absl::string_view name, Signal* out) {
 bool ParseDouble(absl::string_view text, double* out) {
   if (text.empty()) return false;
   if (text.front() == '+') text.remove_prefix(1);
+  if (ParseDecimalFast(text, out)) return true;
   const auto res = std::from_chars(text.data(), text.data() + text.size(), *out);
   if (res.ec == std::errc::result_out_of_range && res.ptr == text.data() + text.size()) {
     *out = std::strtod(std::string(text).c_str(), nullptr);

@@ -14,6 +14,7 @@
 // out of bounds. Bump kVersion whenever EngineState or a window changes shape.
 
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -255,6 +256,13 @@ struct StateCodec {
       k.max = r.F64("bucket");
     }
     b.newest_ = r.I64("newest bucket");
+    // Below -1 it would index before the ring; past max / width the fast
+    // path's (newest + 1) * width would overflow.
+    r.Expect(b.newest_ >= -1 && b.newest_ < std::numeric_limits<int64_t>::max() / b.width_ - 1,
+             "newest bucket", "is out of range");
+    if (r.ok() && b.newest_ >= 0) {
+      b.newest_slot_ = static_cast<size_t>(b.newest_ % static_cast<int64_t>(b.ring_.size()));
+    }
   }
 
   static void Save(const EngineState& s, Writer& w) {

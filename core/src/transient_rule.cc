@@ -20,13 +20,16 @@ void FeedTransient(EngineState& s, const StepRecord& r, double loss, bool quiet,
     // The oldest of the short window moves into the baseline.
     const double y = s.transient_short[s.transient_head].second;
     s.transient_sum -= y;
-    s.transient_head = (s.transient_head + 1) % m;
+    s.transient_head = s.transient_head + 1 == m ? 0 : s.transient_head + 1;
     --s.transient_count;
     const double b = s.transient_base.Median();
     if (s.transient_base.size() >= 8) s.transient_dev.Push(idx, std::fabs(y - b));
     s.transient_base.Push(idx, y);
   }
-  s.transient_short[(s.transient_head + s.transient_count) % m] = {r.step, loss};
+  // Wrapped by a compare, not %: this runs on every record.
+  size_t tail = s.transient_head + s.transient_count;
+  if (tail >= m) tail -= m;
+  s.transient_short[tail] = {r.step, loss};
   ++s.transient_count;
   s.transient_sum += loss;
   const int64_t full = c.transient_baseline_records;

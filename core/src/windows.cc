@@ -16,24 +16,9 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 DecayingMean::DecayingMean(double span_steps)
     : keep_(1.0 - 2.0 / (span_steps + 1.0)), log_keep_(std::log(keep_)) {}
 
-double DecayingMean::Decay(int64_t gap) const {
-  // One step is by far the common case; exp(log) only for gaps.
-  return gap == 1 ? keep_ : std::exp(log_keep_ * static_cast<double>(gap));
+double DecayingMean::DecayOver(int64_t gap) const {
+  return std::exp(log_keep_ * static_cast<double>(gap));
 }
-
-void DecayingMean::Add(int64_t step, double value) {
-  if (count_ > 0) {
-    const double d = Decay(step - last_step_);
-    num_ *= d;
-    den_ *= d;
-  }
-  num_ += value;
-  den_ += 1.0;
-  last_step_ = step;
-  ++count_;
-}
-
-double DecayingMean::Value() const { return count_ ? num_ / den_ : kNaN; }
 
 // --------------------------------------------------------------- SlidingMedian
 
@@ -258,6 +243,13 @@ BucketSeries::BucketSeries(int64_t width_steps, size_t capacity)
     : width_(width_steps), ring_(capacity) {}
 
 void BucketSeries::Add(int64_t step, double value) {
+  // Most samples fall in the newest bucket: a multiply tells, and the
+  // newest bucket's slot is kept, so that case has no division (two per
+  // sample were a twentieth of the engine's time).
+  if (newest_ >= 0 && step < (newest_ + 1) * width_) {
+    AddTo(ring_[newest_slot_], value);
+    return;
+  }
   // Steps are never negative (the engine rejects them), so plain division.
   const int64_t index = step / width_;
   const size_t cap = ring_.size();
@@ -273,7 +265,11 @@ void BucketSeries::Add(int64_t step, double value) {
     }
     newest_ = index;
   }
-  Bucket& b = ring_[static_cast<size_t>(newest_ % static_cast<int64_t>(cap))];
+  newest_slot_ = static_cast<size_t>(newest_ % static_cast<int64_t>(cap));
+  AddTo(ring_[newest_slot_], value);
+}
+
+void BucketSeries::AddTo(Bucket& b, double value) {
   if (b.count == 0) {
     b.min = b.max = value;
   } else {

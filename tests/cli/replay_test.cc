@@ -1,10 +1,16 @@
 // twctl replay end to end: the library command and the real binary.
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -234,6 +240,30 @@ TEST_CASE("replay --summary counts incidents per tier and skipped steps", "[cli]
                    "\"last_step\":6000,\"skipped_steps\":1}") != std::string::npos);
   CHECK(r.out.find("{\"tier\":3,\"incidents\":1,\"events\":1,\"first_step\":16000") !=
         std::string::npos);
+}
+
+TEST_CASE("replay: a pipe named by its path (a FIFO or /dev/stdin) is read like a file",
+          "[cli][replay]") {
+  // A pipe has no size: the reader must not size its buffer by one.
+  std::signal(SIGPIPE, SIG_IGN);  // a writer left without a reader fails, not dies
+  const std::string fifo = std::string(P_tmpdir) + "/tw_replay_test_fifo_" +
+                           std::to_string(getpid());
+  ::unlink(fifo.c_str());
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const std::string csv = synth::ToCsv(synth::Generate(synth::DemoOptions()));
+  std::thread writer([&] {
+    std::ofstream(fifo, std::ios::binary) << csv;  // opens when the reader does
+  });
+  const Run r = Replay({fifo, "--summary", "-o", "json"});
+  // Should the reader have failed before opening, release the writer: its
+  // open returns, and its write fails on the closed pipe.
+  const int fd = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  if (fd >= 0) ::close(fd);
+  writer.join();
+  ::unlink(fifo.c_str());
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("{\"tier\":1,\"incidents\":1,") != std::string::npos);
 }
 
 TEST_CASE("the twctl binary: table output and exit codes", "[cli][binary]") {

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace trainwatch::core {
@@ -36,16 +37,33 @@ class DecayingMean {
  public:
   explicit DecayingMean(double span_steps);
 
-  // REQUIRES: step > the step of the previous Add().
-  void Add(int64_t step, double value);
+  // REQUIRES: step > the step of the previous Add(). Inline, as Value(): the
+  // engine calls them about ten times a step, and the call was most of
+  // their cost.
+  void Add(int64_t step, double value) {
+    if (count_ > 0) {
+      // One step is by far the common case; exp(log) only for gaps.
+      const int64_t gap = step - last_step_;
+      const double d = gap == 1 ? keep_ : DecayOver(gap);
+      num_ *= d;
+      den_ *= d;
+    }
+    num_ += value;
+    den_ += 1.0;
+    last_step_ = step;
+    ++count_;
+  }
   // NaN while empty.
-  double Value() const;
+  double Value() const {
+    return count_ ? num_ / den_ : std::numeric_limits<double>::quiet_NaN();
+  }
   bool empty() const { return count_ == 0; }
   int64_t count() const { return count_; }
   int64_t last_step() const { return last_step_; }
 
  private:
-  double Decay(int64_t gap) const;
+  // (1 - a)^gap for a gap of more than one step.
+  double DecayOver(int64_t gap) const;
 
   double keep_;       // 1 - a
   double log_keep_;   // log(1 - a), for gaps longer than one step
@@ -199,9 +217,15 @@ class BucketSeries {
   int64_t newest_index() const { return newest_; }
 
  private:
+  static void AddTo(Bucket& b, double value);
+
   int64_t width_;
   std::vector<Bucket> ring_;
   int64_t newest_ = -1;
+  // ring_ index of bucket newest_ (newest_ mod capacity), kept so that a
+  // sample in the newest bucket costs no division; not in the snapshot,
+  // which restores it from newest_.
+  size_t newest_slot_ = 0;
   Bucket none_;
 };
 

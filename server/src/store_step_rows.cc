@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "sql_statement.h"
+#include "trainwatch/core/event.h"
 
 namespace trainwatch::server::rows {
 
@@ -259,20 +260,24 @@ absl::StatusOr<int64_t> CountSteps(sqlite3* db, const std::string& run_id) {
   return QueryInt(q);
 }
 
-absl::StatusOr<int64_t> CountDecided(sqlite3* db, const std::string& run_id, int64_t attempt,
-                                     int decision) {
+absl::StatusOr<int64_t> CountSkipped(sqlite3* db, const std::string& run_id, int64_t attempt) {
+  // The WHERE repeats the partial index's own (migration 10) with the same
+  // literals, as SQLite requires; INDEXED BY because the planner, without
+  // statistics, would take the primary key's equal prefix and read every
+  // step of the attempt.
+  static_assert(static_cast<int>(core::Decision::kSkipUpdate) == 1);
   SqlStatement q(db,
-                 "SELECT COUNT(*) FROM steps WHERE run_id = ?1 AND attempt = ?2 AND late = 0 AND "
-                 "decision = ?3");
-  q.Bind(1, run_id).Bind(2, attempt).Bind(3, int64_t{decision});
+                 "SELECT COUNT(*) FROM steps INDEXED BY steps_skipped WHERE run_id = ?1 AND "
+                 "attempt = ?2 AND decision = 1 AND late = 0");
+  q.Bind(1, run_id).Bind(2, attempt);
   return QueryInt(q);
 }
 
 absl::StatusOr<int64_t> CountLossScaleOverflows(sqlite3* db, const std::string& run_id,
                                                 int64_t attempt) {
   SqlStatement q(db,
-                 "SELECT COUNT(*) FROM steps WHERE run_id = ?1 AND attempt = ?2 AND late = 0 AND "
-                 "loss_scale_overflow = 1");
+                 "SELECT COUNT(*) FROM steps INDEXED BY steps_overflowed WHERE run_id = ?1 AND "
+                 "attempt = ?2 AND loss_scale_overflow = 1 AND late = 0");
   q.Bind(1, run_id).Bind(2, attempt);
   return QueryInt(q);
 }

@@ -207,7 +207,9 @@ class FollowCommand : public Command {
                       "at exit and at a restart, the longest wait for acks (default 30)"),
                  Flag("status-interval", "SECONDS",
                       "a status line on stderr this often (default 5; 0: none)"),
-                 Flag("poll-interval", "MS", "wait between reads of an idle source (default 100)"),
+                 Flag("poll-interval", "MS",
+                      "wait between reads of an idle file or folder (default 100); standard "
+                      "input is read as soon as it has data"),
                  Flag("max-in-flight", "N",
                       "records sent and unacknowledged before reading pauses (default 65536)"),
                  Flag("spill-dir", "DIR",
@@ -381,7 +383,13 @@ class FollowCommand : public Command {
                    stderr);
         next_status = absl::Now() + absl::Seconds(interval_s);
       }
-      if (idle) absl::SleepFor(absl::Milliseconds(poll_ms));
+      if (idle) {
+        if (tail != nullptr) {
+          tail->WaitForData(poll_ms);
+        } else {
+          absl::SleepFor(absl::Milliseconds(poll_ms));
+        }
+      }
     }
     // Stopped or ended: what was read becomes records, then Close() waits
     // for their acks.

@@ -3,6 +3,7 @@
 // server stored is compared with what replay's reader makes of the whole log.
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sqlite3.h>
 #include <unistd.h>
 
@@ -165,6 +166,30 @@ TEST_CASE("follow: a Megatron log piped on stdin is stored as replay reads it wi
   CHECK(QueryInt(d.db(),
                  "SELECT COUNT(*) FROM checkpoints WHERE run_id = 'run-pipe' AND step = "
                  "30 AND uri = '/ckpt/run-m'") == 1);
+}
+
+TEST_CASE("follow: a pipe's lines are read when they arrive, not after the poll interval",
+          "[cli][follow]") {
+  TempDir dir;
+  Trainwatchd d(dir, "", "");
+  const std::string fifo = dir.File("pipe");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  // A minute between polls: a follow that slept it out between reads of an
+  // idle pipe would store nothing within the waits below.
+  const std::string cmd = "exec '" TWCTL_PATH "' follow - --run run-fifo --server " + d.address() +
+                          " --poll-interval 60000 --status-interval 0 < '" + fifo + "'";
+  Child follow({"/bin/sh", "-c", cmd}, dir.File("follow.log"));
+  {
+    std::ofstream pipe(fifo);  // opens once the follow has opened its end
+    pipe << Megatron(1, 11) << std::flush;
+    INFO(ReadFile(dir.File("follow.log")));
+    REQUIRE(WaitRows(d.db(), "run-fifo", 10));
+    pipe << Megatron(11, 21) << std::flush;
+    REQUIRE(WaitRows(d.db(), "run-fifo", 20));
+  }
+  // The writer closed: EOF ends the follow.
+  CHECK(follow.Wait(20) == 0);
+  RequireSame(Stored(d.db(), "run-fifo"), Replayed(Megatron(1, 21), MetricsFormat::kMegatron));
 }
 
 TEST_CASE("follow: rotation then truncation then a trainwatchd restart lose no line",

@@ -281,10 +281,6 @@ class FollowCommand : public Command {
     cfg.key_file = conn.key_file;
     cfg.run_id = run;
     cfg.spill_dir = args.Get("spill-dir");
-    // The window is the agent's memory and its ring: the reader pauses
-    // before either could overflow, so nothing is dropped.
-    cfg.memory_records = static_cast<size_t>(*window);
-    cfg.ring_records = static_cast<size_t>(*window) + 1;
     // One follower per job, not thousands of ranks: no herd to spread out.
     cfg.reconnect_max_ms = 2000;
     FollowStream stream(cfg, *window, static_cast<int>(*drain * 1000),
@@ -347,6 +343,14 @@ class FollowCommand : public Command {
     LineSplitter lines;
     std::string bytes, rest;
     absl::Time next_status = absl::Now() + absl::Seconds(interval_s);
+    auto status_if_due = [&] {
+      if (interval_s > 0 && absl::Now() >= next_status) {
+        std::fputs(StatusLine(source, f->progress(), stream->Counts(), events, true).c_str(),
+                   stderr);
+        next_status = absl::Now() + absl::Seconds(interval_s);
+      }
+    };
+    stream->SetWhilePaused(status_if_due);
     while (g_stop_signal == 0) {
       bool idle = false;
       if (events) {
@@ -378,11 +382,7 @@ class FollowCommand : public Command {
         }
         idle = *ev == TailEvent::kIdle;
       }
-      if (interval_s > 0 && absl::Now() >= next_status) {
-        std::fputs(StatusLine(source, f->progress(), stream->Counts(), events, true).c_str(),
-                   stderr);
-        next_status = absl::Now() + absl::Seconds(interval_s);
-      }
+      status_if_due();
       if (idle) {
         if (tail != nullptr) {
           tail->WaitForData(poll_ms);

@@ -235,6 +235,45 @@ TEST_CASE("follow: rotation then truncation then a trainwatchd restart lose no l
   RequireSame(Stored(d->db(), run), Replayed(all, MetricsFormat::kLlmc));
 }
 
+TEST_CASE("follow: with trainwatchd down the reader pauses at the window and drops nothing",
+          "[cli][follow]") {
+  TempDir dir;
+  auto d = std::make_unique<Trainwatchd>(dir, "", "");
+  const std::string address = d->address();
+  std::vector<std::string> argv = FollowArgs(dir.File("train.log"), "run-paused", *d,
+                                             {"--max-in-flight", "1024"});
+  d->Kill();
+  d.reset();
+  const std::string content = Llmc(0, 3000);
+  std::ofstream(dir.File("train.log")) << content;
+  // The smallest window, 1,024 records unacknowledged, checked every 256
+  // records: the agent must hold the window and one check's worth, or the
+  // oldest records would be dropped unsent while the server is away.
+  Child follow(argv, dir.File("follow.log"));
+  // The last status line's records in flight.
+  auto in_flight = [&] {
+    const std::string log = ReadFile(dir.File("follow.log"));
+    const size_t at = log.rfind("in flight ");
+    return at == std::string::npos ? 0 : std::atoi(log.c_str() + at + 10);
+  };
+  const bool at_window = WaitUntil([&] { return in_flight() >= 1024; }, std::chrono::seconds(15),
+                                   std::chrono::milliseconds(20));
+  INFO(ReadFile(dir.File("follow.log")));
+  REQUIRE(at_window);
+  // Paused there: no more than one check's worth past the window.
+  CHECK_FALSE(WaitUntil([&] { return in_flight() > 1024 + 256; }, std::chrono::seconds(2),
+                        std::chrono::milliseconds(50)));
+  d = std::make_unique<Trainwatchd>(
+      dir, "", "", std::vector<std::string>{"--listen", address});
+  REQUIRE(WaitRows(d->db(), "run-paused", 3000));
+  ::kill(follow.pid(), SIGTERM);
+  const int rc = follow.Wait(20);
+  INFO(ReadFile(dir.File("follow.log")));
+  CHECK(rc == 0);
+  CHECK(ReadFile(dir.File("follow.log")).find("lost") == std::string::npos);
+  RequireSame(Stored(d->db(), "run-paused"), Replayed(content, MetricsFormat::kLlmc));
+}
+
 TEST_CASE("follow: steps going back open a new attempt resuming after the step before",
           "[cli][follow]") {
   TempDir dir;

@@ -207,7 +207,9 @@ class FollowCommand : public Command {
                       "at exit and at a restart, the longest wait for acks (default 30)"),
                  Flag("status-interval", "SECONDS",
                       "a status line on stderr this often (default 5; 0: none)"),
-                 Flag("poll-interval", "MS", "wait between reads of an idle source (default 100)"),
+                 Flag("poll-interval", "MS",
+                      "wait between reads of an idle file or folder (default 100); standard "
+                      "input is read as soon as it has data"),
                  Flag("max-in-flight", "N",
                       "records sent and unacknowledged before reading pauses (default 65536)"),
                  Flag("spill-dir", "DIR",
@@ -279,10 +281,6 @@ class FollowCommand : public Command {
     cfg.key_file = conn.key_file;
     cfg.run_id = run;
     cfg.spill_dir = args.Get("spill-dir");
-    // The window is the agent's memory and its ring: the reader pauses
-    // before either could overflow, so nothing is dropped.
-    cfg.memory_records = static_cast<size_t>(*window);
-    cfg.ring_records = static_cast<size_t>(*window) + 1;
     // One follower per job, not thousands of ranks: no herd to spread out.
     cfg.reconnect_max_ms = 2000;
     FollowStream stream(cfg, *window, static_cast<int>(*drain * 1000),
@@ -345,6 +343,14 @@ class FollowCommand : public Command {
     LineSplitter lines;
     std::string bytes, rest;
     absl::Time next_status = absl::Now() + absl::Seconds(interval_s);
+    auto status_if_due = [&] {
+      if (interval_s > 0 && absl::Now() >= next_status) {
+        std::fputs(StatusLine(source, f->progress(), stream->Counts(), events, true).c_str(),
+                   stderr);
+        next_status = absl::Now() + absl::Seconds(interval_s);
+      }
+    };
+    stream->SetWhilePaused(status_if_due);
     while (g_stop_signal == 0) {
       bool idle = false;
       if (events) {
@@ -376,12 +382,14 @@ class FollowCommand : public Command {
         }
         idle = *ev == TailEvent::kIdle;
       }
-      if (interval_s > 0 && absl::Now() >= next_status) {
-        std::fputs(StatusLine(source, f->progress(), stream->Counts(), events, true).c_str(),
-                   stderr);
-        next_status = absl::Now() + absl::Seconds(interval_s);
+      status_if_due();
+      if (idle) {
+        if (tail != nullptr) {
+          tail->WaitForData(poll_ms);
+        } else {
+          absl::SleepFor(absl::Milliseconds(poll_ms));
+        }
       }
-      if (idle) absl::SleepFor(absl::Milliseconds(poll_ms));
     }
     // Stopped or ended: what was read becomes records, then Close() waits
     // for their acks.

@@ -12,6 +12,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace trainwatch::cli {
 
@@ -97,6 +99,14 @@ absl::StatusOr<TailEvent> FileTail::Poll(std::string* out, size_t max_bytes) {
     return TailEvent::kRestart;
   }
   return TailEvent::kIdle;
+}
+
+void TextTail::WaitForData(int64_t max_ms) { absl::SleepFor(absl::Milliseconds(max_ms)); }
+
+void StdinTail::WaitForData(int64_t max_ms) {
+  struct pollfd p = {0, POLLIN, 0};
+  // EINTR (a stop signal) returns early, as it should.
+  ::poll(&p, 1, static_cast<int>(max_ms));
 }
 
 absl::StatusOr<TailEvent> StdinTail::Poll(std::string* out, size_t max_bytes) {

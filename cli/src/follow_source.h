@@ -11,8 +11,9 @@
 //                 ones as they appear; a record not yet complete is waited
 //                 for, a bad CRC is an error naming the file and offset.
 //
-// Every Poll() returns at once with what is there: the caller decides how
-// long to wait between polls, and checks its stop flag in between.
+// Every Poll() returns at once with what is there; between polls of an idle
+// source the caller calls WaitForData() with how long it may wait, and
+// checks its stop flag in between.
 
 #ifndef TRAINWATCH_CLI_SRC_FOLLOW_SOURCE_H_
 #define TRAINWATCH_CLI_SRC_FOLLOW_SOURCE_H_
@@ -46,6 +47,10 @@ class TextTail {
   // Appends up to `max_bytes` new bytes to *out. Errors (a read error, a
   // path that is a folder) name the source.
   virtual absl::StatusOr<TailEvent> Poll(std::string* out, size_t max_bytes) = 0;
+  // After a kIdle: returns when there may be more to read, at the latest
+  // after `max_ms` (or on a signal). A file cannot say when it grows, so
+  // the default sleeps the whole time.
+  virtual void WaitForData(int64_t max_ms);
   // What the last kRestart was ("rotated", "truncated"), for the status.
   virtual std::string RestartReason() const { return ""; }
   // Rotations and truncations seen.
@@ -75,6 +80,9 @@ class FileTail : public TextTail {
 class StdinTail : public TextTail {
  public:
   absl::StatusOr<TailEvent> Poll(std::string* out, size_t max_bytes) override;
+  // Wakes as soon as the pipe has data: a sleep would cap the rate at one
+  // pipe buffer (64 KiB) per wait while the writer blocks on the full pipe.
+  void WaitForData(int64_t max_ms) override;
 };
 
 // Splits a text stream into lines as they complete. An unterminated final

@@ -21,6 +21,12 @@ absl::Status FollowStream::NewAgent(std::optional<int64_t> resume_step) {
   agent::AgentConfig cfg = base_;
   cfg.observed = true;
   cfg.resume_step = resume_step;
+  // Send() checks the window every kWindowCheck records, so up to one
+  // check's worth more than the window is unacknowledged: the agent's memory
+  // and ring hold that much, or the oldest records would be dropped unsent
+  // while the server is slow or away.
+  cfg.memory_records = static_cast<size_t>(window_ + kWindowCheck);
+  cfg.ring_records = static_cast<size_t>(window_ + kWindowCheck);
   absl::StatusOr<std::unique_ptr<agent::Agent>> a =
       agent::Agent::Create(cfg, std::make_unique<agent::SingleProcessReducer>());
   if (!a.ok()) return a.status();
@@ -59,6 +65,7 @@ absl::Status FollowStream::Send(const core::StepRecord& record) {
     while (!stop_requested_()) {
       const agent::AgentStats s = agent_->Stats();
       if (s.records_queued - s.records_acked - s.records_dropped < window_) break;
+      if (while_paused_) while_paused_();
       absl::SleepFor(absl::Milliseconds(2));
     }
   }

@@ -48,8 +48,8 @@ class FollowStream {
   // Close).
   // `stop_requested`: true once the follow is to end (a signal): Send()
   // then waits for the window no more.
-  // `window`: records sent and unacknowledged before Send() waits; the
-  // agent's memory_records and ring_records must hold window + kWindowCheck.
+  // `window`: records sent and unacknowledged before Send() waits; each
+  // agent's memory_records and ring_records are set to window + kWindowCheck.
   static constexpr int64_t kWindowCheck = 256;
   FollowStream(agent::AgentConfig base, int64_t window, int drain_timeout_ms,
                std::function<bool()> stop_requested)
@@ -67,6 +67,9 @@ class FollowStream {
   // is read no faster than the server takes it, so nothing is dropped),
   // unless a stop is requested.
   absl::Status Send(const core::StepRecord& record);
+  // Called every few milliseconds while Send() waits for the window (the
+  // follower's status line keeps coming while the server is away).
+  void SetWhilePaused(std::function<void()> f) { while_paused_ = std::move(f); }
   void Checkpoint(int64_t step, const std::string& uri);
   FollowCounts Counts() const;
   // Waits up to the drain timeout for every record to be acknowledged, then
@@ -82,6 +85,7 @@ class FollowStream {
   int64_t since_check_ = 0;
   const int drain_timeout_ms_;
   const std::function<bool()> stop_requested_;
+  std::function<void()> while_paused_;
   std::unique_ptr<agent::Agent> agent_;
   int64_t last_step_ = -1;
   FollowCounts retired_;  // of the agents closed at restarts

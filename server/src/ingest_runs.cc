@@ -329,8 +329,7 @@ absl::StatusOr<RunSnapshot> Ingestor::StoredSnapshot(const RunRow& row) {
       r.has_latest = true;
     }
   }
-  absl::StatusOr<int64_t> skipped = store_->CountDecided(
-      row.run_id, row.attempt, static_cast<int>(core::Decision::kSkipUpdate));
+  absl::StatusOr<int64_t> skipped = store_->CountSkipped(row.run_id, row.attempt);
   if (!skipped.ok()) return skipped.status();
   (row.observed ? r.skips_recommended_total : r.skipped_total) = *skipped;
   absl::StatusOr<int64_t> overflows = store_->CountLossScaleOverflows(row.run_id, row.attempt);

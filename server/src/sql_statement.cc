@@ -64,12 +64,24 @@ SqlStatement& SqlStatement::BindBlob(int i, absl::string_view v) {
   return *this;
 }
 
+SqlStatement& SqlStatement::BindUncopied(int i, absl::string_view v) {
+  sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_STATIC);
+  return *this;
+}
+
+SqlStatement& SqlStatement::BindBlobUncopied(int i, absl::string_view v) {
+  sqlite3_bind_blob(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_STATIC);
+  return *this;
+}
+
 SqlStatement& SqlStatement::BindNull(int i) {
   sqlite3_bind_null(stmt_, i);
   return *this;
 }
 
 SqlStatement& SqlStatement::BindShards(int i, const std::vector<uint64_t>& shards) {
+  // Most steps name no shard: their "" needs no string built and copied.
+  if (shards.empty()) return BindUncopied(i, "");
   return Bind(i, absl::StrJoin(shards, ";"));
 }
 
@@ -142,6 +154,16 @@ std::vector<std::string> SqlStatement::ShardNames(int col) const {
     if (v.type == core::JsonValue::Type::kString) out.push_back(v.string);
   }
   return out;
+}
+
+std::string InsertSql(absl::string_view head, int width, size_t rows, absl::string_view tail) {
+  std::string one = "(";
+  for (int i = 0; i < width; ++i) absl::StrAppend(&one, i == 0 ? "?" : ", ?");
+  one += ")";
+  std::string sql(head);
+  for (size_t r = 0; r < rows; ++r) absl::StrAppend(&sql, r == 0 ? " " : ", ", one);
+  if (!tail.empty()) absl::StrAppend(&sql, " ", tail);
+  return sql;
 }
 
 absl::StatusOr<int64_t> QueryInt(SqlStatement& q) {

@@ -256,10 +256,9 @@ absl::StatusOr<std::vector<AttemptRow>> Store::Attempts(const std::string& run_i
   return rows::Attempts(read_db_, run_id, current);
 }
 
-absl::StatusOr<int64_t> Store::CountDecided(const std::string& run_id, int64_t attempt,
-                                            int decision) {
+absl::StatusOr<int64_t> Store::CountSkipped(const std::string& run_id, int64_t attempt) {
   absl::MutexLock lock(&read_mu_);
-  return rows::CountDecided(read_db_, run_id, attempt, decision);
+  return rows::CountSkipped(read_db_, run_id, attempt);
 }
 
 absl::StatusOr<int64_t> Store::CountLossScaleOverflows(const std::string& run_id,

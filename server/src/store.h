@@ -374,10 +374,9 @@ class Store {
   // The run's attempts, 0 first, up to `current` (the run's attempt), each
   // with the first and last step stored in it.
   absl::StatusOr<std::vector<AttemptRow>> Attempts(const std::string& run_id, int64_t current);
-  // Evaluated (not late) steps of the attempt that the rules decided
-  // `decision` (a core::Decision).
-  absl::StatusOr<int64_t> CountDecided(const std::string& run_id, int64_t attempt,
-                                       int decision);
+  // Evaluated (not late) steps of the attempt whose update the rules
+  // skipped; read from a partial index, at any history's length.
+  absl::StatusOr<int64_t> CountSkipped(const std::string& run_id, int64_t attempt);
   absl::StatusOr<int64_t> CountLossScaleOverflows(const std::string& run_id, int64_t attempt);
   absl::StatusOr<std::vector<DecisionRow>> DecisionsOfIncident(int64_t incident_id);
   absl::StatusOr<std::vector<QuarantineRow>> Quarantines(const std::string& run_id);

@@ -251,6 +251,17 @@ CREATE TABLE engine_snapshots (
 ALTER TABLE runs ADD COLUMN rules_json TEXT NOT NULL DEFAULT '';
 ALTER TABLE runs ADD COLUMN rules_source TEXT NOT NULL DEFAULT '';
 )sql",
+    // 10: the two counts a restart reads for every run before its port opens
+    // (skipped updates and loss-scale overflows, rows::CountSkipped and
+    // rows::CountLossScaleOverflows) were a scan of the attempt's whole
+    // history, 2 s for 8 runs of 500k steps. Partial indexes hold only the
+    // rare rows they count, so each count reads those rows alone, and an
+    // insert of an ordinary step costs one WHERE test per index.
+    // The literals are core::Decision::kSkipUpdate (1) and the flag's true.
+    R"sql(
+CREATE INDEX steps_skipped ON steps (run_id, attempt) WHERE decision = 1 AND late = 0;
+CREATE INDEX steps_overflowed ON steps (run_id, attempt) WHERE loss_scale_overflow = 1 AND late = 0;
+)sql",
 };
 
 }  // namespace

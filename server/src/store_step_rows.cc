@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "sql_statement.h"
+#include "trainwatch/core/event.h"
 
 namespace trainwatch::server::rows {
 
@@ -120,33 +121,31 @@ absl::StatusOr<std::vector<RunRow>> Runs(sqlite3* db) {
 }
 
 absl::Status InsertSteps(sqlite3* db, const std::vector<WriteBatch::Step>& steps) {
-  if (steps.empty()) return absl::OkStatus();
-  SqlStatement q(db, absl::StrCat("INSERT OR IGNORE INTO steps (run_id, attempt, ", kStepColumns,
-                                  ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
-                                  "?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)"));
-  return q.RunEach(steps, [](SqlStatement& q, const WriteBatch::Step& w) {
-    const StepRow& s = w.step;
-    q.Bind(1, w.run_id).Bind(2, w.attempt).Bind(3, s.step);
-    for (int i = 0; i < core::kNumSignals; ++i) {
-      const auto signal = static_cast<core::Signal>(i);
-      if (s.Has(signal)) {
-        q.Bind(4 + i, s.Get(signal));
-      } else {
-        q.BindNull(4 + i);
-      }
-    }
-    q.Bind(12, int64_t{s.present()}).Bind(13, s.loss_ema_ratio);
-    BindCount(q, 14, s.nonfinite);
-    BindCount(q, 15, s.elements);
-    q.Bind(16, int64_t{s.decision}).BindShards(17, s.shards);
-    q.Bind(18, s.missing_ranks).Bind(19, int64_t{s.late}).Bind(20, s.received_ms);
-    q.BindShardNames(21, s.shard_names);
-    if (s.HasLossScale()) {
-      q.Bind(22, s.loss_scale()).Bind(23, int64_t{s.loss_scale_overflow()});
-    } else {
-      q.BindNull(22).BindNull(23);
-    }
-  });
+  return InsertRows(
+      db, absl::StrCat("INSERT OR IGNORE INTO steps (run_id, attempt, ", kStepColumns, ") VALUES"),
+      kStepColumnCount + 2, steps, [](SqlStatement& q, int b, const WriteBatch::Step& w) {
+        const StepRow& s = w.step;
+        q.BindUncopied(b + 1, w.run_id).Bind(b + 2, w.attempt).Bind(b + 3, s.step);
+        for (int i = 0; i < core::kNumSignals; ++i) {
+          const auto signal = static_cast<core::Signal>(i);
+          if (s.Has(signal)) {
+            q.Bind(b + 4 + i, s.Get(signal));
+          } else {
+            q.BindNull(b + 4 + i);
+          }
+        }
+        q.Bind(b + 12, int64_t{s.present()}).Bind(b + 13, s.loss_ema_ratio);
+        BindCount(q, b + 14, s.nonfinite);
+        BindCount(q, b + 15, s.elements);
+        q.Bind(b + 16, int64_t{s.decision}).BindShards(b + 17, s.shards);
+        q.BindUncopied(b + 18, s.missing_ranks).Bind(b + 19, int64_t{s.late});
+        q.Bind(b + 20, s.received_ms).BindShardNames(b + 21, s.shard_names);
+        if (s.HasLossScale()) {
+          q.Bind(b + 22, s.loss_scale()).Bind(b + 23, int64_t{s.loss_scale_overflow()});
+        } else {
+          q.BindNull(b + 22).BindNull(b + 23);
+        }
+      });
 }
 
 absl::Status CopyAttempts(sqlite3* db, const std::vector<AttemptCopy>& copies) {
@@ -259,33 +258,35 @@ absl::StatusOr<int64_t> CountSteps(sqlite3* db, const std::string& run_id) {
   return QueryInt(q);
 }
 
-absl::StatusOr<int64_t> CountDecided(sqlite3* db, const std::string& run_id, int64_t attempt,
-                                     int decision) {
+absl::StatusOr<int64_t> CountSkipped(sqlite3* db, const std::string& run_id, int64_t attempt) {
+  // The WHERE repeats the partial index's own (migration 10) with the same
+  // literals, as SQLite requires; INDEXED BY because the planner, without
+  // statistics, would take the primary key's equal prefix and read every
+  // step of the attempt.
+  static_assert(static_cast<int>(core::Decision::kSkipUpdate) == 1);
   SqlStatement q(db,
-                 "SELECT COUNT(*) FROM steps WHERE run_id = ?1 AND attempt = ?2 AND late = 0 AND "
-                 "decision = ?3");
-  q.Bind(1, run_id).Bind(2, attempt).Bind(3, int64_t{decision});
+                 "SELECT COUNT(*) FROM steps INDEXED BY steps_skipped WHERE run_id = ?1 AND "
+                 "attempt = ?2 AND decision = 1 AND late = 0");
+  q.Bind(1, run_id).Bind(2, attempt);
   return QueryInt(q);
 }
 
 absl::StatusOr<int64_t> CountLossScaleOverflows(sqlite3* db, const std::string& run_id,
                                                 int64_t attempt) {
   SqlStatement q(db,
-                 "SELECT COUNT(*) FROM steps WHERE run_id = ?1 AND attempt = ?2 AND late = 0 AND "
-                 "loss_scale_overflow = 1");
+                 "SELECT COUNT(*) FROM steps INDEXED BY steps_overflowed WHERE run_id = ?1 AND "
+                 "attempt = ?2 AND loss_scale_overflow = 1 AND late = 0");
   q.Bind(1, run_id).Bind(2, attempt);
   return QueryInt(q);
 }
 
 absl::Status InsertRankSteps(sqlite3* db, const std::vector<RankStepRow>& rows) {
-  if (rows.empty()) return absl::OkStatus();
-  SqlStatement q(db,
-                 "INSERT OR IGNORE INTO rank_steps (run_id, attempt, rank, step, report) "
-                 "VALUES (?1, ?2, ?3, ?4, ?5)");
-  return q.RunEach(rows, [](SqlStatement& q, const RankStepRow& r) {
-    q.Bind(1, r.run_id).Bind(2, r.attempt).Bind(3, int64_t{r.rank}).Bind(4, r.step);
-    q.BindBlob(5, r.report);
-  });
+  return InsertRows(db, "INSERT OR IGNORE INTO rank_steps (run_id, attempt, rank, step, report) VALUES",
+                    5, rows, [](SqlStatement& q, int b, const RankStepRow& r) {
+                      q.BindUncopied(b + 1, r.run_id).Bind(b + 2, r.attempt);
+                      q.Bind(b + 3, int64_t{r.rank}).Bind(b + 4, r.step);
+                      q.BindBlobUncopied(b + 5, r.report);
+                    });
 }
 
 absl::StatusOr<std::vector<RankStepRow>> RankStepsAt(sqlite3* db, const std::string& run_id,

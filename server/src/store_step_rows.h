@@ -45,9 +45,9 @@ absl::StatusOr<std::vector<StepRow>> RecentSteps(sqlite3* db, const std::string&
 absl::StatusOr<std::vector<StepRow>> StepsBetween(sqlite3* db, const std::string& run_id,
                                                      int64_t attempt, int64_t first, int64_t last);
 absl::StatusOr<int64_t> CountSteps(sqlite3* db, const std::string& run_id);
-// Evaluated (not late) steps of the attempt that the rules decided `decision`.
-absl::StatusOr<int64_t> CountDecided(sqlite3* db, const std::string& run_id, int64_t attempt,
-                                     int decision);
+// Evaluated (not late) steps of the attempt whose update the rules skipped.
+// Both counts read a partial index (migration 10), not the history.
+absl::StatusOr<int64_t> CountSkipped(sqlite3* db, const std::string& run_id, int64_t attempt);
 // The evaluated steps of the attempt on which the fp16 loss scaler overflowed.
 absl::StatusOr<int64_t> CountLossScaleOverflows(sqlite3* db, const std::string& run_id,
                                                 int64_t attempt);

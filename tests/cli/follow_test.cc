@@ -3,6 +3,7 @@
 // server stored is compared with what replay's reader makes of the whole log.
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sqlite3.h>
 #include <unistd.h>
 
@@ -167,6 +168,30 @@ TEST_CASE("follow: a Megatron log piped on stdin is stored as replay reads it wi
                  "30 AND uri = '/ckpt/run-m'") == 1);
 }
 
+TEST_CASE("follow: a pipe's lines are read when they arrive, not after the poll interval",
+          "[cli][follow]") {
+  TempDir dir;
+  Trainwatchd d(dir, "", "");
+  const std::string fifo = dir.File("pipe");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  // A minute between polls: a follow that slept it out between reads of an
+  // idle pipe would store nothing within the waits below.
+  const std::string cmd = "exec '" TWCTL_PATH "' follow - --run run-fifo --server " + d.address() +
+                          " --poll-interval 60000 --status-interval 0 < '" + fifo + "'";
+  Child follow({"/bin/sh", "-c", cmd}, dir.File("follow.log"));
+  {
+    std::ofstream pipe(fifo);  // opens once the follow has opened its end
+    pipe << Megatron(1, 11) << std::flush;
+    INFO(ReadFile(dir.File("follow.log")));
+    REQUIRE(WaitRows(d.db(), "run-fifo", 10));
+    pipe << Megatron(11, 21) << std::flush;
+    REQUIRE(WaitRows(d.db(), "run-fifo", 20));
+  }
+  // The writer closed: EOF ends the follow.
+  CHECK(follow.Wait(20) == 0);
+  RequireSame(Stored(d.db(), "run-fifo"), Replayed(Megatron(1, 21), MetricsFormat::kMegatron));
+}
+
 TEST_CASE("follow: rotation then truncation then a trainwatchd restart lose no line",
           "[cli][follow]") {
   TempDir dir;
@@ -208,6 +233,45 @@ TEST_CASE("follow: rotation then truncation then a trainwatchd restart lose no l
   INFO(ReadFile(dir.File("follow.log")));
   CHECK(rc == 0);
   RequireSame(Stored(d->db(), run), Replayed(all, MetricsFormat::kLlmc));
+}
+
+TEST_CASE("follow: with trainwatchd down the reader pauses at the window and drops nothing",
+          "[cli][follow]") {
+  TempDir dir;
+  auto d = std::make_unique<Trainwatchd>(dir, "", "");
+  const std::string address = d->address();
+  std::vector<std::string> argv = FollowArgs(dir.File("train.log"), "run-paused", *d,
+                                             {"--max-in-flight", "1024"});
+  d->Kill();
+  d.reset();
+  const std::string content = Llmc(0, 3000);
+  std::ofstream(dir.File("train.log")) << content;
+  // The smallest window, 1,024 records unacknowledged, checked every 256
+  // records: the agent must hold the window and one check's worth, or the
+  // oldest records would be dropped unsent while the server is away.
+  Child follow(argv, dir.File("follow.log"));
+  // The last status line's records in flight.
+  auto in_flight = [&] {
+    const std::string log = ReadFile(dir.File("follow.log"));
+    const size_t at = log.rfind("in flight ");
+    return at == std::string::npos ? 0 : std::atoi(log.c_str() + at + 10);
+  };
+  const bool at_window = WaitUntil([&] { return in_flight() >= 1024; }, std::chrono::seconds(15),
+                                   std::chrono::milliseconds(20));
+  INFO(ReadFile(dir.File("follow.log")));
+  REQUIRE(at_window);
+  // Paused there: no more than one check's worth past the window.
+  CHECK_FALSE(WaitUntil([&] { return in_flight() > 1024 + 256; }, std::chrono::seconds(2),
+                        std::chrono::milliseconds(50)));
+  d = std::make_unique<Trainwatchd>(
+      dir, "", "", std::vector<std::string>{"--listen", address});
+  REQUIRE(WaitRows(d->db(), "run-paused", 3000));
+  ::kill(follow.pid(), SIGTERM);
+  const int rc = follow.Wait(20);
+  INFO(ReadFile(dir.File("follow.log")));
+  CHECK(rc == 0);
+  CHECK(ReadFile(dir.File("follow.log")).find("lost") == std::string::npos);
+  RequireSame(Stored(d->db(), "run-paused"), Replayed(content, MetricsFormat::kLlmc));
 }
 
 TEST_CASE("follow: steps going back open a new attempt resuming after the step before",

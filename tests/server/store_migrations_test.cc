@@ -10,6 +10,7 @@
 
 #include "memory_db.h"
 #include "store_decision_rows.h"
+#include "store_step_rows.h"
 
 namespace trainwatch::server {
 namespace {
@@ -39,9 +40,9 @@ TEST_CASE("store migrations: a fresh database reaches the latest version", "[ser
   MemoryDb db;
   auto version = MigrateSchema(db.get());
   REQUIRE(version.ok());
-  CHECK(*version == 9);
+  CHECK(*version == 10);
   CHECK(*version == static_cast<int>(SchemaMigrations().size()));
-  CHECK(db.Int("PRAGMA user_version") == 9);
+  CHECK(db.Int("PRAGMA user_version") == 10);
   for (const char* table :
        {"runs", "steps", "rank_steps", "checkpoints", "incidents", "events", "flagged_shards",
         "quarantined_shards", "commands", "command_acks", "decisions", "outbox", "attempts",
@@ -67,8 +68,8 @@ TEST_CASE("store migrations: an older database is upgraded and keeps its rows", 
 
   auto latest = MigrateSchema(db.get());
   REQUIRE(latest.ok());
-  CHECK(*latest == 9);
-  CHECK(db.Int("PRAGMA user_version") == 9);
+  CHECK(*latest == 10);
+  CHECK(db.Int("PRAGMA user_version") == 10);
   CHECK(HasIndex(db, "outbox_once") == 1);
   CHECK(db.Int("SELECT world_size FROM runs WHERE run_id = 'r'") == 2);
   // Migration 5: a run from before incarnations has none, and no resume step.
@@ -114,23 +115,73 @@ TEST_CASE("store migrations: 4 adds shard names and rows from before read with n
                "'shard_names'") == 1);
 }
 
+// SQLite virtual-machine instructions that `body` runs on `db`, in
+// thousands: the progress handler is called once per 1,000.
+template <typename F>
+int64_t KiloInstructions(const MemoryDb& db, F body) {
+  int64_t calls = 0;
+  sqlite3_progress_handler(
+      db.get(), 1000,
+      [](void* n) {
+        ++*static_cast<int64_t*>(n);
+        return 0;
+      },
+      &calls);
+  body();
+  sqlite3_progress_handler(db.get(), 0, nullptr, nullptr);
+  return calls;
+}
+
+TEST_CASE("store migrations: 10 counts a run's skips and overflows without reading its history",
+          "[server][store][restart]") {
+  MemoryDb db;
+  REQUIRE(MigrateSchema(db.get()).ok());
+  // 200k steps of run r, one in 50,000 skipped and one overflowed, a late
+  // skip that does not count, and a second run whose skips are its own.
+  REQUIRE(db.Exec("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < "
+                  "200000) INSERT INTO steps (run_id, attempt, step, present, decision, "
+                  "received_ms, loss_scale, loss_scale_overflow) SELECT 'r', 0, i, 0, "
+                  "i % 50000 = 0, 0, 1.0, i % 50000 = 7 FROM n") == SQLITE_OK);
+  REQUIRE(db.Exec("INSERT INTO steps (run_id, attempt, step, present, decision, received_ms, "
+                  "late) VALUES ('r', 0, 200001, 0, 1, 0, 1), ('s', 0, 1, 0, 1, 0, 0)") ==
+          SQLITE_OK);
+  absl::StatusOr<int64_t> skipped, overflows;
+  const int64_t cost = KiloInstructions(db, [&] {
+    skipped = rows::CountSkipped(db.get(), "r", 0);
+    overflows = rows::CountLossScaleOverflows(db.get(), "r", 0);
+  });
+  REQUIRE(skipped.ok());
+  REQUIRE(overflows.ok());
+  CHECK(*skipped == 4);
+  CHECK(*overflows == 4);
+  // A scan of the 200k rows runs millions of instructions; the partial
+  // indexes' eight entries a few hundred.
+  CHECK(cost < 5);
+  const int64_t scan = KiloInstructions(db, [&] {
+    CHECK(db.Int("SELECT COUNT(*) FROM steps NOT INDEXED WHERE run_id = 'r' AND attempt = 0 AND "
+                 "decision = 1 AND late = 0") == 4);
+  });
+  INFO("a scan: " << scan << "k instructions, the counts: " << cost << "k");
+  CHECK(scan > 100 * (cost + 1));
+}
+
 TEST_CASE("store migrations: running twice is a no-op", "[server][store]") {
   MemoryDb db;
   REQUIRE(MigrateSchema(db.get()).ok());
   const std::string before = Schema(db);
   auto again = MigrateSchema(db.get());
   REQUIRE(again.ok());
-  CHECK(*again == 9);
+  CHECK(*again == 10);
   CHECK(Schema(db) == before);
 }
 
 TEST_CASE("store migrations: a newer database is refused untouched", "[server][store]") {
   MemoryDb db;
-  REQUIRE(db.Exec("PRAGMA user_version=10") == SQLITE_OK);
+  REQUIRE(db.Exec("PRAGMA user_version=11") == SQLITE_OK);
   auto version = MigrateSchema(db.get());
   REQUIRE_FALSE(version.ok());
   CHECK(version.status().code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(db.Int("PRAGMA user_version") == 10);
+  CHECK(db.Int("PRAGMA user_version") == 11);
   CHECK(db.Int("SELECT COUNT(*) FROM sqlite_master") == 0);
 }
 

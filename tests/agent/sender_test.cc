@@ -6,8 +6,10 @@
 
 #include <dirent.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -88,6 +90,46 @@ TEST_CASE("sender: its threads never preempt the training thread - SCHED_BATCH",
   // The pump, the writer and the writer's reader, at least.
   CHECK(BatchThreads() - before >= 3);
   CHECK(sched_getscheduler(0) == SCHED_OTHER);  // the caller's own is left alone
+  sender.Close(1000);
+}
+
+// Threads of this process at nice `nice`.
+int ThreadsAtNice(int nice) {
+  int n = 0;
+  DIR* d = opendir("/proc/self/task");
+  REQUIRE(d != nullptr);
+  while (dirent* e = readdir(d)) {
+    const int tid = std::atoi(e->d_name);
+    if (tid <= 0) continue;
+    errno = 0;
+    const int p = getpriority(PRIO_PROCESS, static_cast<id_t>(tid));
+    if (errno == 0 && p == nice) ++n;
+  }
+  closedir(d);
+  return n;
+}
+
+// SCHED_BATCH alone still let the sender's threads preempt the training
+// thread at the next tick: nicer, they wait for it on a contended core.
+TEST_CASE("sender: its threads run sender_nice nicer than the thread that started them",
+          "[agent][sender]") {
+  const int port = FreePort();
+  FakeServer fake;
+  Running server(&fake, port);
+  errno = 0;
+  const int mine = getpriority(PRIO_PROCESS, 0);
+  REQUIRE(errno == 0);
+  REQUIRE(mine <= 12);  // room for the 7 below under nice 19's cap
+  AgentConfig cfg = Config(port);
+  cfg.sender_nice = 7;
+  const int before = ThreadsAtNice(mine + 7);
+  Sender sender(cfg, kOrigin, nullptr);
+  sender.Start();
+  Push(sender, 1);
+  REQUIRE(WaitUntil([&] { return StatsOf(sender).durable_step == 1; }, seconds(20)));
+  // The pump, the writer and the writer's reader, at least.
+  CHECK(ThreadsAtNice(mine + 7) - before >= 3);
+  CHECK(getpriority(PRIO_PROCESS, 0) == mine);  // the caller's own is left alone
   sender.Close(1000);
 }
 

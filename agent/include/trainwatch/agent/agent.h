@@ -103,6 +103,16 @@ struct AgentConfig {
   size_t spill_max_bytes = 64u << 20;
   // The lock-free hand-off between the step and the sender thread.
   size_t ring_records = 4096;
+  // How much nicer than the thread that starts the agent its sender's
+  // threads run (the pump, the writer, its reader; capped at nice 19), on
+  // top of SCHED_BATCH. SCHED_BATCH alone only stops a wake-up of theirs
+  // from preempting the training thread at once: at the next tick, once the
+  // training thread used its slice, they preempted it, and on a busy host
+  // half of its preemptions were theirs, some landing in Step(). At 10 they
+  // weigh about a tenth of the training thread on a contended core, far
+  // more than the sender needs at any training rate, so they wait for it
+  // instead. 0..19; 0: SCHED_BATCH alone. Env: TRAINWATCH_SENDER_NICE.
+  int sender_nice = 10;
   int reconnect_initial_ms = 100;
   int reconnect_max_ms = 30'000;
   int heartbeat_ms = 5000;

@@ -61,17 +61,32 @@ AgentStats StatsOf(const Sender& sender) {
   return s;
 }
 
-// Threads of this process running as SCHED_BATCH.
-int BatchThreads() {
+// Threads of this process for which `pred(tid)` holds.
+template <typename Pred>
+int CountThreads(Pred pred) {
   int n = 0;
   DIR* d = opendir("/proc/self/task");
   REQUIRE(d != nullptr);
   while (dirent* e = readdir(d)) {
     const int tid = std::atoi(e->d_name);
-    if (tid > 0 && sched_getscheduler(tid) == SCHED_BATCH) ++n;
+    if (tid > 0 && pred(tid)) ++n;
   }
   closedir(d);
   return n;
+}
+
+// Threads of this process running as SCHED_BATCH.
+int BatchThreads() {
+  return CountThreads([](int tid) { return sched_getscheduler(tid) == SCHED_BATCH; });
+}
+
+// Threads of this process at nice `nice`.
+int ThreadsAtNice(int nice) {
+  return CountThreads([nice](int tid) {
+    errno = 0;
+    const int p = getpriority(PRIO_PROCESS, static_cast<id_t>(tid));
+    return errno == 0 && p == nice;
+  });
 }
 
 // A wake-up of the sender's (every few ms, every ack) must not preempt the
@@ -91,22 +106,6 @@ TEST_CASE("sender: its threads never preempt the training thread - SCHED_BATCH",
   CHECK(BatchThreads() - before >= 3);
   CHECK(sched_getscheduler(0) == SCHED_OTHER);  // the caller's own is left alone
   sender.Close(1000);
-}
-
-// Threads of this process at nice `nice`.
-int ThreadsAtNice(int nice) {
-  int n = 0;
-  DIR* d = opendir("/proc/self/task");
-  REQUIRE(d != nullptr);
-  while (dirent* e = readdir(d)) {
-    const int tid = std::atoi(e->d_name);
-    if (tid <= 0) continue;
-    errno = 0;
-    const int p = getpriority(PRIO_PROCESS, static_cast<id_t>(tid));
-    if (errno == 0 && p == nice) ++n;
-  }
-  closedir(d);
-  return n;
 }
 
 // SCHED_BATCH alone still let the sender's threads preempt the training

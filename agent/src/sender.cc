@@ -76,11 +76,12 @@ namespace {
 // The sender's threads run as SCHED_BATCH: a wake-up of theirs (every 5 ms,
 // every ack) never preempts the running thread at once, which on a busy
 // machine is the training thread in Step(). And `nicer` than the thread
-// that started them (AgentConfig::sender_nice), so that at the next tick
-// they do not take the core from it either while it wants it. Threads they
-// start (the reader, gRPC's own when it starts here) inherit both. A
-// refusal (a seccomp filter) leaves the thread as it was: it costs latency,
-// not correctness. On Linux both calls change the calling thread only.
+// that started them (AgentConfig::sender_nice, 0 by default: see there for
+// what it costs), so that at the next tick they take the core from it less
+// often. Threads they start (the reader, gRPC's own when it starts here)
+// inherit both. A refusal (a seccomp filter) leaves the thread as it was:
+// it costs latency, not correctness. On Linux both calls change the calling
+// thread only.
 void YieldToTrainingThread(int nicer) {
   sched_param p{};
   p.sched_priority = 0;

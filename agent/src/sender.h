@@ -72,8 +72,8 @@ class Sender {
   // (RulesHash, 0 before any arrived) is read on the step path without a
   // lock; the rules themselves once the ranks agreed on that hash, without
   // a lock too (nullptr before they arrived): the step must never wait for
-  // mu_, which a sender thread, nicer than the training thread, may hold
-  // while it waits for a core.
+  // mu_, which a sender thread (SCHED_BATCH, perhaps nicer) may hold while
+  // it waits for a core.
   uint32_t server_rules_hash() const {
     return server_rules_hash_.load(std::memory_order_acquire);
   }

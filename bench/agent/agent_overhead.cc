@@ -5,6 +5,7 @@
 //
 //   agent_overhead [steps] [steps_per_second] [--json]
 //                  [--server=process|in-process|both] [--trainwatchd=PATH]
+//                  [--sender_nice=N]
 //                                   (default 100,000 at 20,000/s, process)
 //
 // Steps are paced (busy-waiting between them), far above any real trainer's
@@ -17,6 +18,7 @@
 // instead, as this bench did before: its threads then share the training
 // thread's address space (its munmaps shoot down the training thread's TLB)
 // as well as the cores; --server=both measures the two side by side.
+// --sender_nice sets AgentConfig::sender_nice (default: the agent's).
 //
 // Per mode it prints p50, p99, p99.9 and the maximum, and how many steps
 // took over 100 us, with how many of those the kernel preempted the
@@ -120,12 +122,14 @@ constexpr auto kFloorSpin = std::chrono::nanoseconds(1500);
 
 // `floor`: no agent at all; the timed region only spins (kFloorSpin), so
 // that what the machine alone does to so short a region is on the table.
-Result Measure(const std::string& address, int64_t steps, double rate, bool floor) {
+Result Measure(const std::string& address, int64_t steps, double rate, bool floor,
+               int sender_nice) {
   std::unique_ptr<Agent> agent;
   if (!floor) {
     AgentConfig cfg;
     cfg.server_address = address;
     cfg.run_id = "bench";
+    if (sender_nice >= 0) cfg.sender_nice = sender_nice;
     auto created = Agent::Create(cfg, std::make_unique<SingleProcessReducer>());
     if (!created.ok()) {
       std::fprintf(stderr, "agent: %s\n", std::string(created.status().message()).c_str());
@@ -278,6 +282,8 @@ int main(int argc, char** argv) {
   bool json = false;
   std::string server_mode = "process";
   std::string trainwatchd = SiblingBinary("trainwatchd");
+  int sender_nice = -1;  // the agent's default
+  bool nice_given = false;
   std::vector<const char*> args;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0) {
@@ -286,6 +292,9 @@ int main(int argc, char** argv) {
       server_mode = argv[i] + 9;
     } else if (std::strncmp(argv[i], "--trainwatchd=", 14) == 0) {
       trainwatchd = argv[i] + 14;
+    } else if (std::strncmp(argv[i], "--sender_nice=", 14) == 0) {
+      sender_nice = std::atoi(argv[i] + 14);
+      nice_given = true;
     } else {
       args.push_back(argv[i]);
     }
@@ -293,10 +302,12 @@ int main(int argc, char** argv) {
   const int64_t steps = args.size() > 0 ? std::atoll(args[0]) : 100000;
   const double rate = args.size() > 1 ? std::atof(args[1]) : 20000.0;
   if (steps < 100 || !(rate > 0) ||
-      (server_mode != "process" && server_mode != "in-process" && server_mode != "both")) {
+      (server_mode != "process" && server_mode != "in-process" && server_mode != "both") ||
+      (nice_given && (sender_nice < 0 || sender_nice > 19))) {
     std::fprintf(stderr,
                  "usage: agent_overhead [steps >= 100] [steps_per_second > 0] [--json] "
-                 "[--server=process|in-process|both] [--trainwatchd=PATH]\n");
+                 "[--server=process|in-process|both] [--trainwatchd=PATH] "
+                 "[--sender_nice=0..19]\n");
     return 2;
   }
   const long base_kb = PeakRssKb();
@@ -373,7 +384,7 @@ int main(int argc, char** argv) {
   std::vector<std::pair<std::string, Result>> results;
   bool ok = true;
   for (const Mode& m : modes) {
-    const Result r = Measure(m.address, steps, rate, m.floor);
+    const Result r = Measure(m.address, steps, rate, m.floor, sender_nice);
     results.emplace_back(m.name, r);
     std::printf("%-14s %9.2f %9.2f %9.2f %9.1f %8lld (%5lld) %10lld %10lld %7.1f MB\n",
                 m.name.c_str(), r.p50_us, r.p99_us, r.p999_us, r.max_us,

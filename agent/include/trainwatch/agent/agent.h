@@ -109,13 +109,16 @@ struct AgentConfig {
   // How much nicer than the thread that starts the agent its sender's
   // threads run (the pump, the writer, its reader; capped at nice 19), on
   // top of SCHED_BATCH. SCHED_BATCH alone only stops a wake-up of theirs
-  // from preempting the training thread at once: at the next tick, once the
-  // training thread used its slice, they preempted it, and on a busy host
-  // half of its preemptions were theirs, some landing in Step(). At 10 they
-  // weigh about a tenth of the training thread on a contended core, far
-  // more than the sender needs at any training rate, so they wait for it
-  // instead. 0..19; 0: SCHED_BATCH alone. Env: TRAINWATCH_SENDER_NICE.
-  int sender_nice = 10;
+  // from preempting the training thread at once; at the next tick they may
+  // still take its core. Nicer, they take it less often (on a loaded 2-core
+  // host, agent_overhead: 69-211 of the training thread's preemptions in
+  // 2.5 s were theirs at nice 10, 198-312 at 0, in a noisy machine), but
+  // they also get less of a contended core: at 20,000 steps/s there, nice
+  // 10 and 19 dropped 15-78% of the records (the ring filled) and took the
+  // server's rules thousands of steps late. Hence 0 by default; raise it
+  // only where the sender's core share is safe (a few steps a second need
+  // far under 1% of a core). 0..19. Env: TRAINWATCH_SENDER_NICE.
+  int sender_nice = 0;
   int reconnect_initial_ms = 100;
   int reconnect_max_ms = 30'000;
   int heartbeat_ms = 5000;

@@ -157,9 +157,9 @@ absl::StatusOr<Verdict> Agent::Impl::Step(const StepInput& in) {
     // Every rank holds rules of this hash: the same rules, taken at the same
     // step, before this step is judged. The engine is rebuilt from the
     // steps before this one, as the server judged them.
-    std::optional<core::RuleConfig> server = sender_.ServerRules();
-    if (server.has_value() && core::RuleConfigHash(*server) == agreed) {
-      rules_ = *std::move(server);
+    const core::RuleConfig* server = sender_.ServerRules();
+    if (server != nullptr && core::RuleConfigHash(*server) == agreed) {
+      rules_ = *server;
       rules_hash_ = agreed;
       engine_ = Rebuild(rules_, in.step - 1);
       server_rules_from_.store(in.step);
@@ -393,6 +393,14 @@ absl::StatusOr<AgentConfig> AgentConfig::FromEnvironment(AgentConfig c) {
     }
     c.spill_max_bytes = n;
   }
+  if (const char* v = env("TRAINWATCH_SENDER_NICE")) {
+    int n;
+    if (!absl::SimpleAtoi(v, &n)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TRAINWATCH_SENDER_NICE=", v, " is not an integer (0..19)"));
+    }
+    c.sender_nice = n;  // its range is Create's to check, as for a config's
+  }
   if (const char* v = env("TRAINWATCH_RULES")) {
     absl::StatusOr<core::RuleConfig> rules = RulesFromEnvironment(v);
     if (!rules.ok()) return rules.status();
@@ -444,6 +452,12 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
     return absl::InvalidArgumentError("memory_records and ring_records must be positive");
   }
   if (config.clock == nullptr) return absl::InvalidArgumentError("clock is null");
+  // Below 0 would put the sender above the training thread (and needs a
+  // privilege); above 19 is no nice value at all.
+  if (config.sender_nice < 0 || config.sender_nice > 19) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sender_nice ", config.sender_nice, " is outside 0..19"));
+  }
   if (!config.server_address.empty()) {
     // The sender builds its channel from the same files; reading them here
     // makes a mistake Create's error, not a handshake that fails forever.

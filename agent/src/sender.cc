@@ -2,8 +2,10 @@
 
 #include <grpcpp/grpcpp.h>
 #include <sched.h>
+#include <sys/resource.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <limits>
 #include <random>
@@ -71,27 +73,35 @@ Sender::~Sender() { Close(0); }
 
 namespace {
 
-// The sender's threads run as SCHED_BATCH: the same share of the CPU as any
-// thread, but a wake-up of theirs (every 5 ms, every ack) never preempts the
-// running thread, which on a busy machine is the training thread in Step().
-// Threads they start (the reader, gRPC's own when it starts here) inherit
-// it. A refusal (a seccomp filter) leaves the thread as it was: it costs
-// latency, not correctness.
-void YieldToTrainingThread() {
+// The sender's threads run as SCHED_BATCH: a wake-up of theirs (every 5 ms,
+// every ack) never preempts the running thread at once, which on a busy
+// machine is the training thread in Step(). And `nicer` than the thread
+// that started them (AgentConfig::sender_nice, 0 by default: see there for
+// what it costs), so that at the next tick they take the core from it less
+// often. Threads they start (the reader, gRPC's own when it starts here)
+// inherit both. A refusal (a seccomp filter) leaves the thread as it was:
+// it costs latency, not correctness. On Linux both calls change the calling
+// thread only.
+void YieldToTrainingThread(int nicer) {
   sched_param p{};
   p.sched_priority = 0;
   sched_setscheduler(0, SCHED_BATCH, &p);
+  if (nicer <= 0) return;
+  errno = 0;
+  const int inherited = getpriority(PRIO_PROCESS, 0);
+  if (errno != 0) return;
+  setpriority(PRIO_PROCESS, 0, std::min(19, inherited + nicer));
 }
 
 }  // namespace
 
 void Sender::Start() {
   pump_ = std::thread([this] {
-    YieldToTrainingThread();
+    YieldToTrainingThread(config_.sender_nice);
     PumpLoop();
   });
   writer_ = std::thread([this] {
-    YieldToTrainingThread();
+    YieldToTrainingThread(config_.sender_nice);
     WriterLoop();
   });
 }
@@ -355,11 +365,6 @@ v1::AgentMessage Sender::HelloMessage() const {
   h->set_observed(config_.observed);
   if (config_.rules.has_value()) h->set_rules_json(core::RuleConfigToJson(*config_.rules));
   return m;
-}
-
-std::optional<core::RuleConfig> Sender::ServerRules() const {
-  absl::MutexLock lock(&mu_);
-  return server_rules_;
 }
 
 v1::AgentMessage Sender::HeartbeatMessage() const {

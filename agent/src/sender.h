@@ -70,11 +70,16 @@ class Sender {
   // The run's rules from the server's answer to a hello (DurabilityAck.
   // rules_json), for an agent without rules of its own: their hash
   // (RulesHash, 0 before any arrived) is read on the step path without a
-  // lock; the rules themselves once the ranks agreed on that hash.
+  // lock; the rules themselves once the ranks agreed on that hash, without
+  // a lock too (nullptr before they arrived): the step must never wait for
+  // mu_, which a sender thread (SCHED_BATCH, perhaps nicer) may hold while
+  // it waits for a core.
   uint32_t server_rules_hash() const {
     return server_rules_hash_.load(std::memory_order_acquire);
   }
-  std::optional<core::RuleConfig> ServerRules() const ABSL_LOCKS_EXCLUDED(mu_);
+  const core::RuleConfig* ServerRules() const {
+    return server_rules_hash() != 0 ? &*server_rules_ : nullptr;
+  }
 
   // The transport's part of the agent's statistics (every field but steps).
   void FillStats(AgentStats* s) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -112,10 +117,13 @@ class Sender {
   const Origin origin_;
   core::Clock* const clock_;
   Ring<Slot> ring_;
-  std::atomic<int64_t> queued_{0};
+  // Written by every step: a cache line of its own, since the mutexes that
+  // followed it on the same line are taken by the sender's threads all the
+  // time, and each step paid for fetching that line back.
+  alignas(64) std::atomic<int64_t> queued_{0};
   // The ring has one consumer at a time: the pump, or Close()/AbandonAfter()
   // on the training thread.
-  absl::Mutex drain_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  alignas(64) absl::Mutex drain_mu_ ABSL_ACQUIRED_BEFORE(mu_);
 
   mutable absl::Mutex mu_;
   std::deque<Entry> memory_ ABSL_GUARDED_BY(mu_);
@@ -147,7 +155,10 @@ class Sender {
   bool Answered() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stop_ || (answered_ && awaited_command_.empty());
   }
-  std::optional<core::RuleConfig> server_rules_ ABSL_GUARDED_BY(mu_);
+  // Written once, under mu_ (the reader of whichever connection got them
+  // first), before server_rules_hash_ publishes them, and never again: read
+  // without the lock once the hash is there.
+  std::optional<core::RuleConfig> server_rules_;
   std::atomic<uint32_t> server_rules_hash_{0};
   // A set, since the loader asks about each name it is about to serve.
   std::set<std::string, std::less<>> quarantine_names_ ABSL_GUARDED_BY(mu_);

@@ -199,6 +199,30 @@ TEST_CASE("config: from the environment - with clear errors", "[agent][config]")
   unsetenv("TRAINWATCH_MEMORY_RECORDS");
 }
 
+TEST_CASE("config: sender_nice from the environment - and its range checked at Create",
+          "[agent][config]") {
+  CHECK(AgentConfig().sender_nice == 0);  // SCHED_BATCH alone: see agent.h
+  setenv("TRAINWATCH_SENDER_NICE", "3", 1);
+  auto c = AgentConfig::FromEnvironment();
+  REQUIRE(c.ok());
+  CHECK(c->sender_nice == 3);
+  setenv("TRAINWATCH_SENDER_NICE", "low", 1);
+  auto bad = AgentConfig::FromEnvironment();
+  REQUIRE_FALSE(bad.ok());
+  CHECK(std::string(bad.status().message()) ==
+        "TRAINWATCH_SENDER_NICE=low is not an integer (0..19)");
+  unsetenv("TRAINWATCH_SENDER_NICE");
+  for (const int nice : {-1, 20}) {
+    AgentConfig cfg;
+    cfg.sender_nice = nice;
+    auto agent = Agent::Create(cfg, std::make_unique<SingleProcessReducer>());
+    REQUIRE_FALSE(agent.ok());
+    CHECK(agent.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(agent.status().message()) ==
+          "sender_nice " + std::to_string(nice) + " is outside 0..19");
+  }
+}
+
 TEST_CASE("ranks: last_values is the reduced record - the same on every rank", "[agent][ranks]") {
   constexpr int kRanks = 2;
   InProcessGroup group(kRanks);

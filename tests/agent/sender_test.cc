@@ -6,8 +6,10 @@
 
 #include <dirent.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -59,17 +61,32 @@ AgentStats StatsOf(const Sender& sender) {
   return s;
 }
 
-// Threads of this process running as SCHED_BATCH.
-int BatchThreads() {
+// Threads of this process for which `pred(tid)` holds.
+template <typename Pred>
+int CountThreads(Pred pred) {
   int n = 0;
   DIR* d = opendir("/proc/self/task");
   REQUIRE(d != nullptr);
   while (dirent* e = readdir(d)) {
     const int tid = std::atoi(e->d_name);
-    if (tid > 0 && sched_getscheduler(tid) == SCHED_BATCH) ++n;
+    if (tid > 0 && pred(tid)) ++n;
   }
   closedir(d);
   return n;
+}
+
+// Threads of this process running as SCHED_BATCH.
+int BatchThreads() {
+  return CountThreads([](int tid) { return sched_getscheduler(tid) == SCHED_BATCH; });
+}
+
+// Threads of this process at nice `nice`.
+int ThreadsAtNice(int nice) {
+  return CountThreads([nice](int tid) {
+    errno = 0;
+    const int p = getpriority(PRIO_PROCESS, static_cast<id_t>(tid));
+    return errno == 0 && p == nice;
+  });
 }
 
 // A wake-up of the sender's (every few ms, every ack) must not preempt the
@@ -88,6 +105,30 @@ TEST_CASE("sender: its threads never preempt the training thread - SCHED_BATCH",
   // The pump, the writer and the writer's reader, at least.
   CHECK(BatchThreads() - before >= 3);
   CHECK(sched_getscheduler(0) == SCHED_OTHER);  // the caller's own is left alone
+  sender.Close(1000);
+}
+
+// SCHED_BATCH alone still let the sender's threads preempt the training
+// thread at the next tick: nicer, they wait for it on a contended core.
+TEST_CASE("sender: its threads run sender_nice nicer than the thread that started them",
+          "[agent][sender]") {
+  const int port = FreePort();
+  FakeServer fake;
+  Running server(&fake, port);
+  errno = 0;
+  const int mine = getpriority(PRIO_PROCESS, 0);
+  REQUIRE(errno == 0);
+  REQUIRE(mine <= 12);  // room for the 7 below under nice 19's cap
+  AgentConfig cfg = Config(port);
+  cfg.sender_nice = 7;
+  const int before = ThreadsAtNice(mine + 7);
+  Sender sender(cfg, kOrigin, nullptr);
+  sender.Start();
+  Push(sender, 1);
+  REQUIRE(WaitUntil([&] { return StatsOf(sender).durable_step == 1; }, seconds(20)));
+  // The pump, the writer and the writer's reader, at least.
+  CHECK(ThreadsAtNice(mine + 7) - before >= 3);
+  CHECK(getpriority(PRIO_PROCESS, 0) == mine);  // the caller's own is left alone
   sender.Close(1000);
 }
 

@@ -107,16 +107,35 @@ TEST_CASE("incident summary: curves - percentiles - shards and the approve comma
   CHECK(IncidentAttempt(inc, 3) == 2);
 }
 
-TEST_CASE("exporter: a scrape reads the ingestor's live state - no gRPC server",
-          "[server][service]") {
-  testing::TempDir dir;
+std::unique_ptr<Store> OpenStore(const testing::TempDir& dir) {
   auto store = Store::Open(dir.File("tw.db"));
   REQUIRE(store.ok());
+  return *std::move(store);
+}
+
+// A store, an ingestor on a fake clock and the service state listening to
+// it: everything but the gRPC server.
+struct ServiceParts {
+  ServiceParts()
+      : store(OpenStore(dir)),
+        ingestor(store.get(), IngestOptions{}, &clock),
+        pager(store.get(), PagerConfig{}, &clock),
+        state(&ingestor, store.get(), &pager, Authenticator(), &clock, "") {
+    ingestor.SetListener(&state);
+  }
+  testing::TempDir dir;
+  std::unique_ptr<Store> store;
   testing::FakeClock clock;
-  Ingestor ingestor(store->get(), IngestOptions{}, &clock);
-  Pager pager(store->get(), PagerConfig{}, &clock);
-  ServiceState state(&ingestor, store->get(), &pager, Authenticator(), &clock, "");
-  ingestor.SetListener(&state);
+  Ingestor ingestor;
+  Pager pager;
+  ServiceState state;
+};
+
+TEST_CASE("exporter: a scrape reads the ingestor's live state - no gRPC server",
+          "[server][service]") {
+  ServiceParts parts;
+  Ingestor& ingestor = parts.ingestor;
+  ServiceState& state = parts.state;
   ingestor.Start();
   IngestItem item;
   item.stream_id = 1;
@@ -136,14 +155,9 @@ TEST_CASE("exporter: a scrape reads the ingestor's live state - no gRPC server",
 
 TEST_CASE("service state: one batch's acks reach the delivery thread as one task - every key kept",
           "[server][service]") {
-  testing::TempDir dir;
-  auto store = Store::Open(dir.File("tw.db"));
-  REQUIRE(store.ok());
-  testing::FakeClock clock;
-  Ingestor ingestor(store->get(), IngestOptions{}, &clock);
-  Pager pager(store->get(), PagerConfig{}, &clock);
-  ServiceState state(&ingestor, store->get(), &pager, Authenticator(), &clock, "");
-  ingestor.SetListener(&state);
+  ServiceParts parts;
+  Ingestor& ingestor = parts.ingestor;
+  ServiceState& state = parts.state;
   // Sessions without a reactor, marked done: a delivery leaves their acks
   // in place to be read here.
   std::vector<std::shared_ptr<Session>> sessions;

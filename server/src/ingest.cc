@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <iterator>
+#include <string_view>
+#include <tuple>
 #include <utility>
 
 #include "log.h"
@@ -111,6 +113,7 @@ void Ingestor::Loop() {
 
 void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
   const int64_t now = clock_->NowMs();
+  batch_records_ = 0;
   for (auto* ended : {&ended_streams_, &superseded_streams_}) {
     for (auto it = ended->begin(); it != ended->end();) {
       it = now - it->second > 60'000 ? ended->erase(it) : std::next(it);
@@ -166,6 +169,7 @@ void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
   {
     absl::MutexLock lock(&snap_mu_);
     stats_.batches_total++;
+    stats_.records_total += batch_records_;
     stats_.last_commit_seconds = seconds;
     stats_.commit_seconds_sum += seconds;
     stats_.last_lag_ms = clock_->NowMs() - oldest_ms;
@@ -192,6 +196,7 @@ void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
     for (const auto& [key, step] : acks_) {
       listener_->OnDurable(std::get<0>(key), std::get<1>(key), std::get<2>(key), step);
     }
+    listener_->OnAcksDone();
     for (const auto& [incident, change] : changed_incidents_) {
       listener_->OnIncident(incident, change);
     }
@@ -244,12 +249,13 @@ void Ingestor::Handle(IngestItem& item, int64_t now) {
 }
 
 void Ingestor::HandleStep(RunState& run, const StepReport& r, uint64_t stream, int64_t now) {
-  {
-    absl::MutexLock lock(&snap_mu_);
-    stats_.records_total++;
+  ++batch_records_;
+  auto ack = acks_.find(std::make_tuple(stream, std::string_view(r.run_id()), r.rank()));
+  if (ack == acks_.end()) {
+    acks_.emplace(std::make_tuple(stream, r.run_id(), r.rank()), r.step());
+  } else {
+    ack->second = std::max(ack->second, r.step());
   }
-  auto& ack = acks_[{stream, r.run_id(), r.rank()}];
-  ack = std::max(ack, r.step());
   const bool rank_scope = r.scope() == trainwatch::v1::REPORT_SCOPE_RANK;
   if (!run.mode_known) {
     run.mode_known = true;

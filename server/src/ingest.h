@@ -163,7 +163,9 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -197,6 +199,10 @@ class IngestListener {
   // Every step report from `stream_id` for (run, rank) up to `step` is durable.
   virtual void OnDurable(uint64_t stream_id, const std::string& run_id, int32_t rank,
                          int64_t step) = 0;
+  // The batch's OnDurable calls are over (once per committed batch, after
+  // them): an implementation may gather them and deliver each stream's acks
+  // once, here.
+  virtual void OnAcksDone() {}
   virtual void OnIncident(const IncidentRow& incident, IncidentChange change) = 0;
   // A server message (a command, the quarantine list) for every stream of
   // `run_id`, or only for `stream_id` when it is not 0.
@@ -539,8 +545,11 @@ class Ingestor {
   std::vector<std::pair<std::function<void(DecisionOutcome)>, DecisionOutcome>> answers_;
   std::vector<std::tuple<std::string, uint64_t, std::string>> outgoing_;  // after commit
   WriteBatch batch_;
-  // (stream, run, rank) -> highest step in this batch, for acks.
-  std::map<std::tuple<uint64_t, std::string, int32_t>, int64_t> acks_;
+  // (stream, run, rank) -> highest step in this batch, for acks; looked up
+  // by the report's run id as a string_view (std::less<>), so that the id is
+  // copied once per key and batch, not once per record.
+  std::map<std::tuple<uint64_t, std::string, int32_t>, int64_t, std::less<>> acks_;
+  int64_t batch_records_ = 0;  // step reports taken, into stats_ once per batch
   std::vector<std::pair<IncidentRow, IncidentChange>> changed_incidents_;
   // Runs whose in-memory state may hold a failed batch's effects, until
   // rebuilt from the store.

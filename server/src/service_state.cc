@@ -34,7 +34,24 @@ void ServiceState::OnDurable(uint64_t stream_id, const std::string& run_id, int3
     auto& v = s->acks[{run_id, rank}];
     v = std::max(v, step);
   }
-  deliveries_.Post([s = std::move(s)] { AgentStream::Deliver(s); });
+  absl::MutexLock lock(&undelivered_mu_);
+  // The ingestor calls a stream's keys one after the other (by stream id).
+  if (undelivered_.empty() || undelivered_.back() != s) undelivered_.push_back(std::move(s));
+}
+
+void ServiceState::OnAcksDone() { PostUndelivered(); }
+
+void ServiceState::PostUndelivered() {
+  std::vector<std::shared_ptr<Session>> sessions;
+  {
+    absl::MutexLock lock(&undelivered_mu_);
+    if (undelivered_.empty()) return;
+    sessions.swap(undelivered_);
+  }
+  deliveries_posted_.fetch_add(1, std::memory_order_relaxed);
+  deliveries_.Post([sessions = std::move(sessions)] {
+    for (const auto& s : sessions) AgentStream::Deliver(s);
+  });
 }
 
 void ServiceState::OnStreamFailed(uint64_t stream_id, const absl::Status& status) {
@@ -47,6 +64,8 @@ void ServiceState::OnStreamFailed(uint64_t stream_id, const absl::Status& status
   }
   // After the writes posted before it: what the stream was told is durable
   // reaches it before the end.
+  PostUndelivered();
+  deliveries_posted_.fetch_add(1, std::memory_order_relaxed);
   deliveries_.Post([s = std::move(s), status = ToGrpc(status)]() mutable {
     AgentStream::FinishWhenIdle(s, std::move(status));
   });
@@ -61,12 +80,15 @@ void ServiceState::OnServerMessage(const std::string& run_id, uint64_t stream_id
       if (stream_id == 0 || id == stream_id) targets.push_back(s);
     }
   }
+  // In the writer's order: acks gathered so far are posted before.
+  PostUndelivered();
   for (const auto& s : targets) {
     {
       absl::MutexLock lock(&s->mu);
       if (s->run_id != run_id || s->done) continue;
       s->outgoing.push_back(serialized);
     }
+    deliveries_posted_.fetch_add(1, std::memory_order_relaxed);
     deliveries_.Post([s] { AgentStream::Deliver(s); });
   }
 }

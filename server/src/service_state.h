@@ -119,9 +119,13 @@ class ServiceState : public IngestListener {
   // writer asked for them: gRPC does a write's work (framing, a sendmsg)
   // inline in StartWrite, which on the writer cost as much as the commit
   // itself, one batch's worth of streams at a time, before the next batch
-  // could start.
+  // could start. OnDurable only notes the step in the stream's session; a
+  // batch's acks go to deliveries_ as one task at OnAcksDone (or before
+  // whatever is posted next), which writes each stream once: one queue
+  // operation and one wake-up per batch instead of one per stream and key.
   void OnDurable(uint64_t stream_id, const std::string& run_id, int32_t rank,
                  int64_t step) override;
+  void OnAcksDone() override;
   void OnIncident(const IncidentRow& incident, IncidentChange change) override;
   void OnServerMessage(const std::string& run_id, uint64_t stream_id,
                        const std::string& serialized) override;
@@ -146,6 +150,10 @@ class ServiceState : public IngestListener {
   WorkQueue* reads() { return &reads_; }
 
   std::atomic<int64_t> streams_rejected{0};
+  // Tasks posted to the delivery thread (acks, server messages, ends).
+  int64_t deliveries_posted() const {
+    return deliveries_posted_.load(std::memory_order_relaxed);
+  }
 
  private:
   Ingestor* ingestor_;
@@ -160,6 +168,11 @@ class ServiceState : public IngestListener {
   absl::Mutex watch_mu_;
   std::set<IncidentWatcher*> watchers_ ABSL_GUARDED_BY(watch_mu_);
   WorkQueue reads_;
+  // Sessions told of durable steps since the last delivery task.
+  void PostUndelivered();
+  absl::Mutex undelivered_mu_;
+  std::vector<std::shared_ptr<Session>> undelivered_ ABSL_GUARDED_BY(undelivered_mu_);
+  std::atomic<int64_t> deliveries_posted_{0};
   WorkQueue deliveries_;  // writes to agent streams, in the writer's order
 };
 

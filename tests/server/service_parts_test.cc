@@ -7,7 +7,10 @@
 #include <prometheus/text_serializer.h>
 
 #include <atomic>
+#include <map>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -104,16 +107,35 @@ TEST_CASE("incident summary: curves - percentiles - shards and the approve comma
   CHECK(IncidentAttempt(inc, 3) == 2);
 }
 
-TEST_CASE("exporter: a scrape reads the ingestor's live state - no gRPC server",
-          "[server][service]") {
-  testing::TempDir dir;
+std::unique_ptr<Store> OpenStore(const testing::TempDir& dir) {
   auto store = Store::Open(dir.File("tw.db"));
   REQUIRE(store.ok());
+  return *std::move(store);
+}
+
+// A store, an ingestor on a fake clock and the service state listening to
+// it: everything but the gRPC server.
+struct ServiceParts {
+  ServiceParts()
+      : store(OpenStore(dir)),
+        ingestor(store.get(), IngestOptions{}, &clock),
+        pager(store.get(), PagerConfig{}, &clock),
+        state(&ingestor, store.get(), &pager, Authenticator(), &clock, "") {
+    ingestor.SetListener(&state);
+  }
+  testing::TempDir dir;
+  std::unique_ptr<Store> store;
   testing::FakeClock clock;
-  Ingestor ingestor(store->get(), IngestOptions{}, &clock);
-  Pager pager(store->get(), PagerConfig{}, &clock);
-  ServiceState state(&ingestor, store->get(), &pager, Authenticator(), &clock, "");
-  ingestor.SetListener(&state);
+  Ingestor ingestor;
+  Pager pager;
+  ServiceState state;
+};
+
+TEST_CASE("exporter: a scrape reads the ingestor's live state - no gRPC server",
+          "[server][service]") {
+  ServiceParts parts;
+  Ingestor& ingestor = parts.ingestor;
+  ServiceState& state = parts.state;
   ingestor.Start();
   IngestItem item;
   item.stream_id = 1;
@@ -128,6 +150,59 @@ TEST_CASE("exporter: a scrape reads the ingestor's live state - no gRPC server",
   CHECK(text.find("trainwatch_loss{run=\"run-x\"} 3.25") != std::string::npos);
   CHECK(text.find("trainwatch_step{run=\"run-x\"} 5") != std::string::npos);
   CHECK(text.find("trainwatch_ingest_records_total 1") != std::string::npos);
+  ingestor.Stop();
+}
+
+TEST_CASE("service state: one batch's acks reach the delivery thread as one task - every key kept",
+          "[server][service]") {
+  ServiceParts parts;
+  Ingestor& ingestor = parts.ingestor;
+  ServiceState& state = parts.state;
+  // Sessions without a reactor, marked done: a delivery leaves their acks
+  // in place to be read here.
+  std::vector<std::shared_ptr<Session>> sessions;
+  for (int i = 0; i < 2; ++i) {
+    auto s = std::make_shared<Session>();
+    {
+      absl::MutexLock lock(&s->mu);
+      s->done = true;
+    }
+    REQUIRE(state.Register(s) == static_cast<uint64_t>(i + 1));
+    sessions.push_back(std::move(s));
+  }
+  auto submit = [&](uint64_t stream, const std::string& run, int32_t rank, int64_t step) {
+    IngestItem item;
+    item.stream_id = stream;
+    v1::StepReport* r = item.message.mutable_step_report();
+    r->set_run_id(run);
+    r->set_rank(rank);
+    r->set_world_size(3);
+    r->set_scope(v1::REPORT_SCOPE_RANK);
+    r->set_step(step);
+    r->mutable_metrics()->set_loss(1.0);
+    ingestor.Submit(std::move(item));
+  };
+  // Queued before the writer starts: the writer takes them as one batch.
+  // Stream 1 carries three ranks of run-a, stream 2 rank 0 of run-b.
+  for (int64_t step = 1; step <= 4; ++step) {
+    for (int32_t rank = 0; rank < 3; ++rank) submit(1, "run-a", rank, step);
+    submit(2, "run-b", 0, step);
+  }
+  ingestor.Start();
+  ingestor.Flush();
+  CHECK(ingestor.Stats().batches_total == 1);
+  CHECK(ingestor.Stats().records_total == 16);
+  // One task for the batch, not one per stream or per (run, rank).
+  CHECK(state.deliveries_posted() == 1);
+  using Acks = std::map<std::pair<std::string, int32_t>, int64_t>;
+  {
+    absl::MutexLock lock(&sessions[0]->mu);
+    CHECK(sessions[0]->acks == Acks{{{"run-a", 0}, 4}, {{"run-a", 1}, 4}, {{"run-a", 2}, 4}});
+  }
+  {
+    absl::MutexLock lock(&sessions[1]->mu);
+    CHECK(sessions[1]->acks == Acks{{{"run-b", 0}, 4}});
+  }
   ingestor.Stop();
 }
 

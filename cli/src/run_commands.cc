@@ -37,11 +37,13 @@ class RunsCommand : public Command {
                                "RANKS", "OPEN");
     for (const auto& r : resp.runs()) {
       const std::string state = v1::RunState_Name(r.state()).substr(10);  // RUN_STATE_
-      // A followed run says so after its numbers; the columns stay as they are.
-      absl::StrAppendFormat(ctx.out, "%-24s %-9s %6d %10d %6d %6d%s\n", r.run_id(),
+      // A followed run, or one whose engine is still being rebuilt after a
+      // restart, says so after its numbers; the columns stay as they are.
+      absl::StrAppendFormat(ctx.out, "%-24s %-9s %6d %10d %6d %6d%s%s\n", r.run_id(),
                             absl::AsciiStrToLower(state), r.world_size(), r.latest_step(),
                             r.ranks_connected(), r.open_incidents(),
-                            r.observed() ? absl::StrCat("  ", kObservedText) : "");
+                            r.observed() ? absl::StrCat("  ", kObservedText) : "",
+                            r.rebuilding() ? "  rebuilding" : "");
     }
     return kOk;
   }
@@ -82,6 +84,11 @@ class StatusCommand : public Command {
       absl::StrAppend(out, "  followed from its log (twctl follow): ", kObservedText,
                       "; no update is skipped nor the trainer halted, a rollback is a restart "
                       "by hand\n");
+    }
+    if (resp.run().rebuilding()) {
+      absl::StrAppend(out,
+                      "  rebuilding: trainwatchd restarted and is replaying this run's stored "
+                      "steps into its rule engine; the figures are the stored ones until then\n");
     }
     absl::StrAppend(out, "  ", RulesText(resp.run()), "\n");
     std::vector<double> loss, gn, lz, ratio;

@@ -168,7 +168,7 @@ TEST_CASE("follow: a Megatron log piped on stdin is stored as replay reads it wi
                  "30 AND uri = '/ckpt/run-m'") == 1);
 }
 
-TEST_CASE("follow: a pipe's lines are read when they arrive, not after the poll interval",
+TEST_CASE("follow: a pipe's lines are read when they arrive - not after the poll interval",
           "[cli][follow]") {
   TempDir dir;
   Trainwatchd d(dir, "", "");

@@ -364,6 +364,16 @@ TEST_CASE("runs and status against a fake: table and json and exit codes", "[cli
                        "decision(s), 1 divergence(s) from the server's engine\n") !=
         std::string::npos);
 
+  // A run rebuilt after a restart says so in both.
+  CHECK(ruled.out.find("rebuilding") == std::string::npos);
+  r->set_rebuilding(true);
+  fake.run_status.mutable_run()->set_rebuilding(true);
+  CHECK(RunAlone(*runs, {}, &fake).out.find(
+            "run-a                    halted         8       1200      0      0  rebuilding\n") !=
+        std::string::npos);
+  CHECK(RunAlone(*status, {"run-a"}, &fake).out.find("  rebuilding: trainwatchd restarted") !=
+        std::string::npos);
+
   const int before = fake.calls;
   Result no_run = RunAlone(*status, {}, &fake);
   CHECK(no_run.code == kUsage);

@@ -5,7 +5,7 @@ JOBS ?= 2
 # -g1 (line tables and function names, no variable or type info): full -g
 # cost about a fifth of every compile for nothing a test or perf report uses.
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython_EXECUTABLE=/usr/bin/python3 \
-	'-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG' '-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG'
+	'-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG'
 
 .PHONY: demo demo-replay test deps configure build bench package clean sanitize fuzz
 

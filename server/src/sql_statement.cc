@@ -2,10 +2,13 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "absl/base/const_init.h"
 #include "absl/strings/numbers.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -35,13 +38,91 @@ absl::Status InTransaction(sqlite3* db, absl::FunctionRef<absl::Status()> body) 
   return s;
 }
 
-SqlStatement::SqlStatement(sqlite3* db, const std::string& sql) : db_(db) {
-  if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt_, nullptr) != SQLITE_OK) {
-    status_ = SqlError(db, "prepare");
+namespace {
+
+absl::Mutex attached_mu(absl::kConstInit);
+// Few connections ever have a cache (one per store): a list, not a map.
+std::vector<std::pair<sqlite3*, StatementCache*>>& Attached()
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(attached_mu) {
+  static auto* attached = new std::vector<std::pair<sqlite3*, StatementCache*>>();
+  return *attached;
+}
+
+}  // namespace
+
+StatementCache::StatementCache(sqlite3* db) : db_(db) {
+  absl::MutexLock lock(&attached_mu);
+  Attached().emplace_back(db, this);
+}
+
+StatementCache::~StatementCache() {
+  {
+    absl::MutexLock lock(&attached_mu);
+    auto& a = Attached();
+    a.erase(std::remove(a.begin(), a.end(), std::make_pair(db_, this)), a.end());
+  }
+  for (auto& [sql, stmts] : free_) {
+    for (sqlite3_stmt* stmt : stmts) sqlite3_finalize(stmt);
   }
 }
 
-SqlStatement::~SqlStatement() { sqlite3_finalize(stmt_); }
+StatementCache* StatementCache::Of(sqlite3* db) {
+  absl::MutexLock lock(&attached_mu);
+  for (const auto& [d, cache] : Attached()) {
+    if (d == db) return cache;
+  }
+  return nullptr;
+}
+
+sqlite3_stmt* StatementCache::Take(const std::string& sql) {
+  auto it = free_.find(sql);
+  if (it == free_.end() || it->second.empty()) return nullptr;
+  sqlite3_stmt* stmt = it->second.back();
+  it->second.pop_back();
+  --kept_;
+  return stmt;
+}
+
+void StatementCache::Give(std::string sql, sqlite3_stmt* stmt) {
+  if (kept_ >= kMaxStatements) {
+    sqlite3_finalize(stmt);
+    return;
+  }
+  free_[std::move(sql)].push_back(stmt);
+  ++kept_;
+}
+
+SqlStatement::SqlStatement(sqlite3* db, const std::string& sql)
+    : db_(db), cache_(StatementCache::Of(db)) {
+  if (cache_ != nullptr) {
+    stmt_ = cache_->Take(sql);
+    if (stmt_ != nullptr) {
+      sql_ = sql;
+      return;
+    }
+  }
+  // PERSISTENT: a statement that will be kept tells SQLite not to take its
+  // memory from the connection's small lookaside pool.
+  const unsigned flags = cache_ != nullptr ? SQLITE_PREPARE_PERSISTENT : 0;
+  if (sqlite3_prepare_v3(db, sql.c_str(), -1, flags, &stmt_, nullptr) != SQLITE_OK) {
+    status_ = SqlError(db, "prepare");
+    return;
+  }
+  if (cache_ != nullptr) {
+    cache_->CountPrepare();
+    sql_ = sql;
+  }
+}
+
+SqlStatement::~SqlStatement() {
+  if (cache_ != nullptr && stmt_ != nullptr && status_.ok()) {
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
+    cache_->Give(std::move(sql_), stmt_);
+    return;
+  }
+  sqlite3_finalize(stmt_);
+}
 
 SqlStatement& SqlStatement::Bind(int i, int64_t v) {
   sqlite3_bind_int64(stmt_, i, v);

@@ -102,6 +102,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
   if (!db.ok()) return db.status();
   store->db_ = *db;
   if (absl::Status s = store->Migrate(); !s.ok()) return s;
+  store->statements_ = std::make_unique<StatementCache>(store->db_);
   absl::StatusOr<sqlite3*> rdb = OpenConnection(path, options);
   if (!rdb.ok()) return rdb.status();
   absl::MutexLock lock(&store->read_mu_);
@@ -114,6 +115,7 @@ Store::~Store() {
     absl::MutexLock lock(&read_mu_);
     sqlite3_close(read_db_);
   }
+  statements_.reset();  // finalizes its statements: before the close
   sqlite3_close(db_);
 }
 

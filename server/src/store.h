@@ -47,6 +47,8 @@ struct sqlite3;
 
 namespace trainwatch::server {
 
+class StatementCache;  // sql_statement.h
+
 // One global step of a run as the store keeps it: the engine's numbers
 // (core::StepValues, the one representation of a step's signals), what the
 // engine derived and decided, and how the step arrived.
@@ -395,6 +397,8 @@ class Store {
   absl::Status Migrate();
 
   sqlite3* db_ = nullptr;  // the writer's connection
+  // db_'s prepared statements, kept between commits.
+  std::unique_ptr<StatementCache> statements_;
   absl::Mutex read_mu_;
   sqlite3* read_db_ ABSL_GUARDED_BY(read_mu_) = nullptr;
   int schema_version_ = 0;

@@ -77,15 +77,14 @@ absl::StatusOr<std::vector<RankStepRow>> SelectRankSteps(sqlite3* db, const std:
 absl::Status UpsertRuns(sqlite3* db, const std::vector<RunRow>& runs) {
   SqlStatement q(db,
                  "INSERT INTO runs (run_id, world_size, attempt, last_step, created_ms, "
-                 "last_seen_ms, incarnation, resume_step, observed, rules_json, rules_source) "
-                 "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) "
+                 "last_seen_ms, incarnation, resume_step, observed) "
+                 "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) "
                  "ON CONFLICT(run_id) DO UPDATE "
                  "SET world_size=excluded.world_size, attempt=excluded.attempt, "
                  "last_step=excluded.last_step, last_seen_ms=excluded.last_seen_ms, "
                  "incarnation=excluded.incarnation, resume_step=excluded.resume_step, "
-                 "observed=excluded.observed, rules_json=excluded.rules_json, "
-                 "rules_source=excluded.rules_source");
-  return q.RunEach(runs, [](SqlStatement& q, const RunRow& r) {
+                 "observed=excluded.observed");
+  absl::Status s = q.RunEach(runs, [](SqlStatement& q, const RunRow& r) {
     q.Bind(1, r.run_id).Bind(2, int64_t{r.world_size}).Bind(3, r.attempt);
     q.Bind(4, r.last_step).Bind(5, r.created_ms).Bind(6, r.last_seen_ms);
     q.Bind(7, r.incarnation);
@@ -94,15 +93,28 @@ absl::Status UpsertRuns(sqlite3* db, const std::vector<RunRow>& runs) {
     } else {
       q.BindNull(8);
     }
-    q.Bind(9, int64_t{r.observed}).Bind(10, r.rules_json).Bind(11, r.rules_source);
+    q.Bind(9, int64_t{r.observed});
+  });
+  if (!s.ok()) return s;
+  // The rules change once or twice in a run's life, the row above at every
+  // batch: an unchanged rules row is compared, never rewritten (migration 11).
+  SqlStatement rules(db,
+                     "INSERT INTO run_rules (run_id, rules_json, rules_source) VALUES (?1, ?2, ?3) "
+                     "ON CONFLICT(run_id) DO UPDATE "
+                     "SET rules_json=excluded.rules_json, rules_source=excluded.rules_source "
+                     "WHERE rules_json != excluded.rules_json OR "
+                     "rules_source != excluded.rules_source");
+  return rules.RunEach(runs, [](SqlStatement& q, const RunRow& r) {
+    q.BindUncopied(1, r.run_id).BindUncopied(2, r.rules_json).BindUncopied(3, r.rules_source);
   });
 }
 
 absl::StatusOr<std::vector<RunRow>> Runs(sqlite3* db) {
   SqlStatement q(db,
-                 "SELECT run_id, world_size, attempt, last_step, created_ms, last_seen_ms, "
-                 "incarnation, resume_step, observed, rules_json, rules_source FROM runs "
-                 "ORDER BY run_id");
+                 "SELECT runs.run_id, world_size, attempt, last_step, created_ms, last_seen_ms, "
+                 "incarnation, resume_step, observed, ifnull(rules_json, ''), "
+                 "ifnull(rules_source, '') FROM runs LEFT JOIN run_rules USING (run_id) "
+                 "ORDER BY runs.run_id");
   return q.All([](const SqlStatement& r) {
     RunRow row;
     row.run_id = r.Text(0);

@@ -155,11 +155,11 @@ TEST_CASE("engine snapshots: a restart from a snapshot decides as a full replay"
     refused = 1;
   }
   SECTION("a snapshot built under other rules is refused") {
-    // A run keeps the rules it was judged by (runs.rules_json), whatever the
+    // A run keeps the rules it was judged by (run_rules.rules_json), whatever the
     // server's --rules of the day: the run's own record changes here.
     rules.tier1_grad_ratio += 0.5;
     for (Db* db : {&with, &without}) {
-      db->Sql("UPDATE runs SET rules_json = '" + core::RuleConfigToJson(rules) + "'");
+      db->Sql("UPDATE run_rules SET rules_json = '" + core::RuleConfigToJson(rules) + "'");
     }
     loaded = 0;
     refused = 1;

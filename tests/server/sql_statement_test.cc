@@ -139,5 +139,70 @@ TEST_CASE("sql statement: a transaction commits or rolls back whole", "[server][
   CHECK_FALSE(Exec(db.get(), "NOT SQL").ok());
 }
 
+TEST_CASE("sql statement: a cache keeps statements prepared - reset and unbound", "[server][sql]") {
+  MemoryDb db;
+  REQUIRE(db.Exec("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)") == SQLITE_OK);
+  StatementCache cache(db.get());
+  CHECK(StatementCache::Of(db.get()) == &cache);
+  for (int i = 0; i < 100; ++i) {
+    SqlStatement q(db.get(), "INSERT INTO t (k, v) VALUES (?1, ?2)");
+    REQUIRE(q.Bind(1, int64_t{i}).Bind(2, "x").Run().ok());
+  }
+  CHECK(cache.prepared() == 1);
+  CHECK(db.Int("SELECT COUNT(*) FROM t") == 100);
+  {
+    // Given back half read: the next user starts at the first row.
+    SqlStatement q(db.get(), "SELECT k FROM t WHERE k >= ?1 ORDER BY k");
+    q.Bind(1, int64_t{40});
+    absl::Status st;
+    REQUIRE(q.Next(&st));
+    CHECK(q.Int(0) == 40);
+  }
+  {
+    SqlStatement q(db.get(), "SELECT k FROM t WHERE k >= ?1 ORDER BY k");
+    absl::Status st;
+    // The old binding is gone: NULL matches nothing.
+    CHECK_FALSE(q.Next(&st));
+    CHECK(st.ok());
+  }
+  CHECK(cache.prepared() == 2);
+  {
+    // Two of the same text at once: the second is prepared anew.
+    SqlStatement a(db.get(), "SELECT COUNT(*) FROM t");
+    SqlStatement b(db.get(), "SELECT COUNT(*) FROM t");
+    CHECK(QueryInt(a).value() == 100);
+    CHECK(QueryInt(b).value() == 100);
+  }
+  CHECK(cache.prepared() == 4);
+  {
+    SqlStatement bad(db.get(), "NOT SQL");
+    CHECK_FALSE(bad.status().ok());
+  }
+  // Batches of any size use the six texts of 32, 16, ... 1 rows.
+  for (size_t n : {1, 7, 31, 32, 45, 63, 64, 100}) {
+    std::vector<int64_t> keys;
+    for (size_t i = 0; i < n; ++i) keys.push_back(1000 + static_cast<int64_t>(keys.size() + n * 1000));
+    REQUIRE(InsertRows(db.get(), "INSERT INTO t (k, v) VALUES", 2, keys,
+                       [](SqlStatement& q, int base, int64_t k) {
+                         q.Bind(base + 1, k).Bind(base + 2, "y");
+                       })
+                .ok());
+    CHECK(db.Int("SELECT COUNT(*) FROM t WHERE v = 'y' AND k >= " + std::to_string(1000 + n * 1000) +
+                 " AND k < " + std::to_string(1000 + n * 1000 + n)) == static_cast<int64_t>(n));
+  }
+  CHECK(cache.prepared() == 4 + 6);
+}
+
+TEST_CASE("sql statement: without a cache every statement is its own", "[server][sql]") {
+  MemoryDb db;
+  CHECK(StatementCache::Of(db.get()) == nullptr);
+  {
+    StatementCache cache(db.get());
+  }
+  CHECK(StatementCache::Of(db.get()) == nullptr);
+  SqlStatement q(db.get(), "SELECT 1");
+  CHECK(QueryInt(q).value() == 1);
+}
+
 }  // namespace
 }  // namespace trainwatch::server

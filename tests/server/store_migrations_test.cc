@@ -40,13 +40,13 @@ TEST_CASE("store migrations: a fresh database reaches the latest version", "[ser
   MemoryDb db;
   auto version = MigrateSchema(db.get());
   REQUIRE(version.ok());
-  CHECK(*version == 10);
+  CHECK(*version == 11);
   CHECK(*version == static_cast<int>(SchemaMigrations().size()));
-  CHECK(db.Int("PRAGMA user_version") == 10);
+  CHECK(db.Int("PRAGMA user_version") == 11);
   for (const char* table :
        {"runs", "steps", "rank_steps", "checkpoints", "incidents", "events", "flagged_shards",
         "quarantined_shards", "commands", "command_acks", "decisions", "outbox", "attempts",
-        "incarnations", "engine_snapshots"}) {
+        "incarnations", "engine_snapshots", "run_rules"}) {
     INFO(table);
     CHECK(
         db.Int(std::string("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '") +
@@ -68,8 +68,8 @@ TEST_CASE("store migrations: an older database is upgraded and keeps its rows", 
 
   auto latest = MigrateSchema(db.get());
   REQUIRE(latest.ok());
-  CHECK(*latest == 10);
-  CHECK(db.Int("PRAGMA user_version") == 10);
+  CHECK(*latest == 11);
+  CHECK(db.Int("PRAGMA user_version") == 11);
   CHECK(HasIndex(db, "outbox_once") == 1);
   CHECK(db.Int("SELECT world_size FROM runs WHERE run_id = 'r'") == 2);
   // Migration 5: a run from before incarnations has none, and no resume step.
@@ -165,23 +165,55 @@ TEST_CASE("store migrations: 10 counts a run's skips and overflows without readi
   CHECK(scan > 100 * (cost + 1));
 }
 
+TEST_CASE("store migrations: 11 moves rank reports and rules and keeps every row",
+          "[server][store]") {
+  MemoryDb db;
+  REQUIRE(MigrateSchema(db.get(), SchemaMigrations().first(10)).ok());
+  REQUIRE(db.Exec("INSERT INTO runs (run_id, world_size, created_ms, last_seen_ms, last_step, "
+                  "rules_json, rules_source) VALUES ('r', 2, 1, 1, 7, '{\"a\": 1}', 'hello'), "
+                  "('old', 1, 1, 1, 3, '', '')") == SQLITE_OK);
+  REQUIRE(db.Exec("INSERT INTO rank_steps (run_id, attempt, rank, step, report) VALUES "
+                  "('r', 0, 1, 5, x'01'), ('r', 0, 0, 5, x'00'), ('r', 0, 0, 6, x'02')") ==
+          SQLITE_OK);
+  REQUIRE(MigrateSchema(db.get()).ok());
+  auto runs = rows::Runs(db.get());
+  REQUIRE(runs.ok());
+  REQUIRE(runs->size() == 2);
+  CHECK((*runs)[0].run_id == "old");
+  CHECK((*runs)[0].rules_json.empty());
+  CHECK((*runs)[1].run_id == "r");
+  CHECK((*runs)[1].last_step == 7);
+  CHECK((*runs)[1].rules_json == "{\"a\": 1}");
+  CHECK((*runs)[1].rules_source == "hello");
+  auto at5 = rows::RankStepsAt(db.get(), "r", 0, 5);
+  REQUIRE(at5.ok());
+  REQUIRE(at5->size() == 2);
+  CHECK((*at5)[0].rank == 0);
+  CHECK((*at5)[0].report == std::string(1, '\0'));
+  CHECK((*at5)[1].report == "\x01");
+  // Still one report per (run, attempt, step, rank): a re-send is ignored.
+  REQUIRE(rows::InsertRankSteps(db.get(), {{"r", 0, 1, 5, "again"}}).ok());
+  CHECK(db.Int("SELECT COUNT(*) FROM rank_steps") == 3);
+  CHECK(HasIndex(db, "rank_steps_key") == 1);
+}
+
 TEST_CASE("store migrations: running twice is a no-op", "[server][store]") {
   MemoryDb db;
   REQUIRE(MigrateSchema(db.get()).ok());
   const std::string before = Schema(db);
   auto again = MigrateSchema(db.get());
   REQUIRE(again.ok());
-  CHECK(*again == 10);
+  CHECK(*again == 11);
   CHECK(Schema(db) == before);
 }
 
 TEST_CASE("store migrations: a newer database is refused untouched", "[server][store]") {
   MemoryDb db;
-  REQUIRE(db.Exec("PRAGMA user_version=11") == SQLITE_OK);
+  REQUIRE(db.Exec("PRAGMA user_version=12") == SQLITE_OK);
   auto version = MigrateSchema(db.get());
   REQUIRE_FALSE(version.ok());
   CHECK(version.status().code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(db.Int("PRAGMA user_version") == 11);
+  CHECK(db.Int("PRAGMA user_version") == 12);
   CHECK(db.Int("SELECT COUNT(*) FROM sqlite_master") == 0);
 }
 

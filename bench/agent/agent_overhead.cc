@@ -5,7 +5,7 @@
 //
 //   agent_overhead [steps] [steps_per_second] [--json]
 //                  [--server=process|in-process|both] [--trainwatchd=PATH]
-//                  [--sender_nice=N]
+//                  [--sender_nice=N] [--layout=own-core|shared|both]
 //                                   (default 100,000 at 20,000/s, process)
 //
 // Steps are paced (busy-waiting between them), far above any real trainer's
@@ -38,12 +38,23 @@
 // gives the step at which the agent took the server's rules, and that
 // step's latency, warm-up or not.
 //
+// --layout says where the threads run. "own-core" gives the training
+// thread a core of its own (the first one this process may use) and puts
+// the agent's sender thread and trainwatchd on the others: a trainer's host
+// has dozens of cores and trainwatchd runs on another host, so this is the
+// layout a Step() in production sees. "shared" leaves every thread free to
+// run on every core, so that on a small machine the training thread also
+// waits for trainwatchd's threads and the sender. "both" (the default)
+// measures the two side by side, each with its own floor row.
+//
 // With --json, or when $TW_BENCH_JSON names a file (bench/run_all.py), the
 // figures are also written as JSON objects, one a line, with keys {"figure",
 // "value", "baseline", "ratio", "unit", "median", "min", "max"}: to stdout
 // after the table with --json, appended to the file otherwise.
 
 #include <arpa/inet.h>
+#include <pthread.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -106,6 +117,19 @@ struct ThreadProbe {
 // first says the slow steps were made of.
 constexpr double kSlowUs = 20.0;
 
+// The calling thread's CPU set; threads it creates (the agent's sender) and
+// processes it forks (trainwatchd) start with it.
+void PinCallingThread(const cpu_set_t& cpus) {
+  pthread_setaffinity_np(pthread_self(), sizeof cpus, &cpus);
+}
+
+// Where the training thread and everything else run in one layout.
+struct Layout {
+  std::string name;   // "own-core" or "shared"
+  cpu_set_t trainer;  // the training thread's CPUs while it steps
+  cpu_set_t rest;     // the sender thread's and trainwatchd's
+};
+
 struct Result {
   double p50_us, p99_us, p999_us, max_us;
   int64_t over_100 = 0, over_100_preempted = 0;
@@ -123,7 +147,8 @@ constexpr auto kFloorSpin = std::chrono::nanoseconds(1500);
 // `floor`: no agent at all; the timed region only spins (kFloorSpin), so
 // that what the machine alone does to so short a region is on the table.
 Result Measure(const std::string& address, int64_t steps, double rate, bool floor,
-               int sender_nice) {
+               int sender_nice, const Layout& layout) {
+  PinCallingThread(layout.rest);  // the sender thread is created with this set
   std::unique_ptr<Agent> agent;
   if (!floor) {
     AgentConfig cfg;
@@ -145,6 +170,7 @@ Result Measure(const std::string& address, int64_t steps, double rate, bool floo
   enum Cause : uint8_t { kFast, kPreempted, kBlocked, kFaulted, kOnCpu, kOther };
   std::vector<uint8_t> cause;
   cause.reserve(static_cast<size_t>(steps));
+  PinCallingThread(layout.trainer);
   const uint64_t shard[2] = {17, 42};
   const auto period = std::chrono::duration<double>(1.0 / rate);
   auto next = std::chrono::steady_clock::now();
@@ -183,6 +209,7 @@ Result Measure(const std::string& address, int64_t steps, double rate, bool floo
     }
     cause.push_back(c);
   }
+  PinCallingThread(layout.rest);
   Result r;
   if (agent != nullptr) r.stats = agent->Stats();
   const int64_t sw = r.stats.server_rules_from_step;
@@ -284,6 +311,7 @@ int main(int argc, char** argv) {
   std::string trainwatchd = SiblingBinary("trainwatchd");
   int sender_nice = -1;  // the agent's default
   bool nice_given = false;
+  std::string layout_mode = "both";
   std::vector<const char*> args;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0) {
@@ -292,6 +320,8 @@ int main(int argc, char** argv) {
       server_mode = argv[i] + 9;
     } else if (std::strncmp(argv[i], "--trainwatchd=", 14) == 0) {
       trainwatchd = argv[i] + 14;
+    } else if (std::strncmp(argv[i], "--layout=", 9) == 0) {
+      layout_mode = argv[i] + 9;
     } else if (std::strncmp(argv[i], "--sender_nice=", 14) == 0) {
       sender_nice = std::atoi(argv[i] + 14);
       nice_given = true;
@@ -303,52 +333,46 @@ int main(int argc, char** argv) {
   const double rate = args.size() > 1 ? std::atof(args[1]) : 20000.0;
   if (steps < 100 || !(rate > 0) ||
       (server_mode != "process" && server_mode != "in-process" && server_mode != "both") ||
+      (layout_mode != "own-core" && layout_mode != "shared" && layout_mode != "both") ||
       (nice_given && (sender_nice < 0 || sender_nice > 19))) {
     std::fprintf(stderr,
                  "usage: agent_overhead [steps >= 100] [steps_per_second > 0] [--json] "
                  "[--server=process|in-process|both] [--trainwatchd=PATH] "
-                 "[--sender_nice=0..19]\n");
+                 "[--sender_nice=0..19] [--layout=own-core|shared|both]\n");
     return 2;
   }
   const long base_kb = PeakRssKb();
   char dir[] = "/tmp/tw_agent_bench_XXXXXX";
   const std::string tmp = mkdtemp(dir);
 
+  // The layouts: own-core needs two CPUs this process may use.
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  sched_getaffinity(0, sizeof all, &all);
+  std::vector<Layout> layouts;
+  if (layout_mode != "shared") {
+    if (CPU_COUNT(&all) < 2) {
+      std::printf("own-core layout skipped: this process may use only one CPU\n");
+    } else {
+      Layout own{"own-core", {}, all};
+      CPU_ZERO(&own.trainer);
+      for (int c = 0; c < CPU_SETSIZE; ++c) {
+        if (CPU_ISSET(c, &all)) {
+          CPU_SET(c, &own.trainer);
+          CPU_CLR(c, &own.rest);
+          break;
+        }
+      }
+      layouts.push_back(own);
+    }
+  }
+  if (layout_mode != "own-core") layouts.push_back({"shared", all, all});
+
   struct Mode {
     std::string name;
     std::string address;
     bool floor = false;
   };
-  std::vector<Mode> modes;
-  std::unique_ptr<ServerProcess> child;
-  if (server_mode != "in-process") {
-    child = std::make_unique<ServerProcess>(trainwatchd, tmp + "/child.db", tmp + "/child.log");
-    if (child->port() == 0) {
-      std::ifstream log(tmp + "/child.log");
-      std::stringstream text;
-      text << log.rdbuf();
-      std::fprintf(stderr, "trainwatchd (%s) did not start; its output:\n%s\n",
-                   trainwatchd.c_str(), text.str().c_str());
-      return 1;
-    }
-    modes.push_back({"up", "127.0.0.1:" + std::to_string(child->port())});
-  }
-  std::unique_ptr<trainwatch::server::Server> in_process;
-  if (server_mode != "process") {
-    trainwatch::server::ServerOptions so;
-    so.listen = "127.0.0.1:0";
-    so.metrics_listen = "";
-    so.db_path = tmp + "/tw.db";
-    auto server = trainwatch::server::Server::Start(so);
-    if (!server.ok()) {
-      std::fprintf(stderr, "server: %s\n", std::string(server.status().message()).c_str());
-      return 1;
-    }
-    in_process = *std::move(server);
-    modes.push_back({server_mode == "both" ? "up in-process" : "up",
-                     "127.0.0.1:" + std::to_string(in_process->port())});
-  }
-
   // A port nobody listens on, and one that accepts and never reads.
   const int hole = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
@@ -368,59 +392,107 @@ int main(int argc, char** argv) {
   getsockname(spare, reinterpret_cast<sockaddr*>(&b), &len);
   const std::string down = "127.0.0.1:" + std::to_string(ntohs(b.sin_port));
   close(spare);  // nobody listens there now
-  modes.push_back({"down", down});
-  modes.push_back({"black-holed", blackhole});
-  modes.push_back({"none (floor)", "", true});
 
   std::printf("Agent::Step() latency, statistics excluded, %lld steps per mode at %.0f/s; "
-              "trainwatchd %s\n\n",
+              "trainwatchd %s\n",
               static_cast<long long>(steps), rate,
               server_mode == "process"      ? "in a process of its own"
               : server_mode == "in-process" ? "inside this process"
                                             : "in a process of its own, then inside this one");
-  std::printf("%-14s %9s %9s %9s %9s %16s %10s %10s %9s\n", "server", "p50 us", "p99 us",
-              "p99.9 us", "max us", ">100us (preempt)", "acked", "dropped", "peak RSS");
   std::vector<std::string> figures;
-  std::vector<std::pair<std::string, Result>> results;
   bool ok = true;
-  for (const Mode& m : modes) {
-    const Result r = Measure(m.address, steps, rate, m.floor, sender_nice);
-    results.emplace_back(m.name, r);
-    std::printf("%-14s %9.2f %9.2f %9.2f %9.1f %8lld (%5lld) %10lld %10lld %7.1f MB\n",
-                m.name.c_str(), r.p50_us, r.p99_us, r.p999_us, r.max_us,
-                static_cast<long long>(r.over_100),
-                static_cast<long long>(r.over_100_preempted),
-                static_cast<long long>(r.stats.records_acked),
-                static_cast<long long>(r.stats.records_dropped), r.rss_kb / 1024.0);
-    if (m.floor) continue;  // the machine's, not a figure of the agent's
-    ok = ok && r.p50_us <= 2.0 && r.p99_us <= 20.0 && r.p999_us <= 20.0;
-    // One run per mode: no spread to give, so median/min/max stay empty.
-    for (const auto& [what, v] : {std::pair<const char*, double>{"p50", r.p50_us},
-                                  {"p99", r.p99_us},
-                                  {"p99.9", r.p999_us},
-                                  {"max", r.max_us}}) {
-      char line[256];
-      std::snprintf(line, sizeof line,
-                    "{\"figure\": \"agent Step() %s with the server %s\", \"unit\": \"us\", "
-                    "\"value\": %.3f, \"baseline\": null, \"ratio\": null, \"median\": null, "
-                    "\"min\": null, \"max\": null}",
-                    what, m.name.c_str(), v);
-      figures.emplace_back(line);
+  for (const Layout& layout : layouts) {
+    const bool own = layout.name == "own-core";
+    std::printf("\n%s\n", own ? "own-core: the training thread on a core of its own, the sender "
+                                "and trainwatchd on the others (a trainer's host)"
+                              : "shared: every thread on every core");
+    // Started from a thread holding the layout's other CPUs: its threads
+    // inherit them.
+    PinCallingThread(layout.rest);
+    std::vector<Mode> modes;
+    std::unique_ptr<ServerProcess> child;
+    if (server_mode != "in-process") {
+      child = std::make_unique<ServerProcess>(trainwatchd, tmp + "/" + layout.name + ".db",
+                                              tmp + "/" + layout.name + ".log");
+      if (child->port() == 0) {
+        std::ifstream log(tmp + "/" + layout.name + ".log");
+        std::stringstream text;
+        text << log.rdbuf();
+        std::fprintf(stderr, "trainwatchd (%s) did not start; its output:\n%s\n",
+                     trainwatchd.c_str(), text.str().c_str());
+        return 1;
+      }
+      modes.push_back({"up", "127.0.0.1:" + std::to_string(child->port())});
     }
+    // Inside this process: its threads share the training thread's memory,
+    // so the shared layout only.
+    std::unique_ptr<trainwatch::server::Server> in_process;
+    if (server_mode != "process" && !own) {
+      trainwatch::server::ServerOptions so;
+      so.listen = "127.0.0.1:0";
+      so.metrics_listen = "";
+      so.db_path = tmp + "/tw.db";
+      auto server = trainwatch::server::Server::Start(so);
+      if (!server.ok()) {
+        std::fprintf(stderr, "server: %s\n", std::string(server.status().message()).c_str());
+        return 1;
+      }
+      in_process = *std::move(server);
+      modes.push_back({server_mode == "both" ? "up in-process" : "up",
+                       "127.0.0.1:" + std::to_string(in_process->port())});
+    }
+    modes.push_back({"down", down});
+    modes.push_back({"black-holed", blackhole});
+    modes.push_back({"none (floor)", "", true});
+
+    std::printf("%-14s %9s %9s %9s %9s %16s %10s %10s %9s\n", "server", "p50 us", "p99 us",
+                "p99.9 us", "max us", ">100us (preempt)", "acked", "dropped", "peak RSS");
+    std::vector<std::pair<std::string, Result>> results;
+    for (const Mode& m : modes) {
+      const Result r = Measure(m.address, steps, rate, m.floor, sender_nice, layout);
+      results.emplace_back(m.name, r);
+      std::printf("%-14s %9.2f %9.2f %9.2f %9.1f %8lld (%5lld) %10lld %10lld %7.1f MB\n",
+                  m.name.c_str(), r.p50_us, r.p99_us, r.p999_us, r.max_us,
+                  static_cast<long long>(r.over_100),
+                  static_cast<long long>(r.over_100_preempted),
+                  static_cast<long long>(r.stats.records_acked),
+                  static_cast<long long>(r.stats.records_dropped), r.rss_kb / 1024.0);
+      // The floor is the machine's, not a figure of the agent's; but it is
+      // what the agent's figures stand on, so it goes into the JSON too.
+      if (!m.floor) ok = ok && r.p50_us <= 2.0 && r.p99_us <= 20.0 && r.p999_us <= 20.0;
+      const std::string what_of =
+          m.floor ? std::string("no-agent floor (a 1.5 us spin)") : "agent Step()";
+      const std::string where = m.floor ? std::string() : " with the server " + m.name;
+      // One run per mode: no spread to give, so median/min/max stay empty.
+      for (const auto& [what, v] : {std::pair<const char*, double>{"p50", r.p50_us},
+                                    {"p99", r.p99_us},
+                                    {"p99.9", r.p999_us},
+                                    {"max", r.max_us}}) {
+        char line[320];
+        std::snprintf(line, sizeof line,
+                      "{\"figure\": \"%s %s%s (%s)\", \"unit\": \"us\", "
+                      "\"value\": %.3f, \"baseline\": null, \"ratio\": null, \"median\": null, "
+                      "\"min\": null, \"max\": null}",
+                      what_of.c_str(), what, where.c_str(), layout.name.c_str(), v);
+        figures.emplace_back(line);
+      }
+    }
+    std::printf("\nsteps over %.0f us (%s), by what they were made of (see the header), and the "
+                "step that switched to the server's rules:\n",
+                kSlowUs, "the p99.9 goal");
+    std::printf("%-14s %9s %9s %9s %9s %9s %22s\n", "server", "preempted", "blocked", "faulted",
+                "on-CPU", "other", "server rules at step");
+    for (const auto& [name, r] : results) {
+      std::printf("%-14s %9lld %9lld %9lld %9lld %9lld %9lld (%7.1f us)\n", name.c_str(),
+                  static_cast<long long>(r.preempted), static_cast<long long>(r.blocked),
+                  static_cast<long long>(r.faulted), static_cast<long long>(r.on_cpu),
+                  static_cast<long long>(r.other), static_cast<long long>(r.switch_step),
+                  r.switch_us);
+    }
+    if (in_process != nullptr) in_process->Shutdown();
   }
-  std::printf("\nsteps over %.0f us (%s), by what they were made of (see the header), and the "
-              "step that switched to the server's rules:\n",
-              kSlowUs, "the p99.9 goal");
-  std::printf("%-14s %9s %9s %9s %9s %9s %22s\n", "server", "preempted", "blocked", "faulted",
-              "on-CPU", "other", "server rules at step");
-  for (const auto& [name, r] : results) {
-    std::printf("%-14s %9lld %9lld %9lld %9lld %9lld %9lld (%7.1f us)\n", name.c_str(),
-                static_cast<long long>(r.preempted), static_cast<long long>(r.blocked),
-                static_cast<long long>(r.faulted), static_cast<long long>(r.on_cpu),
-                static_cast<long long>(r.other), static_cast<long long>(r.switch_step),
-                r.switch_us);
-  }
-  std::printf("\ngoals: p50 <= 2 us, p99 and p99.9 <= 20 us in every mode: %s\n",
+  PinCallingThread(all);
+  std::printf("\ngoals: p50 <= 2 us, p99 and p99.9 <= 20 us in every mode and layout: %s\n",
               ok ? "met" : "NOT met");
   std::printf("process peak RSS before any agent: %.1f MB%s\n", base_kb / 1024.0,
               server_mode == "process" ? "" : " (before the in-process server)");
@@ -431,6 +503,5 @@ int main(int argc, char** argv) {
     for (const std::string& f : figures) std::printf("%s\n", f.c_str());
   }
   close(hole);
-  if (in_process != nullptr) in_process->Shutdown();
   return 0;
 }

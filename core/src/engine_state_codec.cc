@@ -13,6 +13,7 @@
 // a damaged blob that still passes the checksum cannot make the engine read
 // out of bounds. Bump kVersion whenever EngineState or a window changes shape.
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -27,7 +28,9 @@ namespace trainwatch::core {
 namespace {
 
 constexpr char kMagic[4] = {'T', 'W', 'E', 'S'};
-constexpr uint32_t kVersion = 1;
+// 2: windows of up to SlidingMedian::kSortedMaxWindow samples are held
+// sorted; a version 1 blob is refused, and the engine is rebuilt by replay.
+constexpr uint32_t kVersion = 2;
 constexpr size_t kHeaderBytes = sizeof(kMagic) + sizeof(uint32_t) + sizeof(uint64_t);
 
 uint64_t Fnv1a(absl::string_view bytes) {
@@ -156,8 +159,20 @@ struct StateCodec {
 
   // The ring keeps each sample's step and where its heap holds it; the heaps
   // keep the values (windows.h), so both are written as they are.
+  // The sorted form writes each slot's step and value and the sorted array
+  // as it is (equal values of different bits, 0.0 and -0.0, keep their order).
   static void Save(const SlidingMedian& m, Writer& w) {
     w.U64(m.ring_.size());
+    if (m.sorted_form_) {
+      for (size_t i = 0; i < m.ring_.size(); ++i) {
+        w.I64(m.ring_[i].step);
+        w.F64(m.values_[i]);
+      }
+      w.U64(m.head_);
+      w.U64(m.count_);
+      for (size_t i = 0; i < m.count_; ++i) w.F64(m.sorted_[i]);
+      return;
+    }
     for (const SlidingMedian::Slot& s : m.ring_) {
       w.I64(s.step);
       w.I64(s.pos);
@@ -177,6 +192,10 @@ struct StateCodec {
     const size_t n = r.Count("median ring", 17, m.ring_.size());
     r.Expect(n == m.ring_.size(), "median ring", "does not match the rules' window");
     if (!r.ok()) return;
+    if (m.sorted_form_) {
+      LoadSorted(m, r);
+      return;
+    }
     for (SlidingMedian::Slot& s : m.ring_) {
       s.step = r.I64("median slot");
       s.pos = static_cast<int32_t>(r.Index("median slot position", n));
@@ -208,6 +227,30 @@ struct StateCodec {
                  "disagree with their slots");
       }
     }
+  }
+
+  static void LoadSorted(SlidingMedian& m, Reader& r) {
+    const size_t n = m.ring_.size();
+    for (size_t i = 0; i < n; ++i) {
+      m.ring_[i].step = r.I64("median slot");
+      m.values_[i] = r.F64("median slot value");
+    }
+    m.head_ = r.Index("median head", n);
+    m.count_ = r.Index("median count", n, /*inclusive=*/true);
+    if (!r.ok()) return;
+    for (size_t i = 0; i < m.count_; ++i) m.sorted_[i] = r.F64("median sorted value");
+    if (!r.ok()) return;
+    // The array must be the live values in order, or a later replacement
+    // would look for a value that is not there.
+    std::vector<double> live;
+    live.reserve(m.count_);
+    for (size_t i = 0; i < m.count_; ++i) live.push_back(m.values_[m.Wrap(m.head_ + i)]);
+    std::sort(live.begin(), live.end());
+    bool same = true;
+    for (size_t i = 0; i < m.count_; ++i) {
+      same &= live[i] == m.sorted_[i] && (i == 0 || m.sorted_[i - 1] <= m.sorted_[i]);
+    }
+    r.Expect(same, "median sorted values", "are not the live values in order");
   }
 
   static void Save(const SlidingMin& m, Writer& w) {

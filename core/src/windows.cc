@@ -23,7 +23,14 @@ double DecayingMean::DecayOver(int64_t gap) const {
 // --------------------------------------------------------------- SlidingMedian
 
 SlidingMedian::SlidingMedian(int64_t window_steps)
-    : window_(window_steps), ring_(static_cast<size_t>(window_steps)) {
+    : window_(window_steps),
+      ring_(static_cast<size_t>(window_steps)),
+      sorted_form_(window_steps <= kSortedMaxWindow) {
+  if (sorted_form_) {
+    values_.resize(ring_.size());
+    sorted_.resize(ring_.size());
+    return;
+  }
   // Each heap holds at most half the window, plus one between an insertion
   // and the rebalance after it: reserved once, never grown.
   low_.reserve(ring_.size() / 2 + 2);
@@ -31,7 +38,38 @@ SlidingMedian::SlidingMedian(int64_t window_steps)
 }
 
 size_t SlidingMedian::MemoryBytes() const {
-  return ring_.capacity() * sizeof(Slot) + (low_.capacity() + high_.capacity()) * sizeof(Entry);
+  return ring_.capacity() * sizeof(Slot) + (low_.capacity() + high_.capacity()) * sizeof(Entry) +
+         (values_.capacity() + sorted_.capacity()) * sizeof(double);
+}
+
+size_t SlidingMedian::LowerBound(double value) const {
+  // The first index whose value is not below `value`, by halving with a
+  // conditional move instead of a branch.
+  const double* const first = sorted_.data();
+  const double* base = first;
+  size_t n = count_;
+  if (n == 0) return 0;
+  while (n > 1) {
+    const size_t half = n / 2;
+    base = base[half] < value ? base + half : base;
+    n -= half;
+  }
+  return static_cast<size_t>(base - first) + (*base < value ? 1 : 0);
+}
+
+void SlidingMedian::SortedReplace(double old_value, double value) {
+  double* const a = sorted_.data();
+  // Any entry equal to the old value is as good as another: equal values are
+  // interchangeable in every later median.
+  const size_t p = LowerBound(old_value);
+  const size_t q = LowerBound(value);
+  if (q > p) {
+    std::copy(a + p + 1, a + q, a + p);
+    a[q - 1] = value;
+  } else {
+    std::copy_backward(a + q, a + p, a + p + 1);
+    a[q] = value;
+  }
 }
 
 template <bool kLow>
@@ -131,6 +169,14 @@ void SlidingMedian::Insert(Entry e) {
 }
 
 void SlidingMedian::PopOldest() {
+  if (sorted_form_) {
+    double* const a = sorted_.data();
+    const size_t p = LowerBound(values_[head_]);
+    std::copy(a + p + 1, a + count_, a + p);
+    head_ = Wrap(head_ + 1);
+    --count_;
+    return;
+  }
   const Slot& oldest = ring_[head_];
   if (oldest.in_low) {
     RemoveAt<true>(static_cast<size_t>(oldest.pos));
@@ -150,6 +196,15 @@ void SlidingMedian::ReplaceOldest(int64_t step, double value) {
   // The new sample goes to the ring's tail and takes over the heap position
   // of the oldest (the same slot when the ring is full); the heaps keep
   // their sizes.
+  if (sorted_form_) {
+    const double old_value = values_[head_];
+    const size_t slot = Wrap(head_ + count_);
+    head_ = Wrap(head_ + 1);
+    ring_[slot].step = step;
+    values_[slot] = value;
+    SortedReplace(old_value, value);
+    return;
+  }
   const Slot oldest = ring_[head_];
   const Entry e{value, static_cast<int32_t>(Wrap(head_ + count_))};
   head_ = Wrap(head_ + 1);
@@ -198,12 +253,27 @@ void SlidingMedian::Push(int64_t step, double value) {
   }
   const size_t slot = Wrap(head_ + count_);
   ring_[slot].step = step;
+  if (sorted_form_) {
+    values_[slot] = value;
+    double* const a = sorted_.data();
+    const size_t q = LowerBound(value);
+    std::copy_backward(a + q, a + count_, a + count_ + 1);
+    a[q] = value;
+    ++count_;
+    return;
+  }
   ++count_;
   Insert(Entry{value, static_cast<int32_t>(slot)});
 }
 
 double SlidingMedian::Median() const {
   if (count_ == 0) return kNaN;
+  if (sorted_form_) {
+    // The heaps' lower half holds the middle entry of an odd count.
+    const size_t m = count_ / 2;
+    if (count_ % 2) return sorted_[m];
+    return 0.5 * (sorted_[m - 1] + sorted_[m]);
+  }
   const double lo = low_[0].value;
   if (low_.size() > high_.size()) return lo;
   return 0.5 * (lo + high_[0].value);

@@ -104,8 +104,10 @@ TEST_CASE("SlidingMedian equals the sorted window's median", "[core][median]") {
 }
 
 TEST_CASE("SlidingMedian PushAndEvict equals the sorted window's median", "[core][median]") {
+  // 128 and 129 straddle the change from the sorted array to the heaps.
   for (auto [window, max_gap] : {std::pair<int64_t, int>{1, 1}, {7, 1}, {64, 1}, {64, 5},
-                                 {300, 2}}) {
+                                 {SlidingMedian::kSortedMaxWindow, 1},
+                                 {SlidingMedian::kSortedMaxWindow + 1, 1}, {300, 2}}) {
     CAPTURE(window, max_gap);
     const auto samples = RandomSamples(static_cast<uint64_t>(window * 7 + max_gap), 5000, max_gap);
     SlidingMedian med(window);

@@ -61,11 +61,21 @@ size_t SlidingMedian::LowerBound(double value) const {
 }
 
 void SlidingMedian::SortedReplace(double old_value, double value) {
-  double* const a = sorted_.data();
+  // REQUIRES: count_ > 0. The two searches of LowerBound in one loop: they
+  // are independent, so their loads overlap and the loop's count is shared.
   // Any entry equal to the old value is as good as another: equal values are
   // interchangeable in every later median.
-  const size_t p = LowerBound(old_value);
-  const size_t q = LowerBound(value);
+  double* const a = sorted_.data();
+  const double* at_old = a;
+  const double* at_new = a;
+  for (size_t n = count_; n > 1;) {
+    const size_t half = n / 2;
+    at_old = at_old[half] < old_value ? at_old + half : at_old;
+    at_new = at_new[half] < value ? at_new + half : at_new;
+    n -= half;
+  }
+  const size_t p = static_cast<size_t>(at_old - a) + (*at_old < old_value ? 1 : 0);
+  const size_t q = static_cast<size_t>(at_new - a) + (*at_new < value ? 1 : 0);
   if (q > p) {
     std::copy(a + p + 1, a + q, a + p);
     a[q - 1] = value;

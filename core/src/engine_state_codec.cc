@@ -13,6 +13,7 @@
 // a damaged blob that still passes the checksum cannot make the engine read
 // out of bounds. Bump kVersion whenever EngineState or a window changes shape.
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -27,7 +28,9 @@ namespace trainwatch::core {
 namespace {
 
 constexpr char kMagic[4] = {'T', 'W', 'E', 'S'};
-constexpr uint32_t kVersion = 1;
+// 2: windows of up to SlidingMedian::kSortedMaxWindow samples are held
+// sorted; a version 1 blob is refused, and the engine is rebuilt by replay.
+constexpr uint32_t kVersion = 2;
 constexpr size_t kHeaderBytes = sizeof(kMagic) + sizeof(uint32_t) + sizeof(uint64_t);
 
 uint64_t Fnv1a(absl::string_view bytes) {
@@ -154,20 +157,32 @@ struct StateCodec {
     m.count_ = r.I64("decaying mean");
   }
 
-  // The ring keeps each sample's step and where its heap holds it; the heaps
-  // keep the values (windows.h), so both are written as they are.
+  // The ring keeps each sample's step and where it is; the parts keep the
+  // values (windows.h), so all are written as they are. The sorted form
+  // writes each slot's step and value and the sorted array as it is (equal
+  // values of different bits, 0.0 and -0.0, keep their order).
   static void Save(const SlidingMedian& m, Writer& w) {
     w.U64(m.ring_.size());
+    if (m.sorted_form_) {
+      for (size_t i = 0; i < m.ring_.size(); ++i) {
+        w.I64(m.ring_[i].step);
+        w.F64(m.values_[i]);
+      }
+      w.U64(m.head_);
+      w.U64(m.count_);
+      for (size_t i = 0; i < m.count_; ++i) w.F64(m.sorted_[i]);
+      return;
+    }
     for (const SlidingMedian::Slot& s : m.ring_) {
       w.I64(s.step);
       w.I64(s.pos);
-      w.Bool(s.in_low);
+      w.U64(s.part);
     }
     w.U64(m.head_);
     w.U64(m.count_);
-    for (const auto* heap : {&m.low_, &m.high_}) {
-      w.U64(heap->size());
-      for (const SlidingMedian::Entry& e : *heap) {
+    for (const auto* part : {&m.low_, &m.mid_, &m.high_}) {
+      w.U64(part->size());
+      for (const SlidingMedian::Entry& e : *part) {
         w.F64(e.value);
         w.I64(e.slot);
       }
@@ -177,37 +192,78 @@ struct StateCodec {
     const size_t n = r.Count("median ring", 17, m.ring_.size());
     r.Expect(n == m.ring_.size(), "median ring", "does not match the rules' window");
     if (!r.ok()) return;
+    if (m.sorted_form_) {
+      LoadSorted(m, r);
+      return;
+    }
     for (SlidingMedian::Slot& s : m.ring_) {
       s.step = r.I64("median slot");
       s.pos = static_cast<int32_t>(r.Index("median slot position", n));
-      s.in_low = r.Bool("median slot");
+      s.part = static_cast<uint8_t>(r.Index("median slot part", 3));
     }
     m.head_ = r.Index("median head", n);
     m.count_ = r.Index("median count", n, /*inclusive=*/true);
+    using Part = SlidingMedian::Part;
+    const std::pair<std::vector<SlidingMedian::Entry>*, Part> parts[] = {
+        {&m.low_, Part::kInLow}, {&m.mid_, Part::kInMid}, {&m.high_, Part::kInHigh}};
     size_t held = 0;
-    for (auto* heap : {&m.low_, &m.high_}) {
-      const size_t k = r.Count("median heap", 16, n);
-      heap->clear();
+    for (const auto& [part, kind] : parts) {
+      const size_t cap = kind == Part::kInMid ? SlidingMedian::kMidCapacity : n;
+      const size_t k = r.Count("median part", 16, cap);
+      part->clear();
       for (size_t i = 0; i < k && r.ok(); ++i) {
         SlidingMedian::Entry e;
-        e.value = r.F64("median heap value");
-        e.slot = static_cast<int32_t>(r.Index("median heap slot", n));
-        heap->push_back(e);
+        e.value = r.F64("median part value");
+        e.slot = static_cast<int32_t>(r.Index("median part slot", n));
+        part->push_back(e);
       }
       held += k;
     }
-    r.Expect(held == m.count_, "median heaps", "do not hold the live samples");
+    r.Expect(held == m.count_, "median parts", "do not hold the live samples");
     if (!r.ok()) return;
-    // Each live slot must be where its heap says, or a later removal would
-    // corrupt the heaps.
-    for (bool low : {true, false}) {
-      const std::vector<SlidingMedian::Entry>& heap = low ? m.low_ : m.high_;
-      for (size_t i = 0; i < heap.size(); ++i) {
-        const SlidingMedian::Slot& s = m.ring_[static_cast<size_t>(heap[i].slot)];
-        r.Expect(s.in_low == low && static_cast<size_t>(s.pos) == i, "median heaps",
-                 "disagree with their slots");
+    // Each live slot must be where its part says, the heaps no larger than
+    // their reserve, and the middle ranks inside the sorted run, or a later
+    // update would corrupt the parts or read past the run.
+    const size_t half = m.ring_.size() / 2 + 2;
+    r.Expect(m.low_.size() <= half && m.high_.size() <= half, "median heaps",
+             "hold more than half the window");
+    bool placed = true;
+    for (const auto& [part, kind] : parts) {
+      for (size_t i = 0; i < part->size(); ++i) {
+        const SlidingMedian::Slot& s = m.ring_[static_cast<size_t>((*part)[i].slot)];
+        placed &= s.part == kind && (kind == Part::kInMid || static_cast<size_t>(s.pos) == i);
+        if (kind == Part::kInMid && i > 0) placed &= m.mid_[i - 1].value <= m.mid_[i].value;
       }
     }
+    r.Expect(placed, "median parts", "disagree with their slots");
+    if (m.count_ > 0) {
+      r.Expect(m.low_.size() <= (m.count_ - 1) / 2 &&
+                   m.count_ / 2 < m.low_.size() + m.mid_.size(),
+               "median run", "does not hold the middle ranks");
+    }
+  }
+  static void LoadSorted(SlidingMedian& m, Reader& r) {
+    const size_t n = m.ring_.size();
+    for (size_t i = 0; i < n; ++i) {
+      m.ring_[i].step = r.I64("median slot");
+      m.values_[i] = r.F64("median slot value");
+    }
+    m.head_ = r.Index("median head", n);
+    m.count_ = r.Index("median count", n, /*inclusive=*/true);
+    if (!r.ok()) return;
+    for (size_t i = 0; i < m.count_; ++i) m.sorted_[i] = r.F64("median sorted value");
+    if (!r.ok()) return;
+    // The array must be the live values in order, or a later replacement
+    // would look for a value that is not there.
+    std::vector<double> live;
+    live.reserve(m.count_);
+    for (size_t i = 0; i < m.count_; ++i) live.push_back(m.values_[m.Wrap(m.head_ + i)]);
+    std::sort(live.begin(), live.end());
+    bool same = true;
+    for (size_t i = 0; i < m.count_; ++i) {
+      same &= live[i] == m.sorted_[i] && (i == 0 || m.sorted_[i - 1] <= m.sorted_[i]);
+    }
+    r.Expect(same, "median sorted values", "are not the live values in order");
   }
 
   static void Save(const SlidingMin& m, Writer& w) {

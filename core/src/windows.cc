@@ -23,22 +23,73 @@ double DecayingMean::DecayOver(int64_t gap) const {
 // --------------------------------------------------------------- SlidingMedian
 
 SlidingMedian::SlidingMedian(int64_t window_steps)
-    : window_(window_steps), ring_(static_cast<size_t>(window_steps)) {
-  // Each heap holds at most half the window, plus one between an insertion
-  // and the rebalance after it: reserved once, never grown.
+    : window_(window_steps),
+      ring_(static_cast<size_t>(window_steps)),
+      sorted_form_(window_steps <= kSortedMaxWindow) {
+  if (sorted_form_) {
+    values_.resize(ring_.size());
+    sorted_.resize(ring_.size());
+    return;
+  }
+  // Each heap holds at most half the window (its side of the middle ranks),
+  // plus one between an insertion and the rebalance after it, and the run
+  // one over its capacity: reserved once, never grown.
   low_.reserve(ring_.size() / 2 + 2);
+  mid_.reserve(kMidCapacity + 2);
   high_.reserve(ring_.size() / 2 + 2);
 }
 
 size_t SlidingMedian::MemoryBytes() const {
-  return ring_.capacity() * sizeof(Slot) + (low_.capacity() + high_.capacity()) * sizeof(Entry);
+  return ring_.capacity() * sizeof(Slot) +
+         (low_.capacity() + mid_.capacity() + high_.capacity()) * sizeof(Entry) +
+         (values_.capacity() + sorted_.capacity()) * sizeof(double);
+}
+
+size_t SlidingMedian::LowerBound(double value) const {
+  // The first index whose value is not below `value`, by halving with a
+  // conditional move instead of a branch.
+  const double* const first = sorted_.data();
+  const double* base = first;
+  size_t n = count_;
+  if (n == 0) return 0;
+  while (n > 1) {
+    const size_t half = n / 2;
+    base = base[half] < value ? base + half : base;
+    n -= half;
+  }
+  return static_cast<size_t>(base - first) + (*base < value ? 1 : 0);
+}
+
+void SlidingMedian::SortedReplace(double old_value, double value) {
+  // REQUIRES: count_ > 0. The two searches of LowerBound in one loop: they
+  // are independent, so their loads overlap and the loop's count is shared.
+  // Any entry equal to the old value is as good as another: equal values are
+  // interchangeable in every later median.
+  double* const a = sorted_.data();
+  const double* at_old = a;
+  const double* at_new = a;
+  for (size_t n = count_; n > 1;) {
+    const size_t half = n / 2;
+    at_old = at_old[half] < old_value ? at_old + half : at_old;
+    at_new = at_new[half] < value ? at_new + half : at_new;
+    n -= half;
+  }
+  const size_t p = static_cast<size_t>(at_old - a) + (*at_old < old_value ? 1 : 0);
+  const size_t q = static_cast<size_t>(at_new - a) + (*at_new < value ? 1 : 0);
+  if (q > p) {
+    std::copy(a + p + 1, a + q, a + p);
+    a[q - 1] = value;
+  } else {
+    std::copy_backward(a + q, a + p, a + p + 1);
+    a[q] = value;
+  }
 }
 
 template <bool kLow>
 void SlidingMedian::Place(size_t pos, Entry e) {
   Heap<kLow>()[pos] = e;
   ring_[e.slot].pos = static_cast<int32_t>(pos);
-  ring_[e.slot].in_low = kLow;
+  ring_[e.slot].part = kLow ? kInLow : kInHigh;
 }
 
 // The max-heap puts larger values first, the min-heap smaller ones.
@@ -116,27 +167,93 @@ void SlidingMedian::RemoveAt(size_t pos) {
   }
 }
 
+void SlidingMedian::MidInsert(Entry e) {
+  // Rare (a sample lands in the run about once in window / kMidCapacity
+  // steps), so a plain search.
+  auto at = std::upper_bound(mid_.begin(), mid_.end(), e.value,
+                             [](double v, const Entry& x) { return v < x.value; });
+  ring_[e.slot].part = kInMid;
+  mid_.insert(at, e);
+}
+
+void SlidingMedian::MidPushFront(Entry e) {
+  ring_[e.slot].part = kInMid;
+  mid_.insert(mid_.begin(), e);
+}
+
+void SlidingMedian::MidPushBack(Entry e) {
+  ring_[e.slot].part = kInMid;
+  mid_.push_back(e);
+}
+
 void SlidingMedian::Rebalance() {
-  while (low_.size() > high_.size() + 1) PushHeap<false>(PopTop<true>());
-  while (high_.size() > low_.size()) PushHeap<true>(PopTop<false>());
+  const size_t n = low_.size() + mid_.size() + high_.size();
+  if (n == 0) return;
+  const size_t lower = (n - 1) / 2;  // the middle ranks
+  const size_t upper = n / 2;
+  // An end of a full run goes to the heap on its side; the one whose middle
+  // ranks stay inside the run (kMidCapacity >= 2 leaves room for either).
+  if (mid_.size() > kMidCapacity) {
+    if (low_.size() < lower) {
+      PushHeap<true>(mid_.front());
+      mid_.erase(mid_.begin());
+    } else {
+      PushHeap<false>(mid_.back());
+      mid_.pop_back();
+    }
+  }
+  while (low_.size() > lower) {
+    if (mid_.size() >= kMidCapacity) {
+      PushHeap<false>(mid_.back());
+      mid_.pop_back();
+    }
+    MidPushFront(PopTop<true>());
+  }
+  while (low_.size() + mid_.size() <= upper) {
+    if (mid_.size() >= kMidCapacity) {
+      PushHeap<true>(mid_.front());
+      mid_.erase(mid_.begin());
+    }
+    MidPushBack(PopTop<false>());
+  }
 }
 
 void SlidingMedian::Insert(Entry e) {
-  if (low_.empty() || e.value <= low_[0].value) {
+  if (!low_.empty() && e.value <= low_[0].value) {
     PushHeap<true>(e);
-  } else {
+  } else if (!high_.empty() && e.value >= high_[0].value) {
     PushHeap<false>(e);
+  } else {
+    MidInsert(e);
   }
   Rebalance();
 }
 
-void SlidingMedian::PopOldest() {
-  const Slot& oldest = ring_[head_];
-  if (oldest.in_low) {
-    RemoveAt<true>(static_cast<size_t>(oldest.pos));
+void SlidingMedian::RemoveSlot(const Slot& where, size_t slot) {
+  if (where.part == kInLow) {
+    RemoveAt<true>(static_cast<size_t>(where.pos));
+  } else if (where.part == kInHigh) {
+    RemoveAt<false>(static_cast<size_t>(where.pos));
   } else {
-    RemoveAt<false>(static_cast<size_t>(oldest.pos));
+    for (size_t i = 0; i < mid_.size(); ++i) {
+      if (static_cast<size_t>(mid_[i].slot) == slot) {
+        mid_.erase(mid_.begin() + static_cast<std::ptrdiff_t>(i));
+        break;
+      }
+    }
   }
+}
+
+void SlidingMedian::PopOldest() {
+  if (sorted_form_) {
+    double* const a = sorted_.data();
+    const size_t p = LowerBound(values_[head_]);
+    std::copy(a + p + 1, a + count_, a + p);
+    head_ = Wrap(head_ + 1);
+    --count_;
+    return;
+  }
+  RemoveSlot(ring_[head_], head_);
   Rebalance();
   head_ = Wrap(head_ + 1);
   --count_;
@@ -147,36 +264,33 @@ void SlidingMedian::EvictBefore(int64_t min_step) {
 }
 
 void SlidingMedian::ReplaceOldest(int64_t step, double value) {
-  // The new sample goes to the ring's tail and takes over the heap position
-  // of the oldest (the same slot when the ring is full); the heaps keep
-  // their sizes.
-  const Slot oldest = ring_[head_];
+  if (sorted_form_) {
+    const double old_value = values_[head_];
+    const size_t slot = Wrap(head_ + count_);
+    head_ = Wrap(head_ + 1);
+    ring_[slot].step = step;
+    values_[slot] = value;
+    SortedReplace(old_value, value);
+    return;
+  }
+  // The new sample goes to the ring's tail (the oldest's own slot when the
+  // ring is full). When it belongs to the heap that holds the oldest, it
+  // takes the oldest's position there: one repair, and no part changes size.
+  const size_t old_slot = head_;
+  const Slot oldest = ring_[old_slot];
   const Entry e{value, static_cast<int32_t>(Wrap(head_ + count_))};
   head_ = Wrap(head_ + 1);
   ring_[e.slot].step = step;
   const size_t pos = static_cast<size_t>(oldest.pos);
-  if (oldest.in_low) {
-    if (!high_.empty() && value > high_[0].value) {
-      // The new value belongs to the upper half. The upper half's smallest
-      // takes the oldest's place in the lower half (it is >= all of it, so
-      // it can only rise) and the new value takes the upper top and sinks:
-      // two sifts, where placing it in the lower half would take three.
-      Place<true>(pos, high_[0]);
-      SiftUp<true>(pos);
-      Place<false>(0, e);
-      SiftDown<false>(0);
-    } else {
-      Place<true>(pos, e);
-      Repair<true>(pos);
-    }
-  } else if (value < low_[0].value) {  // the lower half is never empty here
-    Place<false>(pos, low_[0]);
-    SiftUp<false>(pos);
-    Place<true>(0, e);
-    SiftDown<true>(0);
-  } else {
+  if (oldest.part == kInLow && value <= low_[0].value) {
+    Place<true>(pos, e);
+    Repair<true>(pos);
+  } else if (oldest.part == kInHigh && value >= high_[0].value) {
     Place<false>(pos, e);
     Repair<false>(pos);
+  } else {
+    RemoveSlot(oldest, old_slot);
+    Insert(e);
   }
 }
 
@@ -198,15 +312,29 @@ void SlidingMedian::Push(int64_t step, double value) {
   }
   const size_t slot = Wrap(head_ + count_);
   ring_[slot].step = step;
+  if (sorted_form_) {
+    values_[slot] = value;
+    double* const a = sorted_.data();
+    const size_t q = LowerBound(value);
+    std::copy_backward(a + q, a + count_, a + count_ + 1);
+    a[q] = value;
+    ++count_;
+    return;
+  }
   ++count_;
   Insert(Entry{value, static_cast<int32_t>(slot)});
 }
 
 double SlidingMedian::Median() const {
   if (count_ == 0) return kNaN;
-  const double lo = low_[0].value;
-  if (low_.size() > high_.size()) return lo;
-  return 0.5 * (lo + high_[0].value);
+  const size_t m = count_ / 2;
+  if (sorted_form_) {
+    if (count_ % 2) return sorted_[m];
+    return 0.5 * (sorted_[m - 1] + sorted_[m]);
+  }
+  const size_t base = low_.size();
+  if (count_ % 2) return mid_[m - base].value;
+  return 0.5 * (mid_[m - 1 - base].value + mid_[m - base].value);
 }
 
 // ------------------------------------------------------------------ SlidingMin

@@ -146,6 +146,14 @@ TEST_CASE("engine state: damaged - truncated - foreign rules - another version a
     CHECK(e.status().code() == absl::StatusCode::kFailedPrecondition);
     CHECK(e.status().message().find("version 99") != absl::string_view::npos);
   }
+  SECTION("the previous format, whose small medians were heaps") {
+    std::string old = blob;
+    old[4] = 1;
+    absl::StatusOr<std::unique_ptr<RuleEngine>> e = RuleEngine::FromState(config, old);
+    REQUIRE_FALSE(e.ok());
+    CHECK(e.status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(e.status().message().find("version 1,") != absl::string_view::npos);
+  }
   SECTION("the intact blob restores") {
     absl::StatusOr<std::unique_ptr<RuleEngine>> e = RuleEngine::FromState(config, blob);
     REQUIRE(e.ok());

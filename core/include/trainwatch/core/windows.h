@@ -74,18 +74,35 @@ class DecayingMean {
 };
 
 // The median of the samples whose step lies in [now - window, now), in
-// O(log n) per update: two indexed binary heaps (the lower half as a max-heap,
-// the upper half as a min-heap) over a ring of slots, so that the oldest
-// sample can be removed from the middle of a heap by its recorded position.
-// Invariants between calls: every live sample is in exactly one heap;
-// low_.size() == high_.size() or low_.size() == high_.size() + 1; and every
-// value in low_ is <= every value in high_.
+// O(1) expected per update for a stream of values that wander slowly against
+// the window. The live values are split three ways: a max-heap of the
+// lowest, a short sorted run around the middle ranks, and a min-heap of the
+// highest, over a ring of slots that records where each sample is, so that
+// the oldest can be removed from the middle of a heap by its position.
+// Invariants between calls: every live sample is in exactly one part; every
+// value in low_ is <= every value in mid_, which is sorted, and every value
+// in mid_ is <= every value in high_; and both middle ranks, (n - 1) / 2 and
+// n / 2, fall inside mid_ (low_.size() <= (n - 1) / 2 < n / 2 < low_.size() +
+// mid_.size()).
+//
+// Why the run in the middle: with two halves and no run, every other sample
+// crosses from one half to the other, and a crossing moves a top through
+// both heaps, twice their depth (a 5,000-step grad-norm window, every step:
+// the rule engine's hottest loop). With the run, a sample entering or
+// leaving a heap mostly stays near its leaves, and the run is refilled from a
+// heap's top only when the middle ranks walk off one of its ends.
 //
 // The heaps hold the values themselves beside their slot numbers, so a sift
-// compares adjacent heap entries instead of chasing each into the ring (the
-// rule engine's hottest loop: a 5,000-step grad-norm window, every step). The
-// median depends only on the multiset of live values, never on the heaps'
+// compares adjacent heap entries instead of chasing each into the ring. The
+// median depends only on the multiset of live values, never on the parts'
 // layout, so it is the same bit for bit whatever the order of repairs.
+//
+// A window of at most kSortedMaxWindow samples keeps its live values in one
+// sorted array instead: a replacement is two branch-free binary searches and
+// one shift of the entries between the old value and the new one, and the
+// median is read from the middle. For a few dozen values that is cheaper
+// than the heaps' sifts, whose comparisons the branch predictor loses; the
+// medians are the same, since both depend on the multiset alone.
 class SlidingMedian {
   friend struct StateCodec;
 
@@ -93,6 +110,9 @@ class SlidingMedian {
   // Holds at most `window_steps` samples: with strictly increasing integer
   // steps no more can fall inside the window.
   explicit SlidingMedian(int64_t window_steps);
+
+  // The largest window kept as a sorted array rather than as two heaps.
+  static constexpr int64_t kSortedMaxWindow = 128;
 
   // Drops the samples with step < min_step.
   void EvictBefore(int64_t min_step);
@@ -113,10 +133,11 @@ class SlidingMedian {
   size_t MemoryBytes() const;
 
  private:
+  enum Part : uint8_t { kInLow = 0, kInMid = 1, kInHigh = 2 };
   struct Slot {
     int64_t step;
-    int32_t pos;   // index inside its heap
-    bool in_low;   // which heap holds it
+    int32_t pos;  // index inside its heap; not kept for kInMid
+    uint8_t part;
   };
   struct Entry {
     double value;
@@ -125,8 +146,19 @@ class SlidingMedian {
 
   // i mod the ring's size for i < 2 * size: a compare instead of a division.
   size_t Wrap(size_t i) const { return i >= ring_.size() ? i - ring_.size() : i; }
+  // The most samples the middle run holds between calls.
+  static constexpr size_t kMidCapacity = 32;
+
   void PopOldest();
+  // Removes a live heap-form sample, leaving the parts unbalanced.
+  void RemoveSlot(const Slot& where, size_t slot);
+  void MidInsert(Entry e);
+  void MidPushFront(Entry e);
+  void MidPushBack(Entry e);
   void ReplaceOldest(int64_t step, double value);
+  // The sorted array's primitives, over its first count_ entries.
+  size_t LowerBound(double value) const;
+  void SortedReplace(double old_value, double value);
   void Insert(Entry e);
   void Rebalance();
   // Heap primitives; kLow selects the max-heap of the lower half.
@@ -153,7 +185,13 @@ class SlidingMedian {
   size_t head_ = 0;   // oldest live slot
   size_t count_ = 0;
   std::vector<Entry> low_;
+  std::vector<Entry> mid_;
   std::vector<Entry> high_;
+  // The sorted form (window_ <= kSortedMaxWindow): each ring slot's value,
+  // and the live values in ascending order. The heaps stay empty.
+  bool sorted_form_;
+  std::vector<double> values_;
+  std::vector<double> sorted_;
 };
 
 // Minimum of the samples whose step lies in [now - window, now], by a

@@ -8,10 +8,10 @@
 
 #include "absl/base/const_init.h"
 #include "absl/strings/numbers.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "trainwatch/core/json.h"
 
 namespace trainwatch::server {

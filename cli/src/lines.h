@@ -12,15 +12,22 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "trainwatch/core/large_allocator.h"
 
 namespace trainwatch::cli {
+
+// A whole metrics file read at once, on huge pages (large_allocator.h).
+using LargeString = std::basic_string<char, std::char_traits<char>, core::LargeAllocator<char>>;
 
 // All of `in` into *content, in large blocks straight into the string: sized
 // once when `size_hint` (a regular file's size, 0 when unknown) is right,
 // read on in 1 MiB blocks past it (a pipe, a growing log). Not a character
 // at a time through istreambuf_iterator, nor through a bounce buffer. False
 // on a read error.
-inline bool ReadStream(std::istream& in, size_t size_hint, std::string* content) {
+// `String`: std::string, or LargeString for a whole log (see
+// large_allocator.h).
+template <typename String>
+bool ReadStream(std::istream& in, size_t size_hint, String* content) {
   constexpr size_t kBlock = size_t{1} << 20;
   content->clear();
   // One more than the size, so that the read that meets the end fits too.

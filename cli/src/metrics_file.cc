@@ -556,12 +556,12 @@ absl::StatusOr<Trace> ReadMetricsFile(const std::string& path, const ReadOptions
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
-  std::string content;
+  LargeString content;
   const uintmax_t size = std::filesystem::file_size(path, ec);  // -1 and ec for a pipe
   if (!ReadStream(in, ec ? 0 : static_cast<size_t>(size), &content)) {
     return absl::DataLossError(absl::StrCat(path, ": read error"));
   }
-  return ParseMetrics(content, path, options);
+  return ParseMetrics(absl::string_view(content.data(), content.size()), path, options);
 }
 
 }  // namespace trainwatch::cli

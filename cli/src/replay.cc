@@ -313,7 +313,8 @@ constexpr char kReplayUsage[] =
     "                attempts (resumed from, steps, records, events, skipped, halted)\n"
     "Exit codes: 0 ok, 1 error, 2 usage or malformed input (nothing printed on stdout).\n";
 
-bool ReadAll(const std::string& path, std::string* content) {
+template <typename String>
+bool ReadAll(const std::string& path, String* content) {
   std::ifstream file;
   if (path != "-") {
     file.open(path, std::ios::binary);
@@ -429,12 +430,13 @@ int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::s
       return 1;
     }
   } else {
-    std::string content;
+    LargeString content;
     if (!ReadAll(file, &content)) {
       *err = absl::StrCat("twctl replay: cannot read ", file, "\n");
       return 1;
     }
-    trace = ParseMetrics(content, file == "-" ? "<stdin>" : file, read);
+    trace = ParseMetrics(absl::string_view(content.data(), content.size()),
+                         file == "-" ? "<stdin>" : file, read);
   }
   if (!trace.ok()) {
     *err = absl::StrCat("twctl replay: ", trace.status().message(), "\n");

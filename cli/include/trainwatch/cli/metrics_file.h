@@ -39,6 +39,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "trainwatch/core/large_allocator.h"
 #include "trainwatch/core/step_record.h"
 
 namespace trainwatch::cli {
@@ -101,8 +102,9 @@ class Trace {
     int32_t checkpoint;  // index into checkpoints_, -1 when none
     int line;
   };
-  std::vector<Row> rows_;
-  std::vector<uint64_t> shards_;
+  // A row per record: 50 MB for 500k steps, on huge pages.
+  std::vector<Row, core::LargeAllocator<Row>> rows_;
+  std::vector<uint64_t, core::LargeAllocator<uint64_t>> shards_;
   std::vector<std::string> shard_names_;
   std::vector<std::string> checkpoints_;
   std::vector<std::string> warnings_;

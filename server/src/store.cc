@@ -38,8 +38,16 @@ absl::StatusOr<sqlite3*> OpenConnection(const std::string& path, const StoreOpti
   // SQLite's default 2 MB cache holds, and a full cache spills dirty pages
   // to the WAL in the middle of the transaction, to be written again at its
   // commit. 16 MB per connection (a negative size is KiB).
-  for (const char* pragma : {"PRAGMA journal_mode=WAL", synchronous, "PRAGMA foreign_keys=ON",
-                             "PRAGMA temp_store=MEMORY", "PRAGMA cache_size=-16384"}) {
+  // page_size: 32 KiB for a new database (an existing one keeps the size it
+  // was made with: WAL mode cannot change it). A batch appends thousands of
+  // step rows, and with 4 KiB pages the writer paid a b-tree split and two
+  // pwrite calls (frame header, page) for every ~30 rows. Unpaced ingest,
+  // alternated on one machine: the writer thread's CPU 123-176 ticks at
+  // 4 KiB against 102-112 at 32 KiB for the same 400k records; paced
+  // ingest's p50 ack rose ~0.5 ms (a commit writes whole pages).
+  for (const char* pragma : {"PRAGMA page_size=32768", "PRAGMA journal_mode=WAL", synchronous,
+                             "PRAGMA foreign_keys=ON", "PRAGMA temp_store=MEMORY",
+                             "PRAGMA cache_size=-16384"}) {
     if (absl::Status s = Exec(db, pragma); !s.ok()) {
       sqlite3_close(db);
       return s;

@@ -109,6 +109,51 @@ TEST_CASE("store: refuses a database from a newer version", "[server][store]") {
         std::string::npos);
 }
 
+int64_t PageSize(const std::string& path) {
+  sqlite3* db = nullptr;
+  REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
+  sqlite3_stmt* q = nullptr;
+  REQUIRE(sqlite3_prepare_v2(db, "PRAGMA page_size", -1, &q, nullptr) == SQLITE_OK);
+  REQUIRE(sqlite3_step(q) == SQLITE_ROW);
+  const int64_t size = sqlite3_column_int64(q, 0);
+  sqlite3_finalize(q);
+  sqlite3_close(db);
+  return size;
+}
+
+// Why 32 KiB: store.cc (the writer's CPU per appended step row).
+TEST_CASE("store: a new database has 32 KiB pages - an existing one keeps its own",
+          "[server][store]") {
+  TempDir dir;
+  const std::string fresh = dir.File("fresh.db");
+  REQUIRE(Store::Open(fresh).ok());
+  CHECK(PageSize(fresh) == 32768);
+
+  // A database made with SQLite's default pages, in WAL mode, as every
+  // trainwatchd before this page size made them.
+  const std::string old = dir.File("old.db");
+  sqlite3* db = nullptr;
+  REQUIRE(sqlite3_open(old.c_str(), &db) == SQLITE_OK);
+  REQUIRE(sqlite3_exec(db, "PRAGMA page_size=4096; PRAGMA journal_mode=WAL; CREATE TABLE t (x)",
+                       nullptr, nullptr, nullptr) == SQLITE_OK);
+  sqlite3_close(db);
+  {
+    auto store = Store::Open(old);
+    REQUIRE(store.ok());
+    WriteBatch b;
+    RunRow run;
+    run.run_id = "run-a";
+    run.last_step = 499;
+    b.runs.push_back(run);
+    for (int64_t s = 0; s < 500; ++s) b.steps.push_back({"run-a", 0, MakeStep(s, 2.0)});
+    REQUIRE((*store)->Write(b).ok());
+    auto count = (*store)->CountSteps("run-a");
+    REQUIRE(count.ok());
+    CHECK(*count == 500);
+  }
+  CHECK(PageSize(old) == 4096);
+}
+
 TEST_CASE("store: a path that cannot be opened is a clear error", "[server][store]") {
   auto s = Store::Open("/nonexistent/dir/tw.db");
   REQUIRE_FALSE(s.ok());

@@ -41,7 +41,7 @@ std::string HugePageMode() {
   return open == std::string::npos || close < open ? "" : line.substr(open + 1, close - open - 1);
 }
 
-TEST_CASE("large allocator: small requests from operator new, large ones 2 MiB aligned",
+TEST_CASE("large allocator: small requests from operator new - large ones 2 MiB aligned",
           "[core][large_allocator]") {
   LargeAllocator<char> a;
   char* small = a.allocate(100);
@@ -61,7 +61,7 @@ TEST_CASE("large allocator: small requests from operator new, large ones 2 MiB a
                   std::bad_array_new_length);
 }
 
-TEST_CASE("large allocator: a vector grows, copies and shrinks across the threshold",
+TEST_CASE("large allocator: a vector grows - copies and shrinks across the threshold",
           "[core][large_allocator]") {
   std::vector<uint32_t, LargeAllocator<uint32_t>> v;
   for (uint32_t i = 0; i < (3u << 20); ++i) v.push_back(i * 7);  // 12 MiB, through every size

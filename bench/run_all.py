@@ -171,10 +171,12 @@ def benches(build, smoke):
                 + (["--benchmark_min_time=0.01"] if smoke else []), None))
     out.append(("replay", "builtin", None))
     # The benches that time microseconds and memory bandwidth run before
-    # the ones that write to disk: after the ingest bench a 1.5 us spin's
-    # p99.9 was 36.7 us for half a minute on this virtual machine (1.56 us
-    # before it), with the guest itself idle and nothing left to write back.
-    # The host was still busy with the guest's writes.
+    # the ones that write to disk, so that what a disk-heavy bench leaves
+    # behind cannot land in them: once, right after the ingest bench, a
+    # 1.5 us spin's p99.9 was 36.7 us for half a minute on a virtual machine
+    # whose guest was idle with nothing left to write back (1.56 us before
+    # it). Such bursts also come from the host alone: the floor rows of
+    # agent_overhead show them.
     agent = exe(b("bin", "agent_overhead"))
     out.append(("agent_overhead", agent and [agent] + (["2000", "20000"] if smoke else []), None))
     cpu = script(os.path.join(ROOT, "bench", "kernels", "cpu_stats_bench.py"))

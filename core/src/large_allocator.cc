@@ -3,20 +3,22 @@
 #include <sys/mman.h>
 
 #include <cstdint>
+#include <limits>
 
 namespace trainwatch::core {
 
 namespace {
 
-constexpr size_t kHugePage = size_t{2} << 20;
+// x86-64's transparent huge page; the threshold above is one of them.
+constexpr size_t kHugePage = kLargeAllocationBytes;
 
 size_t RoundUp(size_t bytes) { return (bytes + kHugePage - 1) & ~(kHugePage - 1); }
 
 }  // namespace
 
 void* AllocateLarge(size_t bytes) {
+  if (bytes > std::numeric_limits<size_t>::max() - 2 * kHugePage) throw std::bad_alloc();
   const size_t size = RoundUp(bytes);
-  if (size < bytes) throw std::bad_alloc();
   // One huge page more than asked, so that a 2 MiB boundary lies inside;
   // what lies outside [aligned, aligned + size) is given back at once.
   const size_t mapped = size + kHugePage;
@@ -27,8 +29,10 @@ void* AllocateLarge(size_t bytes) {
   if (aligned > base) ::munmap(m, aligned - base);
   const uintptr_t end = aligned + size;
   if (base + mapped > end) ::munmap(reinterpret_cast<void*>(end), base + mapped - end);
+#ifdef MADV_HUGEPAGE
   // Advice only: refused (no THP in this kernel), the pages are small ones.
   ::madvise(reinterpret_cast<void*>(aligned), size, MADV_HUGEPAGE);
+#endif
   return reinterpret_cast<void*>(aligned);
 }
 

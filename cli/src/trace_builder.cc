@@ -56,8 +56,7 @@ bool ParseInt(absl::string_view text, Int* out) {
 // An entry of digits only is an id (which must fit in 64 bits); anything
 // else is a name ("shard-00500:0"), bounded as agent.proto bounds names.
 absl::Status ParseShard(absl::string_view id, absl::string_view source, int line, int column,
-                        std::vector<uint64_t, core::LargeAllocator<uint64_t>>* ids,
-                        std::vector<std::string>* names) {
+                        Trace::ShardIds* ids, std::vector<std::string>* names) {
   if (absl::c_all_of(id, [](char ch) { return absl::ascii_isdigit(static_cast<unsigned char>(ch)); })) {
     uint64_t v;
     if (!ParseInt(id, &v)) {

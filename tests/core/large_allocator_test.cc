@@ -20,10 +20,9 @@ long MinorFaults() {
   return u.ru_minflt;
 }
 
-// The page faults of first touching `bytes` through a vector on allocator A.
+// The page faults of first touching `bytes` through `v` (empty).
 template <typename A>
-long FaultsToFill(size_t bytes) {
-  std::vector<uint64_t, A> v;
+long FaultsToFill(size_t bytes, std::vector<uint64_t, A>& v) {
   v.reserve(bytes / sizeof(uint64_t));
   const long before = MinorFaults();
   for (size_t i = 0; i < bytes / sizeof(uint64_t); ++i) v.push_back(i);
@@ -108,12 +107,13 @@ TEST_CASE("large allocator: its memory is advised huge - filled in a fraction of
     return;
   }
   constexpr size_t kBytes = size_t{64} << 20;
-  const long plain = FaultsToFill<std::allocator<uint64_t>>(kBytes);
+  long plain;
+  {
+    std::vector<uint64_t> m;
+    plain = FaultsToFill(kBytes, m);
+  }
   std::vector<uint64_t, LargeAllocator<uint64_t>> v;
-  v.reserve(kBytes / sizeof(uint64_t));
-  const long before = MinorFaults();
-  for (size_t i = 0; i < kBytes / sizeof(uint64_t); ++i) v.push_back(i);
-  const long large = MinorFaults() - before;
+  const long large = FaultsToFill(kBytes, v);
   std::string flags;
   long huge_kb = 0;
   REQUIRE(SmapsOf(v.data(), &flags, &huge_kb));

@@ -75,6 +75,8 @@ struct ReadOptions {
 // while they are used.
 class Trace {
  public:
+  // Every row's shard ids, one after another (on huge pages, as the rows).
+  using ShardIds = std::vector<uint64_t, core::LargeAllocator<uint64_t>>;
 
   size_t size() const { return rows_.size(); }
   // The i-th record, ready for RuleEngine::Observe().
@@ -104,7 +106,7 @@ class Trace {
   };
   // A row per record: 50 MB for 500k steps, on huge pages.
   std::vector<Row, core::LargeAllocator<Row>> rows_;
-  std::vector<uint64_t, core::LargeAllocator<uint64_t>> shards_;
+  ShardIds shards_;
   std::vector<std::string> shard_names_;
   std::vector<std::string> checkpoints_;
   std::vector<std::string> warnings_;

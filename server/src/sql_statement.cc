@@ -163,7 +163,18 @@ SqlStatement& SqlStatement::BindNull(int i) {
 SqlStatement& SqlStatement::BindShards(int i, const std::vector<uint64_t>& shards) {
   // Most steps name no shard: their "" needs no string built and copied.
   if (shards.empty()) return BindUncopied(i, "");
-  return Bind(i, absl::StrJoin(shards, ";"));
+  // Written on the stack, for SQLite's one copy: a step's few shards need
+  // no string of their own (a long list falls back to one).
+  char text[256];
+  char* end = text;
+  for (size_t k = 0; k < shards.size(); ++k) {
+    if (end + absl::numbers_internal::kFastToBufferSize + 1 > text + sizeof(text)) {
+      return Bind(i, absl::StrJoin(shards, ";"));
+    }
+    if (k > 0) *end++ = ';';
+    end = absl::numbers_internal::FastIntToBuffer(shards[k], end);
+  }
+  return Bind(i, absl::string_view(text, static_cast<size_t>(end - text)));
 }
 
 SqlStatement& SqlStatement::BindShardNames(int i, const std::vector<std::string>& names) {
@@ -177,6 +188,13 @@ absl::Status SqlStatement::Run() {
   if (!status_.ok()) return status_;
   const int rc = sqlite3_step(stmt_);
   Reset();
+  return rc == SQLITE_DONE || rc == SQLITE_ROW ? absl::OkStatus() : SqlError(db_, "step");
+}
+
+absl::Status SqlStatement::RunRebinding() {
+  if (!status_.ok()) return status_;
+  const int rc = sqlite3_step(stmt_);
+  sqlite3_reset(stmt_);
   return rc == SQLITE_DONE || rc == SQLITE_ROW ? absl::OkStatus() : SqlError(db_, "step");
 }
 

@@ -95,6 +95,31 @@ TEST_CASE("store: migrates - writes a batch - deduplicates and reads back", "[se
   CHECK(list->size() == 1);
 }
 
+TEST_CASE("store: a step's shard list reads back whole at every length", "[server][store]") {
+  // Short lists are formatted on the stack, long ones (past 256 bytes of
+  // text) as a string of their own: both must store the same text.
+  TempDir dir;
+  auto store = Store::Open(dir.File("tw.db"));
+  REQUIRE(store.ok());
+  WriteBatch b;
+  std::vector<std::vector<uint64_t>> lists;
+  for (size_t n = 0; n <= 40; ++n) {
+    std::vector<uint64_t> shards;
+    for (size_t k = 0; k < n; ++k) shards.push_back(k % 3 == 0 ? UINT64_MAX - k : k * 1000003);
+    StepRow s = MakeStep(static_cast<int64_t>(n), 1.0);
+    s.shards = shards;
+    lists.push_back(shards);
+    b.steps.push_back({"run-s", 0, s});
+  }
+  REQUIRE((*store)->Write(b).ok());
+  std::vector<std::vector<uint64_t>> seen;
+  REQUIRE((*store)
+              ->ForEachStep("run-s", 0,
+                            [&](const StepRow& s, const std::string&) { seen.push_back(s.shards); })
+              .ok());
+  CHECK(seen == lists);
+}
+
 TEST_CASE("store: refuses a database from a newer version", "[server][store]") {
   TempDir dir;
   const std::string path = dir.File("tw.db");

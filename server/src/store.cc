@@ -38,14 +38,21 @@ absl::StatusOr<sqlite3*> OpenConnection(const std::string& path, const StoreOpti
   // SQLite's default 2 MB cache holds, and a full cache spills dirty pages
   // to the WAL in the middle of the transaction, to be written again at its
   // commit. 16 MB per connection (a negative size is KiB).
-  // page_size: 32 KiB for a new database (an existing one keeps the size it
-  // was made with: WAL mode cannot change it). A batch appends thousands of
-  // step rows, and with 4 KiB pages the writer paid a b-tree split and two
-  // pwrite calls (frame header, page) for every ~30 rows. Unpaced ingest,
-  // alternated on one machine: the writer thread's CPU 123-176 ticks at
-  // 4 KiB against 102-112 at 32 KiB for the same 400k records; paced
-  // ingest's p50 ack rose ~0.5 ms (a commit writes whole pages).
-  for (const char* pragma : {"PRAGMA page_size=32768", "PRAGMA journal_mode=WAL", synchronous,
+  // page_size: 8 KiB for a new database (an existing one keeps the size it
+  // was made with: WAL mode cannot change it). Two costs pull apart:
+  // - a batch appends thousands of step rows, and with SQLite's 4 KiB pages
+  //   the writer paid a b-tree split and two pwrite calls for every ~30
+  //   rows: its CPU for 400k unpaced records, 152-162 ticks at 4 KiB,
+  //   116-139 at 8 KiB, 117-119 at 32 KiB;
+  // - every commit writes each page it dirtied whole into the WAL, and at a
+  //   cluster's steady rate a commit holds a few dozen records spread over
+  //   a page or two per run: at 10,000 records/s (8 runs x 8 ranks) the
+  //   server wrote 4.7 KB per record at 4 KiB, 7.0-7.4 at 8 KiB, 12 at
+  //   16 KiB and 19-21 at 32 KiB (200 MB/s, most of it rewritten pages).
+  // 8 KiB keeps the writer's CPU of the larger pages (unpaced ingest vs the
+  // batch sink, alternated over four rounds: 0.66-0.88x at 8 KiB,
+  // 0.60-0.74x at 32 KiB) at a third of their disk writes.
+  for (const char* pragma : {"PRAGMA page_size=8192", "PRAGMA journal_mode=WAL", synchronous,
                              "PRAGMA foreign_keys=ON", "PRAGMA temp_store=MEMORY",
                              "PRAGMA cache_size=-16384"}) {
     if (absl::Status s = Exec(db, pragma); !s.ok()) {

@@ -57,7 +57,7 @@ ABSL_FLAG(int, max_runs_per_token, 1000,
 ABSL_FLAG(bool, reflection, true,
           "serve gRPC server reflection; with --tokens it takes any valid token");
 ABSL_FLAG(int64_t, db_max_bytes, 0,
-          "quota on the database file in bytes, in whole pages (32 KiB in a database "
+          "quota on the database file in bytes, in whole pages (8 KiB in a database "
           "trainwatchd creates; SQLite max_page_count); past it writes fail "
           "as on a full disk: nothing is acknowledged, agents keep their records and re-send "
           "them once space is freed or the quota raised. 0: no quota");

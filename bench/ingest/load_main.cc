@@ -133,10 +133,17 @@ int main(int argc, char** argv) {
     config.target = target;
   }
 
+  // The server's writes before the load (its start, the schema) are not
+  // the load's.
+  absl::StatusOr<int64_t> written_before =
+      server != nullptr ? server->WrittenBytes() : absl::StatusOr<int64_t>(-1);
   auto result = trainwatch::bench::RunLoad(config, StopRequested);
   if (server != nullptr) {
     if (auto rss = server->PeakRssBytes(); rss.ok()) {
       server_report.peak_rss_bytes = *rss;
+    }
+    if (auto written = server->WrittenBytes(); written.ok() && written_before.ok()) {
+      server_report.written_bytes = *written - *written_before;
     }
     if (absl::Status s = server->Stop(absl::Seconds(5)); !s.ok()) {
       server_report.stop_error = std::string(s.message());

@@ -38,4 +38,24 @@ absl::StatusOr<int64_t> ReadPeakRssBytesOf(pid_t pid) {
   return ReadPeakRssBytes(absl::StrCat("/proc/", pid, "/status"));
 }
 
+absl::StatusOr<int64_t> ReadWrittenBytes(const std::string& io_path) {
+  std::ifstream in(io_path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", io_path));
+  std::string line;
+  while (std::getline(in, line)) {
+    absl::string_view rest = line;
+    if (!absl::ConsumePrefix(&rest, "wchar:")) continue;
+    int64_t bytes = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(rest), &bytes) || bytes < 0) {
+      return absl::DataLossError(absl::StrCat("unexpected wchar line in ", io_path, ": ", line));
+    }
+    return bytes;
+  }
+  return absl::NotFoundError(absl::StrCat("no wchar in ", io_path));
+}
+
+absl::StatusOr<int64_t> ReadWrittenBytesOf(pid_t pid) {
+  return ReadWrittenBytes(absl::StrCat("/proc/", pid, "/io"));
+}
+
 }  // namespace trainwatch::bench

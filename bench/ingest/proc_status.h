@@ -1,4 +1,4 @@
-// Reading a process's memory figures from procfs (Linux only).
+// Reading a process's memory and write figures from procfs (Linux only).
 
 #ifndef TRAINWATCH_BENCH_INGEST_PROC_STATUS_H_
 #define TRAINWATCH_BENCH_INGEST_PROC_STATUS_H_
@@ -17,6 +17,12 @@ absl::StatusOr<int64_t> ReadPeakRssBytes(const std::string& status_path);
 
 // The same for a live process; its figure must be read before it is reaped.
 absl::StatusOr<int64_t> ReadPeakRssBytesOf(pid_t pid);
+
+// Bytes the process has handed to write calls so far ("wchar:" in a
+// /proc/<pid>/io file): files and sockets alike, whether or not they have
+// reached a disk yet. Read twice, it says what a stretch of work wrote.
+absl::StatusOr<int64_t> ReadWrittenBytes(const std::string& io_path);
+absl::StatusOr<int64_t> ReadWrittenBytesOf(pid_t pid);
 
 }  // namespace trainwatch::bench
 

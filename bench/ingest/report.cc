@@ -100,6 +100,7 @@ std::string FormatJson(const LoadConfig& config, const LoadResult& r,
                   ",\"server_spawned\":", server.spawned ? "true" : "false");
   absl::StrAppend(
       &out, ",\"server_peak_rss_bytes\":", JsonBytes(server.peak_rss_bytes));
+  absl::StrAppend(&out, ",\"server_written_bytes\":", JsonBytes(server.written_bytes));
   absl::StrAppend(
       &out, ",\"server_stop_error\":",
       server.stop_error.empty() ? "null" : JsonQuote(server.stop_error));
@@ -137,6 +138,13 @@ std::string FormatText(const LoadConfig& config, const LoadResult& r,
   absl::StrAppendFormat(&out, "%-18s server %s, generator %s\n", "peak RSS",
                         HumanBytes(server.peak_rss_bytes),
                         HumanBytes(r.generator_peak_rss_bytes));
+  if (server.written_bytes >= 0) {
+    absl::StrAppendFormat(&out, "%-18s %s, %.0f bytes a record acknowledged\n", "server writes",
+                          HumanBytes(server.written_bytes),
+                          r.records_acked > 0
+                              ? static_cast<double>(server.written_bytes) / r.records_acked
+                              : 0.0);
+  }
   if (r.acks_ahead_of_sends > 0) {
     absl::StrAppendFormat(&out, "%-18s %d acks named unsent steps\n", "warning",
                           r.acks_ahead_of_sends);

@@ -30,7 +30,9 @@
 #
 # Output: the machine's cores and load average at start and end; per load
 # and target, the median [min-max] over the rounds of records/s and of the
-# p50 / p99 latency; the per-round ratios to sink-batch (median [min-max]).
+# p50 / p99 latency; the per-round ratios to sink-batch (median [min-max]);
+# the bytes each server handed to write calls per record at the latency
+# load's rate (/proc/PID/io wchar: trainwatchd's database, WAL and log).
 # With --json, or when $TW_BENCH_JSON names a file (bench/run_all.py sets
 # it), the figures are also written as JSON objects, one a line, with keys
 # {"figure","value","baseline","ratio","unit","median","min","max"}: to
@@ -191,12 +193,18 @@ def spread(xs, fmt):
 def ratios(load, target, base, get):
     """Per-round target/base: each pair ran in the same round, side by side."""
     a, b = runs.get((load, target), {}), runs.get((load, base), {})
-    return [get(a[k]) / get(b[k]) for k in sorted(a) if k in b and get(b[k])]
+    return [get(a[k]) / get(b[k]) for k in sorted(a)
+            if k in b and get(b[k]) and get(a[k]) is not None]
 
 rate = lambda r: r["records_per_second"]
 p50 = lambda r: r["latency_ms"]["p50"]
 p99 = lambda r: r["latency_ms"]["p99"]
 rss = lambda r: (r.get("server_peak_rss_bytes") or 0) / 1048576.0
+# What the server handed to write calls per record acknowledged: trainwatchd's
+# database and log plus its acks, against the sink's acks alone.
+def written(r):
+    w, n = r.get("server_written_bytes"), r.get("records_acked")
+    return w / n if w is not None and w >= 0 and n else None
 
 table = [("load", "target", "records/s", "p50 ms", "p99 ms", "server RSS MiB",
           "records/s vs sink-batch")]
@@ -234,6 +242,11 @@ figure("trainwatchd --db_synchronous normal / batch sink, records/s, 8 runs unpa
 figure("trainwatchd --db_synchronous normal: latency p99 at 10,000 records/s, 8 x 8 (ms)",
        "ms", values("latency", "twd-normal", p99), values("latency", "sink-batch", p99),
        ratios("latency", "twd-normal", "sink-batch", p99), "value")
+figure("ingest bytes written per record at 10,000 records/s, 8 runs x 8 ranks (trainwatchd: "
+       "database, log and acks; baseline: the batch sink's acks)", "bytes/record",
+       [x for x in values("latency", "trainwatchd", written) if x is not None],
+       [x for x in values("latency", "sink-batch", written) if x is not None],
+       ratios("latency", "trainwatchd", "sink-batch", written), "value")
 figure("per-record sink / batch sink, records/s, 8 runs unpaced (what per-record acks cost)",
        "records/s", values("throughput", "sink-record", rate),
        values("throughput", "sink-batch", rate),

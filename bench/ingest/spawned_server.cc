@@ -175,6 +175,8 @@ absl::StatusOr<int64_t> SpawnedServer::PeakRssBytes() const {
   return ReadPeakRssBytesOf(pid_);
 }
 
+absl::StatusOr<int64_t> SpawnedServer::WrittenBytes() const { return ReadWrittenBytesOf(pid_); }
+
 absl::Status SpawnedServer::Stop(absl::Duration grace) {
   if (stopped_) return absl::OkStatus();
   stopped_ = true;

@@ -51,6 +51,8 @@ class SpawnedServer {
 
   // The server's peak RSS so far; call before Stop().
   absl::StatusOr<int64_t> PeakRssBytes() const;
+  // Its bytes handed to write calls so far (ReadWrittenBytes).
+  absl::StatusOr<int64_t> WrittenBytes() const;
 
   // Sends SIGTERM and waits up to `grace` for the process to exit, then
   // kills it. OK when it exited with status 0 or on the SIGTERM itself.

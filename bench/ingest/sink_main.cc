@@ -36,6 +36,9 @@ ABSL_FLAG(std::string, ack, "record",
 ABSL_FLAG(int64_t, max_batch_items, 50000,
           "--ack batch: most messages in one batch (trainwatchd's default); "
           "at least 1");
+ABSL_FLAG(int64_t, commit_interval_ms, 5,
+          "--ack batch: a batch of fewer than 1,000 messages waits for more until this long "
+          "after the previous batch began (trainwatchd's default); in [0, 1000]");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(2),
           "on SIGTERM/SIGINT, time given to open streams before they are "
           "cancelled");
@@ -77,6 +80,11 @@ int main(int argc, char** argv) {
   }
   options.max_batch_items =
       static_cast<size_t>(absl::GetFlag(FLAGS_max_batch_items));
+  options.commit_interval_ms = absl::GetFlag(FLAGS_commit_interval_ms);
+  if (options.commit_interval_ms < 0 || options.commit_interval_ms > 1000) {
+    std::fprintf(stderr, "tw-ingest-sink: --commit_interval_ms must be in [0, 1000]\n");
+    return 2;
+  }
   const std::string listen = absl::GetFlag(FLAGS_listen);
   trainwatch::bench::SinkService service(options);
   grpc::ServerBuilder builder;

@@ -224,8 +224,10 @@ class SinkStream final
   grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);
 };
 
-AckBatcher::AckBatcher(size_t max_batch_items, SinkCounters* counters)
+AckBatcher::AckBatcher(size_t max_batch_items, int64_t commit_interval_ms,
+                       SinkCounters* counters)
     : max_batch_items_(std::max<size_t>(1, max_batch_items)),
+      commit_interval_(absl::Milliseconds(std::max<int64_t>(0, commit_interval_ms))),
       counters_(counters),
       thread_([this] { Loop(); }) {}
 
@@ -254,9 +256,13 @@ void AckBatcher::Submit(uint64_t stream_id, AgentMessage message) {
   queue_.push_back({stream_id, std::move(message)});
 }
 
-// Ingestor::Loop without the store: the same wake-up, the same batch bound.
+// Ingestor::Loop without the store: the same wake-up, the same batch bound,
+// the same wait for more (Ingestor::LingerForMore; 1,000 is its
+// kCommitEarlyItems).
 void AckBatcher::Loop() {
+  constexpr size_t kCommitEarlyItems = 1000;
   std::vector<Item> items;
+  absl::Time last_batch;
   for (;;) {
     bool stopping;
     {
@@ -266,6 +272,13 @@ void AckBatcher::Loop() {
       };
       queue_mu_.AwaitWithTimeout(absl::Condition(&ready),
                                  absl::Milliseconds(50));
+      if (commit_interval_ > absl::ZeroDuration() && !queue_.empty()) {
+        auto commit_now = [this]() ABSL_SHARED_LOCKS_REQUIRED(queue_mu_) {
+          return queue_.size() >= kCommitEarlyItems || stop_;
+        };
+        queue_mu_.AwaitWithDeadline(absl::Condition(&commit_now), last_batch + commit_interval_);
+      }
+      last_batch = absl::Now();
       stopping = stop_;
       if (queue_.size() <= max_batch_items_) {
         items.swap(queue_);
@@ -314,7 +327,8 @@ SinkService::SinkService(const SinkOptions& options)
                                   ? std::string()
                                   : absl::StrCat("Bearer ", options.token)) {
   if (options.ack == AckMode::kBatch) {
-    batcher_ = std::make_unique<AckBatcher>(options.max_batch_items, &counters_);
+    batcher_ = std::make_unique<AckBatcher>(options.max_batch_items, options.commit_interval_ms,
+                                            &counters_);
   }
 }
 

@@ -7,7 +7,9 @@
 //   kBatch: exactly as trainwatchd acknowledges, without the store. Streams
 //     hand every message to one writer thread without waiting (trainwatchd's
 //     Ingestor::Submit); the writer takes everything queued, up to
-//     max_batch_items, waking at least every 50 ms (Ingestor::Loop); it keeps
+//     max_batch_items, waking at least every 50 ms, and a batch of fewer
+//     than 1,000 waits for more until commit_interval_ms after the previous
+//     one began (Ingestor::Loop and LingerForMore); it keeps
 //     the highest step per (stream, key) of the batch, and after the batch
 //     ("commit": nothing) tells each stream, which writes one DurabilityAck
 //     naming the batch's steps (ServiceState::OnDurable,
@@ -72,6 +74,9 @@ struct SinkOptions {
   // kBatch: most messages one writer pass takes, as trainwatchd's
   // IngestOptions::max_batch_items (same default). At least 1.
   size_t max_batch_items = 50'000;
+  // kBatch: trainwatchd's group commit, IngestOptions::commit_interval_ms
+  // (same default); 0: none.
+  int64_t commit_interval_ms = 5;
 };
 
 class SinkStream;
@@ -79,7 +84,7 @@ class SinkStream;
 // kBatch's writer thread. Thread-safe.
 class AckBatcher {
  public:
-  explicit AckBatcher(size_t max_batch_items, SinkCounters* counters);
+  AckBatcher(size_t max_batch_items, int64_t commit_interval_ms, SinkCounters* counters);
   // Drains what was submitted, then joins.
   ~AckBatcher();
   AckBatcher(const AckBatcher&) = delete;
@@ -101,6 +106,7 @@ class AckBatcher {
   void Process(std::vector<Item>& items);
 
   const size_t max_batch_items_;
+  const absl::Duration commit_interval_;
   SinkCounters* const counters_;
 
   absl::Mutex queue_mu_;

@@ -6,7 +6,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <memory>
+#include <thread>
 
 #include "load_generator.h"
 
@@ -73,6 +75,27 @@ TEST_CASE("ingest sink: the per-record sink acks without a writer batch", "[benc
   CHECK(r.records_acked == r.records_planned);
   CHECK(sink.service.counters().batches.load() == 0);
   CHECK(sink.service.counters().batch_acks_owed.load() == 0);
+}
+
+TEST_CASE("ingest sink: the batch sink waits for more as trainwatchd's commit interval does",
+          "[bench][ingest]") {
+  // Four reports 20 ms apart for a stream nobody registered (their acks are
+  // dropped): with no interval, four batches; with a second's, the first
+  // goes at once and the other three together.
+  for (const int64_t interval_ms : {int64_t{0}, int64_t{1000}}) {
+    SinkCounters counters;
+    {
+      AckBatcher batcher(50'000, interval_ms, &counters);
+      for (int64_t step = 1; step <= 4; ++step) {
+        trainwatch::v1::AgentMessage m;
+        m.mutable_step_report()->set_step(step);
+        batcher.Submit(/*stream_id=*/7, std::move(m));
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }  // drains and joins
+    INFO("commit interval " << interval_ms << " ms");
+    CHECK(counters.batches.load() == (interval_ms == 0 ? 4u : 2u));
+  }
 }
 
 }  // namespace

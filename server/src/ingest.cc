@@ -46,7 +46,19 @@ void Ingestor::Flush() {
   auto done = [this, target]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return done_ >= target || (stop_ && !writer_.joinable());
   };
+  ++flushing_;  // the writer stops waiting for more (LingerForMore)
   mu_.Await(absl::Condition(&done));
+  --flushing_;
+}
+
+void Ingestor::LingerForMore() {
+  if (options_.commit_interval_ms <= 0 || queue_.empty()) return;
+  auto commit_now = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return queue_.size() >= kCommitEarlyItems || !tasks_.empty() || stop_ || flushing_ > 0;
+  };
+  // Real time, whatever clock_ is: this is about the disk, not the runs.
+  mu_.AwaitWithDeadline(absl::Condition(&commit_now),
+                        last_commit_ + absl::Milliseconds(options_.commit_interval_ms));
 }
 
 void Ingestor::Loop() {
@@ -64,6 +76,8 @@ void Ingestor::Loop() {
       mu_.AwaitWithTimeout(absl::Condition(&ready),
                            startup_next_ < startup_order_.size() ? absl::ZeroDuration()
                                                                  : absl::Milliseconds(50));
+      LingerForMore();
+      last_commit_ = absl::Now();
       stopping = stop_;
       tasks.swap(tasks_);
       if (queue_.size() <= options_.max_batch_items) {

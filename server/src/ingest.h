@@ -294,6 +294,15 @@ struct IngestOptions {
   int64_t aggregation_timeout_ms = 30'000;
   // Upper bound on one batch, to keep commits short under a flood.
   size_t max_batch_items = 50'000;
+  // Group commit (trainwatchd --commit_interval_ms): a batch of fewer than
+  // kCommitEarlyItems records waits for more until this long after the
+  // previous commit began. Every commit writes each page it dirtied whole,
+  // at least a page or two per run, however few its records: at 10,000
+  // records/s (8 runs x 8 ranks) the server wrote 6.8 KB per record with no
+  // wait and 4.8 KB with 5 ms, for 2.6 ms more to the median ack (p99 7 ->
+  // 11 ms). A flood fills batches and never waits; Flush() and decisions do
+  // not wait. 0: commit as soon as anything is queued.
+  int64_t commit_interval_ms = 5;
   // Runs holding their engine state in memory (trainwatchd
   // --max_runs_in_memory); the least recently used beyond it is evicted and
   // rebuilt from the store on demand. At least 1.
@@ -349,6 +358,9 @@ class Ingestor {
   // shutdown).
   void Flush();
 
+  // A batch this large commits without waiting for the commit interval.
+  static constexpr size_t kCommitEarlyItems = 1000;
+
   std::vector<RunSnapshot> Snapshot() const;
   IngestStats Stats() const;
 
@@ -396,6 +408,10 @@ class Ingestor {
   };
 
   void Loop();
+  // With the lock held and something queued: waits, up to the commit
+  // interval since the last batch began, for a batch worth committing
+  // (IngestOptions::commit_interval_ms).
+  void LingerForMore() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Processes `items` in batches that each touch at most max_runs_in_memory
   // runs.
   void ProcessInBatches(std::vector<IngestItem>& items);
@@ -528,6 +544,8 @@ class Ingestor {
   std::vector<Task> tasks_ ABSL_GUARDED_BY(mu_);
   uint64_t submitted_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t done_ ABSL_GUARDED_BY(mu_) = 0;
+  int flushing_ ABSL_GUARDED_BY(mu_) = 0;  // Flush() calls waiting
+  absl::Time last_commit_;                 // writer thread: when its last batch began
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread writer_;
 

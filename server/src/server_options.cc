@@ -175,6 +175,10 @@ absl::Status CheckServerOptions(const ServerOptions& o) {
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = CheckFlagRange("commit_interval_ms", o.ingest.commit_interval_ms, 0, 1000);
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status s = CheckFlagRange("max_runs_in_memory",
                                      static_cast<int64_t>(o.ingest.max_runs_in_memory), 1,
                                      kMaxRunsLimit);

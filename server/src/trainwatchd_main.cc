@@ -77,6 +77,11 @@ ABSL_FLAG(int64_t, max_step_jump, 1000,
           "evaluated (counted in trainwatch_ingest_far_steps_total) unless the next record "
           "follows it within the bound, so one bad record (step 2^63-1) cannot blind detection; "
           "a real jump costs one step's evaluation. At least 1");
+ABSL_FLAG(int64_t, commit_interval_ms, 5,
+          "group commit, in [0, 1000]: a batch of fewer than 1,000 records waits for more until "
+          "this long after the previous commit began; fewer commits write fewer whole pages "
+          "(at 10,000 records/s, 5 ms wrote 28% less than 0, for 2.6 ms more to the median "
+          "ack). 0: commit as soon as anything is queued");
 ABSL_FLAG(int64_t, engine_snapshot_steps, 10000,
           "every this many evaluated steps of a run (and at its eviction and a clean "
           "shutdown) its rule-engine state is snapshotted into the database (~0.3 MB with the "
@@ -144,6 +149,7 @@ int Run(int argc, char** argv) {
   o.reflection = absl::GetFlag(FLAGS_reflection);
   o.ingest.max_step_jump = absl::GetFlag(FLAGS_max_step_jump);
   o.ingest.engine_snapshot_steps = absl::GetFlag(FLAGS_engine_snapshot_steps);
+  o.ingest.commit_interval_ms = absl::GetFlag(FLAGS_commit_interval_ms);
   // These three change type or unit on the way into the options, so they are
   // checked as given.
   const int64_t max_runs = absl::GetFlag(FLAGS_max_runs_in_memory);

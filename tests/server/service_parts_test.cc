@@ -7,9 +7,11 @@
 #include <prometheus/text_serializer.h>
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -116,9 +118,9 @@ std::unique_ptr<Store> OpenStore(const testing::TempDir& dir) {
 // A store, an ingestor on a fake clock and the service state listening to
 // it: everything but the gRPC server.
 struct ServiceParts {
-  ServiceParts()
+  explicit ServiceParts(const IngestOptions& options = {})
       : store(OpenStore(dir)),
-        ingestor(store.get(), IngestOptions{}, &clock),
+        ingestor(store.get(), options, &clock),
         pager(store.get(), PagerConfig{}, &clock),
         state(&ingestor, store.get(), &pager, Authenticator(), &clock, "") {
     ingestor.SetListener(&state);
@@ -150,6 +152,66 @@ TEST_CASE("exporter: a scrape reads the ingestor's live state - no gRPC server",
   CHECK(text.find("trainwatch_loss{run=\"run-x\"} 3.25") != std::string::npos);
   CHECK(text.find("trainwatch_step{run=\"run-x\"} 5") != std::string::npos);
   CHECK(text.find("trainwatch_ingest_records_total 1") != std::string::npos);
+  ingestor.Stop();
+}
+
+// A step report of run-g at `step`, global scope.
+IngestItem GlobalStep(int64_t step) {
+  IngestItem item;
+  item.stream_id = 1;
+  v1::StepReport* r = item.message.mutable_step_report();
+  r->set_run_id("run-g");
+  r->set_step(step);
+  r->mutable_metrics()->set_loss(2.0);
+  return item;
+}
+
+TEST_CASE("ingest: records arriving within the commit interval share one commit",
+          "[server][service]") {
+  // Records 20 ms apart: with no interval each is a commit of its own; with
+  // one of a second, the first commits at once (no commit came before it)
+  // and the rest wait for each other.
+  for (const int64_t interval_ms : {int64_t{0}, int64_t{1000}}) {
+    IngestOptions options;
+    options.commit_interval_ms = interval_ms;
+    ServiceParts parts(options);
+    Ingestor& ingestor = parts.ingestor;
+    ingestor.Start();
+    for (int64_t step = 1; step <= 4; ++step) {
+      ingestor.Submit(GlobalStep(step));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    REQUIRE(testing::WaitUntil([&] { return ingestor.Stats().records_total == 4; },
+                               std::chrono::seconds(10)));
+    INFO("commit interval " << interval_ms << " ms");
+    CHECK(ingestor.Stats().batches_total == (interval_ms == 0 ? 4 : 2));
+    ingestor.Stop();
+  }
+}
+
+TEST_CASE("ingest: Flush and a full batch do not wait for the commit interval",
+          "[server][service]") {
+  IngestOptions options;
+  options.commit_interval_ms = 1000;
+  ServiceParts parts(options);
+  Ingestor& ingestor = parts.ingestor;
+  ingestor.Start();
+  ingestor.Submit(GlobalStep(1));
+  ingestor.Flush();  // the first batch: nothing to wait after
+  auto started = std::chrono::steady_clock::now();
+  ingestor.Submit(GlobalStep(2));
+  ingestor.Flush();
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::milliseconds(500));
+  CHECK(ingestor.Stats().batches_total == 2);
+  // A batch's worth queued commits at once, without a Flush to ask for it.
+  started = std::chrono::steady_clock::now();
+  for (int64_t step = 3; step < 3 + static_cast<int64_t>(Ingestor::kCommitEarlyItems); ++step) {
+    ingestor.Submit(GlobalStep(step));
+  }
+  const int64_t expected = 2 + static_cast<int64_t>(Ingestor::kCommitEarlyItems);
+  REQUIRE(testing::WaitUntil([&] { return ingestor.Stats().records_total == expected; },
+                             std::chrono::seconds(10)));
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::milliseconds(500));
   ingestor.Stop();
 }
 

@@ -20,13 +20,14 @@
 #   trainwatchd  the default, --db_synchronous full (fsync per commit).
 #   twd-normal   trainwatchd --db_synchronous normal (no fsync per commit).
 #
-# Loads (ROUNDS rounds each, default 3):
+# Loads (ROUNDS rounds each, default 5: one unpaced round lasts under a
+# second, and a burst on a shared machine moves a median of three):
 #   throughput  8 runs x 1 rank x THROUGHPUT_STEPS (20,000) steps, unpaced
 #   latency     8 runs x 8 ranks, per-rank records, 10,000 records/s for
 #               LATENCY_STEPS (800) steps per rank (5.1 s)
 #   memory      10 runs x 100 ranks, per-rank, 200 steps (1,000 streams),
 #               once, sink-batch and trainwatchd only (peak RSS)
-# With the defaults it takes about 3-4 minutes on 2 busy cores.
+# With the defaults it takes about 5 minutes on 2 busy cores.
 #
 # Output: the machine's cores and load average at start and end; per load
 # and target, the median [min-max] over the rounds of records/s and of the
@@ -61,7 +62,7 @@ for bin in "$load_bin" "$sink_bin"; do
     exit 2
   fi
 done
-rounds=${ROUNDS:-3}
+rounds=${ROUNDS:-5}
 throughput_steps=${THROUGHPUT_STEPS:-20000}
 latency_steps=${LATENCY_STEPS:-800}
 for knob in rounds throughput_steps latency_steps; do

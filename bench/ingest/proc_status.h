@@ -19,8 +19,9 @@ absl::StatusOr<int64_t> ReadPeakRssBytes(const std::string& status_path);
 absl::StatusOr<int64_t> ReadPeakRssBytesOf(pid_t pid);
 
 // Bytes the process has handed to write calls so far ("wchar:" in a
-// /proc/<pid>/io file): files and sockets alike, whether or not they have
-// reached a disk yet. Read twice, it says what a stretch of work wrote.
+// /proc/<pid>/io file: write, pwrite and their vector forms, to files whether
+// or not the bytes have reached a disk yet; gRPC's sendmsg to its sockets is
+// not counted). Read twice, it says what a stretch of work wrote.
 absl::StatusOr<int64_t> ReadWrittenBytes(const std::string& io_path);
 absl::StatusOr<int64_t> ReadWrittenBytesOf(pid_t pid);
 

@@ -18,8 +18,8 @@ struct ServerReport {
   std::string command;
   // VmHWM read just before the server was stopped; -1 when unknown.
   int64_t peak_rss_bytes = -1;
-  // What the server handed to write calls during the load (its database
-  // and log, and the acks on its sockets); -1 when unknown.
+  // What the server handed to write calls during the load (its database,
+  // WAL and log; ReadWrittenBytes); -1 when unknown.
   int64_t written_bytes = -1;
   // Empty when the server stopped cleanly on SIGTERM.
   std::string stop_error;

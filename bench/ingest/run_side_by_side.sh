@@ -201,8 +201,9 @@ rate = lambda r: r["records_per_second"]
 p50 = lambda r: r["latency_ms"]["p50"]
 p99 = lambda r: r["latency_ms"]["p99"]
 rss = lambda r: (r.get("server_peak_rss_bytes") or 0) / 1048576.0
-# What the server handed to write calls per record acknowledged: trainwatchd's
-# database and log plus its acks, against the sink's acks alone.
+# What the server handed to write calls per record acknowledged (wchar:
+# files; gRPC's socket sends are not counted there): trainwatchd's database,
+# WAL and log, against the sink's log alone.
 def written(r):
     w, n = r.get("server_written_bytes"), r.get("records_acked")
     return w / n if w is not None and w >= 0 and n else None
@@ -244,7 +245,7 @@ figure("trainwatchd --db_synchronous normal: latency p99 at 10,000 records/s, 8 
        "ms", values("latency", "twd-normal", p99), values("latency", "sink-batch", p99),
        ratios("latency", "twd-normal", "sink-batch", p99), "value")
 figure("ingest bytes written per record at 10,000 records/s, 8 runs x 8 ranks (trainwatchd: "
-       "database, log and acks; baseline: the batch sink's acks)", "bytes/record",
+       "database, WAL and log; baseline: the batch sink, which writes no file)", "bytes/record",
        [x for x in values("latency", "trainwatchd", written) if x is not None],
        [x for x in values("latency", "sink-batch", written) if x is not None],
        ratios("latency", "trainwatchd", "sink-batch", written), "value")

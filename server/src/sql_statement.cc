@@ -185,10 +185,9 @@ SqlStatement& SqlStatement::BindShardNames(int i, const std::vector<std::string>
 }
 
 absl::Status SqlStatement::Run() {
-  if (!status_.ok()) return status_;
-  const int rc = sqlite3_step(stmt_);
-  Reset();
-  return rc == SQLITE_DONE || rc == SQLITE_ROW ? absl::OkStatus() : SqlError(db_, "step");
+  absl::Status s = RunRebinding();
+  if (status_.ok()) sqlite3_clear_bindings(stmt_);
+  return s;
 }
 
 absl::Status SqlStatement::RunRebinding() {

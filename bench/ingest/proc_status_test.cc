@@ -49,8 +49,7 @@ TEST_CASE("proc status: the written bytes are wchar of an io file", "[bench][ing
   CHECK(ReadWrittenBytes("/nonexistent/io").status().code() == absl::StatusCode::kNotFound);
 }
 
-TEST_CASE("proc status: a live process's written bytes grow by what it writes",
-          "[bench][ingest]") {
+TEST_CASE("proc status: a live process's written bytes grow by what it writes", "[bench][ingest]") {
   auto before = ReadWrittenBytesOf(getpid());
   REQUIRE(before.ok());
   TempFile out("");

@@ -2,9 +2,13 @@
 // the kernel for transparent huge pages on the memory it maps, so a fresh
 // daemon under load takes a fault per 2 MiB instead of per 4 KiB page.
 
+#include <chrono>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -28,15 +32,15 @@ int HugePageAdvisedMappings(pid_t pid) {
 
 // trainwatchd started with `env`, once it listens.
 std::unique_ptr<Child> Start(const TempDir& dir, const std::string& name,
-                                      const std::map<std::string, std::string>& env) {
+                             const std::map<std::string, std::string>& env) {
   const std::string log = dir.File(name + ".log");
   auto child = std::make_unique<Child>(
-      std::vector<std::string>{TRAINWATCHD_PATH, "--listen", "127.0.0.1:0", "--metrics_listen=",
-                               "--db", dir.File(name + ".db")},
+      std::vector<std::string>{TRAINWATCHD_PATH, "--listen", "127.0.0.1:0",
+                               "--metrics_listen=", "--db", dir.File(name + ".db")},
       log, env);
-  const bool listening = WaitUntil(
-      [&] { return ReadFile(log).find("listening on") != std::string::npos; },
-      std::chrono::seconds(10), std::chrono::milliseconds(20));
+  const bool listening =
+      WaitUntil([&] { return ReadFile(log).find("listening on") != std::string::npos; },
+                std::chrono::seconds(10), std::chrono::milliseconds(20));
   INFO(ReadFile(log));
   REQUIRE(listening);
   return child;
@@ -59,7 +63,8 @@ TEST_CASE("trainwatchd's allocator asks for huge pages and MALLOC_CONF overrides
   const auto configured = Start(dir, "configured", {});
   // The settings in the environment win over the built-in ones: with
   // jemalloc's default back, nothing in trainwatchd asks for huge pages.
-  const auto overridden = Start(dir, "overridden", {{"MALLOC_CONF", "thp:default,metadata_thp:disabled"}});
+  const auto overridden =
+      Start(dir, "overridden", {{"MALLOC_CONF", "thp:default,metadata_thp:disabled"}});
   CHECK(HugePageAdvisedMappings(configured->pid()) > 0);
   CHECK(HugePageAdvisedMappings(overridden->pid()) == 0);
 }

@@ -63,7 +63,16 @@ void Ingestor::MaybeSnapshotEngine(RunState& run, bool force, int64_t now) {
   if (options_.engine_snapshot_steps <= 0 || run.engine == nullptr) return;
   const int64_t last = run.engine->last_step();
   if (last < 0 || last <= run.snapshot_step) return;
-  if (!force && last - run.snapshot_step < options_.engine_snapshot_steps) return;
+  // A forced one (eviction, shutdown) saves its rebuild the replay of the
+  // steps since the last snapshot, and costs the whole windows, about
+  // 170 KB with the default rules however short the run: 20,000 runs of a
+  // few steps each, evicted in turn, made a 3.4 GB database of snapshots.
+  // Under a tenth of the interval (1,000 steps, a few milliseconds to
+  // replay) the rebuild replays them instead.
+  const int64_t since = last - run.snapshot_step;
+  if (since < (force ? options_.engine_snapshot_steps / 10 : options_.engine_snapshot_steps)) {
+    return;
+  }
   EngineSnapshotRow row;
   row.run_id = run.row.run_id;
   row.attempt = run.row.attempt;

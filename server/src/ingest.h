@@ -315,8 +315,8 @@ struct IngestOptions {
   // evaluation whatever the bound.
   int64_t max_step_jump = 1'000;
   // A run's rule-engine state is snapshotted into the store every this many
-  // evaluated steps (trainwatchd --engine_snapshot_steps), at eviction and at
-  // a clean shutdown; a rebuild (restart, eviction, resume, rollback) loads
+  // evaluated steps (trainwatchd --engine_snapshot_steps), and at eviction
+  // and at a clean shutdown when a tenth of them passed since; a rebuild (restart, eviction, resume, rollback) loads
   // the newest snapshot at or before its step and replays only the steps
   // after it (engine_snapshots.cc). 0 turns snapshots off: every rebuild
   // replays the attempt's whole history. A snapshot costs one SaveState
@@ -458,8 +458,9 @@ class Ingestor {
   // when the store cannot be read.
   absl::StatusOr<EngineReplay> StartReplay(const std::string& run_id, int64_t attempt,
                                            int64_t up_to, const core::RuleConfig& rules);
-  // Adds the run's engine snapshot to batch_ when `force` (eviction,
-  // shutdown) and it moved since the last, or engine_snapshot_steps passed.
+  // Adds the run's engine snapshot to batch_ when engine_snapshot_steps
+  // passed since the last, or when `force` (eviction, shutdown) and a tenth
+  // of them did.
   void MaybeSnapshotEngine(RunState& run, bool force, int64_t now);
   // The snapshot of a run built from the store alone (startup, beyond the
   // bound).

@@ -204,6 +204,47 @@ TEST_CASE("engine snapshots: written every N steps and kept to the newest few",
   sqlite3_close(raw);
 }
 
+TEST_CASE("engine snapshots: a forced one waits for a tenth of the interval - a short run replays",
+          "[server][snapshot]") {
+  // Interval 700: a shutdown snapshots a run that evaluated 70 steps or more
+  // since its last snapshot, and not one that evaluated fewer.
+  Db with(700), without(0);
+  for (Db* db : {&with, &without}) {
+    db->Start();
+    db->Train("short", 0, 68, 100000, 100000);
+    db->Train("long", 0, 69, 100000, 100000, /*stream=*/2);
+    db->Stop();
+  }
+  sqlite3* raw = nullptr;
+  REQUIRE(sqlite3_open(with.dir_.File("tw.db").c_str(), &raw) == SQLITE_OK);
+  sqlite3_stmt* q = nullptr;
+  REQUIRE(sqlite3_prepare_v2(raw, "SELECT run_id, step FROM engine_snapshots ORDER BY run_id", -1,
+                             &q, nullptr) == SQLITE_OK);
+  std::vector<std::string> rows;
+  while (sqlite3_step(q) == SQLITE_ROW) {
+    rows.push_back(absl::StrCat(reinterpret_cast<const char*>(sqlite3_column_text(q, 0)), "@",
+                                sqlite3_column_int64(q, 1)));
+  }
+  sqlite3_finalize(q);
+  sqlite3_close(raw);
+  CHECK(rows == std::vector<std::string>{"long@69"});
+  // After the restart the short run is rebuilt by replaying its 69 steps,
+  // the long one from its snapshot, and both decide as a full replay.
+  for (Db* db : {&with, &without}) {
+    db->Start();
+    db->Train("short", 69, 1800, /*bad=*/1500, /*rise=*/100000);
+    db->Train("long", 70, 1800, /*bad=*/1600, /*rise=*/100000, /*stream=*/2);
+  }
+  CHECK(with.Stats().engine_snapshots_loaded_total == 1);
+  for (const char* run : {"short", "long"}) {
+    INFO(run);
+    const std::string a = with.Decisions(run, 0, 0);
+    CHECK(a == without.Decisions(run, 0, 0));
+    CHECK(a.find(absl::StrCat(":", static_cast<int>(core::Decision::kSkipUpdate), ":")) !=
+          std::string::npos);
+  }
+}
+
 TEST_CASE("engine snapshots: a resume before the newest snapshot starts from an older one",
           "[server][snapshot]") {
   Db with(700), without(0);

@@ -85,10 +85,11 @@ ABSL_FLAG(int64_t, commit_interval_ms, 5,
 ABSL_FLAG(int64_t, engine_snapshot_steps, 10000,
           "every this many evaluated steps of a run (and at its eviction and a clean "
           "shutdown when a tenth of them passed since the last) its rule-engine state is "
-          "snapshotted into the database (~0.2 MB with the default rules); a restart, an evicted run's rebuild, a resume or a rollback loads the "
-          "newest snapshot at or before its step and replays only the steps after it. A snapshot "
-          "that does not decode or was built under other rules is logged and the whole history "
-          "replayed. 0: no snapshots, every rebuild replays the whole history");
+          "snapshotted into the database (~0.3 MB with the default rules); a restart, an "
+          "evicted run's rebuild, a resume or a rollback loads the newest snapshot at or before "
+          "its step and replays only the steps after it. A snapshot that does not decode or was "
+          "built under other rules is logged and the whole history replayed. 0: no snapshots, "
+          "every rebuild replays the whole history");
 ABSL_FLAG(int64_t, engine_snapshots_kept, 3,
           "engine snapshots kept per run attempt, the newest; older ones serve a resume or "
           "rollback to an earlier step. At least 1");

@@ -51,6 +51,11 @@ void Ingestor::Flush() {
   --flushing_;
 }
 
+// Every commit writes each page it dirtied whole, at least a page or two per
+// run however few its records: at 10,000 records/s (8 runs x 8 ranks) the
+// server wrote 6.8 KB per record with no wait and 4.8 KB with 5 ms, for
+// 2.6 ms more to the median ack (p99 7 -> 11 ms). A flood fills its batches
+// and never waits; Flush() and decisions do not wait.
 void Ingestor::LingerForMore() {
   if (options_.commit_interval_ms <= 0 || queue_.empty()) return;
   auto commit_now = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -58,7 +63,7 @@ void Ingestor::LingerForMore() {
   };
   // Real time, whatever clock_ is: this is about the disk, not the runs.
   mu_.AwaitWithDeadline(absl::Condition(&commit_now),
-                        last_commit_ + absl::Milliseconds(options_.commit_interval_ms));
+                        last_batch_start_ + absl::Milliseconds(options_.commit_interval_ms));
 }
 
 void Ingestor::Loop() {
@@ -77,7 +82,7 @@ void Ingestor::Loop() {
                            startup_next_ < startup_order_.size() ? absl::ZeroDuration()
                                                                  : absl::Milliseconds(50));
       LingerForMore();
-      last_commit_ = absl::Now();
+      last_batch_start_ = absl::Now();
       stopping = stop_;
       tasks.swap(tasks_);
       if (queue_.size() <= options_.max_batch_items) {

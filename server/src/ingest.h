@@ -296,12 +296,8 @@ struct IngestOptions {
   size_t max_batch_items = 50'000;
   // Group commit (trainwatchd --commit_interval_ms): a batch of fewer than
   // kCommitEarlyItems records waits for more until this long after the
-  // previous commit began. Every commit writes each page it dirtied whole,
-  // at least a page or two per run, however few its records: at 10,000
-  // records/s (8 runs x 8 ranks) the server wrote 6.8 KB per record with no
-  // wait and 4.8 KB with 5 ms, for 2.6 ms more to the median ack (p99 7 ->
-  // 11 ms). A flood fills batches and never waits; Flush() and decisions do
-  // not wait. 0: commit as soon as anything is queued.
+  // previous batch began (why: Ingestor::LingerForMore). 0: commit as soon
+  // as anything is queued.
   int64_t commit_interval_ms = 5;
   // Runs holding their engine state in memory (trainwatchd
   // --max_runs_in_memory); the least recently used beyond it is evicted and
@@ -316,10 +312,11 @@ struct IngestOptions {
   int64_t max_step_jump = 1'000;
   // A run's rule-engine state is snapshotted into the store every this many
   // evaluated steps (trainwatchd --engine_snapshot_steps), and at eviction
-  // and at a clean shutdown when a tenth of them passed since; a rebuild (restart, eviction, resume, rollback) loads
-  // the newest snapshot at or before its step and replays only the steps
-  // after it (engine_snapshots.cc). 0 turns snapshots off: every rebuild
-  // replays the attempt's whole history. A snapshot costs one SaveState
+  // and at a clean shutdown when a tenth of them passed since; a rebuild
+  // (restart, eviction, resume, rollback) loads the newest snapshot at or
+  // before its step and replays only the steps after it
+  // (engine_snapshots.cc). 0 turns snapshots off: every rebuild replays the
+  // attempt's whole history. A snapshot costs one SaveState
   // (~0.3 MB with the default windows, well under a millisecond) per this
   // many steps.
   int64_t engine_snapshot_steps = 10'000;
@@ -546,7 +543,7 @@ class Ingestor {
   uint64_t submitted_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t done_ ABSL_GUARDED_BY(mu_) = 0;
   int flushing_ ABSL_GUARDED_BY(mu_) = 0;  // Flush() calls waiting
-  absl::Time last_commit_;                 // writer thread: when its last batch began
+  absl::Time last_batch_start_;            // writer thread
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread writer_;
 

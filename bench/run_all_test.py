@@ -2,6 +2,8 @@
 """The ctest of `make bench`: bench/run_all.py --smoke must write a table
 with a row for every figure issue 16 asks for, and the benches built in this
 tree (rule engine, replay, CPU statistics) must have run and given figures.
+The benches run with $TMPDIR a folder of their own, which they must leave
+empty: a generated history is hundreds of MB, and every run would add one.
 
   run_all_test.py BUILD_DIR OUT_DIR
 """
@@ -10,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -25,13 +28,16 @@ MUST_RUN = ["rule_engine", "replay", "cpu_stats"]
 
 def main():
     build, out = sys.argv[1], sys.argv[2]
-    p = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "run_all.py"), "--smoke",
-                        "--build", build, "--out", out, "--timeout", "120"])
+    with tempfile.TemporaryDirectory(prefix="run_all_test.") as tmp:
+        p = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "run_all.py"), "--smoke",
+                            "--build", build, "--out", out, "--timeout", "120"],
+                           env=dict(os.environ, TMPDIR=tmp))
+        left = sorted(os.listdir(tmp))
     if p.returncode != 0:
         sys.exit(f"run_all.py --smoke exited {p.returncode}")
     summary = json.load(open(os.path.join(out, "summary.json")))
     md = open(os.path.join(out, "summary.md")).read()
-    problems = []
+    problems = [f"left in $TMPDIR by the benches: {', '.join(left)}"] if left else []
     for name in MUST_RUN:
         if summary["benches"].get(name) != "ok":
             problems.append(f"bench {name}: {summary['benches'].get(name)}")

@@ -81,6 +81,7 @@
 
 #include "trainwatch/agent/agent.h"
 #include "server.h"
+#include "testing/temp_dir.h"
 
 namespace {
 
@@ -342,8 +343,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   const long base_kb = PeakRssKb();
-  char dir[] = "/tmp/tw_agent_bench_XXXXXX";
-  const std::string tmp = mkdtemp(dir);
+  // Declared before the servers: they stop before their files go.
+  const trainwatch::testing::ScopedTempDir dir("tw_agent_bench_");
+  if (dir.path().empty()) {
+    std::perror("agent_overhead: a folder under $TMPDIR");
+    return 1;
+  }
+  const std::string& tmp = dir.path();
 
   // The layouts: own-core needs two CPUs this process may use.
   cpu_set_t all;

@@ -22,6 +22,7 @@
 #include <thread>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,13 +31,15 @@
 #include "server.h"
 #include "store.h"
 #include "testing/history_writer.h"
+#include "testing/temp_dir.h"
 
 ABSL_FLAG(int, runs, 8, "runs stored");
 ABSL_FLAG(int64_t, steps, 500'000, "steps stored per run");
 ABSL_FLAG(int, reps, 5, "restarts per side, alternating");
 ABSL_FLAG(bool, smoke, false, "small sizes (8 runs x 20k steps, 3 reps) to check the bench runs");
-ABSL_FLAG(std::string, dir, "", "folder for the database (default: a new one under /tmp); an "
-                                "existing tw.db there is reused as it is");
+ABSL_FLAG(std::string, dir, "",
+          "folder for the database, kept (default: a new one under $TMPDIR, removed at the "
+          "end); an existing tw.db there is reused as it is");
 
 namespace {
 
@@ -91,10 +94,12 @@ void Report(const std::string& figure, std::vector<double> v, double baseline) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   std::string dir = absl::GetFlag(FLAGS_dir);
+  // Without --dir, the generated history goes when the bench ends.
+  std::optional<trainwatch::testing::ScopedTempDir> generated;
   if (dir.empty()) {
-    char tmpl[] = "/tmp/restart_bench.XXXXXX";
-    if (mkdtemp(tmpl) == nullptr) return 1;
-    dir = tmpl;
+    generated.emplace("restart_bench.");
+    dir = generated->path();
+    if (dir.empty()) return 1;
   }
   const std::string db = dir + "/tw.db";
   const bool smoke = absl::GetFlag(FLAGS_smoke);

@@ -18,17 +18,7 @@
 
 namespace trainwatch::testing {
 
-TempDir::TempDir() {
-  char tmpl[] = "/tmp/trainwatch_test_XXXXXX";
-  const char* created = mkdtemp(tmpl);
-  REQUIRE(created != nullptr);
-  path_ = created;
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
+TempDir::TempDir() : dir_("trainwatch_test_") { REQUIRE(!dir_.path().empty()); }
 
 v1::AgentMessage Hello(const std::string& run, int32_t rank, int32_t world) {
   v1::AgentMessage m;

@@ -16,21 +16,22 @@
 #include <string>
 #include <vector>
 
+#include "testing/temp_dir.h"
 #include "trainwatch/v1/agent.grpc.pb.h"
 #include "trainwatch/v1/operator.grpc.pb.h"
 
 namespace trainwatch::testing {
 
-// A fresh folder under /tmp, removed with everything in it on destruction.
+// A fresh folder under $TMPDIR, removed with everything in it on
+// destruction; a test fails when it cannot be made.
 class TempDir {
  public:
   TempDir();
-  ~TempDir();
-  const std::string& path() const { return path_; }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return dir_.path(); }
+  std::string File(const std::string& name) const { return path() + "/" + name; }
 
  private:
-  std::string path_;
+  ScopedTempDir dir_;
 };
 
 v1::AgentMessage Hello(const std::string& run, int32_t rank, int32_t world);

@@ -14,6 +14,7 @@
 #include "trainwatch/cli/metrics_file.h"
 #include "trainwatch/cli/replay.h"
 #include "trainwatch/cli/tensorboard.h"
+#include "testing/temp_dir.h"
 
 namespace trainwatch::cli {
 namespace {
@@ -115,7 +116,7 @@ TEST_CASE("real log: Behemoth's NaN loss at step 1200 is tier 3 at that step",
 // second written after the first (a restart).
 std::string ToEventFolder(const Trace& trace, const std::string& name) {
   using testing::ScalarKind;
-  const std::string dir = std::string(P_tmpdir) + "/tw_realdata_tfevents_" + name;
+  const std::string dir = trainwatch::testing::ProcessTempDir() + "/tfevents_" + name;
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::string files[2];

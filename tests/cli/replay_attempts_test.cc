@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "trainwatch/cli/replay.h"
 #include "trainwatch/core/json.h"
+#include "testing/temp_dir.h"
 
 namespace trainwatch::cli {
 namespace {
@@ -84,7 +85,7 @@ std::string Jsonl(const std::vector<Line>& log) {
 }
 
 std::string TempFile(const std::string& name, const std::string& content) {
-  const std::string path = std::string(P_tmpdir) + "/tw_replay_attempts_" + name;
+  const std::string path = trainwatch::testing::ProcessTempDir() + "/attempts_" + name;
   std::ofstream(path, std::ios::binary) << content;
   return path;
 }

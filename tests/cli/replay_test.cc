@@ -21,12 +21,13 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "trainwatch/core/json.h"
+#include "testing/temp_dir.h"
 
 namespace trainwatch::cli {
 namespace {
 
 std::string TempFile(const std::string& name, const std::string& content) {
-  const std::string path = std::string(P_tmpdir) + "/tw_replay_test_" + name;
+  const std::string path = trainwatch::testing::ProcessTempDir() + "/replay_" + name;
   std::ofstream(path, std::ios::binary) << content;
   return path;
 }

@@ -21,6 +21,7 @@
 #include "event_file_writer.h"
 #include "trainwatch/core/event.h"
 #include "trainwatch/cli/replay.h"
+#include "testing/temp_dir.h"
 
 namespace trainwatch::cli {
 namespace {
@@ -30,7 +31,7 @@ using testing::ScalarRecord;
 
 // A fresh, empty folder under the temporary directory.
 std::string TempDir(const std::string& name) {
-  const std::string dir = std::string(P_tmpdir) + "/tw_tensorboard_test_" + name;
+  const std::string dir = trainwatch::testing::ProcessTempDir() + "/tensorboard_" + name;
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;

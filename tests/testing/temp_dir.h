@@ -37,6 +37,13 @@ class ScopedTempDir {
   std::string path_;
 };
 
+// A folder for this process's scratch files, made on first use, removed at
+// exit (ctest runs each test case in a process of its own).
+inline const std::string& ProcessTempDir() {
+  static const ScopedTempDir dir("trainwatch_test_");
+  return dir.path();
+}
+
 }  // namespace trainwatch::testing
 
 #endif  // TRAINWATCH_TESTS_TESTING_TEMP_DIR_H_

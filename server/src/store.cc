@@ -3,9 +3,12 @@
 #include <sqlite3.h>
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "log.h"
 #include "sql_statement.h"
 #include "store_decision_rows.h"
 #include "store_incident_rows.h"
@@ -84,6 +87,92 @@ absl::StatusOr<sqlite3*> OpenConnection(const std::string& path, const StoreOpti
 
 }  // namespace
 
+// Checkpoints the WAL from a thread and connection of its own. SQLite's
+// automatic checkpoint runs inside the commit that crosses 1,000 WAL pages,
+// on the committing thread: the writer's, whose commit an agent's ack waits
+// for. With --db_synchronous normal that checkpoint also fsyncs the WAL
+// first, and at 10,000 records/s (8 runs x 8 ranks) the p99 ack was 19.8-21.6
+// ms with it against 8.2-9.4 ms with no checkpoints at all. A PASSIVE
+// checkpoint runs beside the writer's commits (WAL mode allows one of each)
+// and never waits for a lock. Should the WAL still outgrow kWriterFrames
+// (the checkpoints falling behind a flood), the writer checkpoints too, as
+// SQLite would have: the file stays bounded.
+class Store::Checkpointer {
+ public:
+  static constexpr int kFrames = 1000;        // SQLite's own threshold
+  static constexpr int kWriterFrames = 8000;  // 64 MB of 8 KiB pages
+
+  // Takes `own` (a connection for the checkpoints) and hooks `writer`'s
+  // commits, replacing its automatic checkpoint.
+  Checkpointer(sqlite3* writer, sqlite3* own) : writer_(writer), own_(own) {
+    sqlite3_wal_hook(writer_, &Checkpointer::OnCommit, this);
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~Checkpointer() {
+    sqlite3_wal_hook(writer_, nullptr, nullptr);
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+    sqlite3_close(own_);
+  }
+
+  int64_t background() const { return background_.load(); }
+  int64_t by_writer() const { return by_writer_.load(); }
+
+ private:
+  // On the writer's thread, after each commit; `frames`: the WAL's pages.
+  static int OnCommit(void* self, sqlite3* db, const char* schema, int frames) {
+    auto* c = static_cast<Checkpointer*>(self);
+    if (frames >= kWriterFrames) {
+      if (sqlite3_wal_checkpoint_v2(db, schema, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr) ==
+          SQLITE_OK) {
+        c->by_writer_++;
+      }
+    } else if (frames >= kFrames) {
+      absl::MutexLock lock(&c->mu_);
+      c->due_ = true;
+    }
+    return SQLITE_OK;
+  }
+
+  void Loop() {
+    int last_rc = SQLITE_OK;
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](Checkpointer* c) ABSL_SHARED_LOCKS_REQUIRED(c->mu_) { return c->due_ || c->stop_; },
+            this));
+        if (stop_) return;
+        due_ = false;
+      }
+      const int rc = sqlite3_wal_checkpoint_v2(own_, nullptr, SQLITE_CHECKPOINT_PASSIVE, nullptr,
+                                               nullptr);
+      if (rc == SQLITE_OK) background_++;
+      // Logged once per change: a full disk would fail every one of them.
+      if (rc != last_rc && rc != SQLITE_OK && rc != SQLITE_BUSY) {
+        LOG(WARNING) << "WAL checkpoint failed (" << sqlite3_errstr(rc)
+                     << "); the WAL grows until one succeeds";
+      }
+      last_rc = rc;
+    }
+  }
+
+  sqlite3* const writer_;
+  sqlite3* const own_;
+  absl::Mutex mu_;
+  bool due_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int64_t> background_{0};
+  std::atomic<int64_t> by_writer_{0};
+  std::thread thread_;
+};
+
+int64_t Store::background_checkpoints() const { return checkpointer_->background(); }
+int64_t Store::writer_checkpoints() const { return checkpointer_->by_writer(); }
+
 void WriteBatch::clear() {
   runs.clear();
   steps.clear();
@@ -122,6 +211,9 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
   store->db_ = *db;
   if (absl::Status s = store->Migrate(); !s.ok()) return s;
   store->statements_ = std::make_unique<StatementCache>(store->db_);
+  absl::StatusOr<sqlite3*> cdb = OpenConnection(path, options);
+  if (!cdb.ok()) return cdb.status();
+  store->checkpointer_ = std::make_unique<Checkpointer>(store->db_, *cdb);
   absl::StatusOr<sqlite3*> rdb = OpenConnection(path, options);
   if (!rdb.ok()) return rdb.status();
   absl::MutexLock lock(&store->read_mu_);
@@ -135,6 +227,7 @@ Store::~Store() {
     sqlite3_close(read_db_);
   }
   statements_.reset();  // finalizes its statements: before the close
+  checkpointer_.reset();  // unhooks db_; the last close checkpoints what is left
   sqlite3_close(db_);
 }
 

@@ -13,7 +13,7 @@
 //     and a power loss.
 //   kNormal: the commit is in the OS's page cache (written to the WAL file)
 //     when Write() returns, and fsynced at the next WAL checkpoint (about
-//     every 1,000 pages, 4 MB). An acknowledged record survives a crash of
+//     every 1,000 pages, 8 MB). An acknowledged record survives a crash of
 //     trainwatchd (SIGKILL, abort, OOM kill); a power loss or kernel crash
 //     may lose the commits since the last checkpoint, never the database's
 //     consistency. Agents hold records only until acknowledged, so such
@@ -23,7 +23,8 @@
 //
 // Thread-safety: Write() and the Load*() rebuild readers are for the writer
 // thread; the query methods marked "any thread" serialise on their own
-// connection.
+// connection. WAL checkpoints run on a thread and connection of their own
+// (store.cc, Store::Checkpointer): a commit does not wait for one.
 
 #ifndef TRAINWATCH_SERVER_STORE_H_
 #define TRAINWATCH_SERVER_STORE_H_
@@ -391,12 +392,18 @@ class Store {
 
   // Schema version after migrations.
   int schema_version() const { return schema_version_; }
+  // WAL checkpoints done off the writer's thread, and by the writer itself
+  // when the WAL outgrew them (Store::Checkpointer); any thread.
+  int64_t background_checkpoints() const;
+  int64_t writer_checkpoints() const;
 
  private:
   Store() = default;
   absl::Status Migrate();
+  class Checkpointer;
 
   sqlite3* db_ = nullptr;  // the writer's connection
+  std::unique_ptr<Checkpointer> checkpointer_;
   // db_'s prepared statements, kept between commits.
   std::unique_ptr<StatementCache> statements_;
   absl::Mutex read_mu_;

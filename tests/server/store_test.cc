@@ -2,8 +2,12 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <string>
+#include <thread>
 
 #include <catch2/catch.hpp>
 
@@ -178,6 +182,61 @@ TEST_CASE("store: a new database has 8 KiB pages - an existing one keeps its own
     CHECK(*count == 500);
   }
   CHECK(PageSize(old) == 4096);
+}
+
+// A batch of `rows` rank reports of `bytes` each: WAL pages without much CPU.
+WriteBatch BigReports(int64_t first_step, int rows, size_t bytes) {
+  WriteBatch b;
+  for (int i = 0; i < rows; ++i) {
+    b.rank_steps.push_back({"run-a", 0, 0, first_step + i, std::string(bytes, 'x')});
+  }
+  return b;
+}
+
+int64_t FileBytes(const std::string& path) {
+  std::error_code ec;
+  const auto n = std::filesystem::file_size(path, ec);
+  return ec ? 0 : static_cast<int64_t>(n);
+}
+
+TEST_CASE("store: WAL checkpoints run off the writer's commits - the WAL stays bounded",
+          "[server][store]") {
+  TempDir dir;
+  const std::string db = dir.File("tw.db");
+  auto store = Store::Open(db, {StoreOptions::Synchronous::kNormal});
+  REQUIRE(store.ok());
+  // 30 commits of 1 MB, 3,900 pages in all: SQLite's own checkpoint would
+  // have run three times inside a commit. Spaced as a steady rate spaces
+  // them, so that a checkpoint beside them can finish between two.
+  int64_t wal_max = 0;
+  for (int c = 0; c < 30; ++c) {
+    REQUIRE((*store)->Write(BigReports(c * 16, 16, 64 * 1024)).ok());
+    wal_max = std::max(wal_max, FileBytes(db + "-wal"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK((*store)->background_checkpoints() >= 1);
+  CHECK((*store)->writer_checkpoints() == 0);
+  // Without checkpoints the WAL would hold all 30 MB; each one lets the
+  // next commit start it over.
+  CHECK(wal_max < 20 * 1024 * 1024);
+  CHECK(FileBytes(db) > 10 * 1024 * 1024);  // the pages reached the database
+  auto rows = (*store)->RankStepsAt("run-a", 0, 479);
+  REQUIRE(rows.ok());
+  CHECK(rows->size() == 1);
+}
+
+TEST_CASE("store: a WAL past 8000 pages is checkpointed by the writer itself",
+          "[server][store]") {
+  TempDir dir;
+  const std::string db = dir.File("tw.db");
+  auto store = Store::Open(db, {StoreOptions::Synchronous::kNormal});
+  REQUIRE(store.ok());
+  // One commit of 66 MB: no checkpoint beside it can keep the WAL under the
+  // bound, so the commit that crosses it checkpoints, as SQLite's would.
+  REQUIRE((*store)->Write(BigReports(0, 1056, 64 * 1024)).ok());
+  CHECK((*store)->writer_checkpoints() == 1);
+  REQUIRE((*store)->Write(BigReports(2000, 1, 1024)).ok());
+  CHECK(FileBytes(db + "-wal") < 80 * 1024 * 1024);
 }
 
 TEST_CASE("store: a path that cannot be opened is a clear error", "[server][store]") {

@@ -469,6 +469,8 @@ TEST_CASE("server: /metrics passes promtool check metrics on a live scrape",
   CHECK(body.find("trainwatch_incidents_total{run=\"run-m\",tier=\"1\"} 1") != std::string::npos);
   CHECK(body.find("trainwatch_agents_connected{run=\"run-m\"} 1") != std::string::npos);
   CHECK(body.find("trainwatch_ingest_records_total 1500") != std::string::npos);
+  CHECK(body.find("trainwatch_store_wal_checkpoints_total ") != std::string::npos);
+  CHECK(body.find("trainwatch_store_writer_checkpoints_total 0") != std::string::npos);
   std::string out;
   const int rc = testing::RunCommand("promtool check metrics", body, &out);
   INFO(out);

@@ -10,27 +10,23 @@
 
 #include <catch2/catch.hpp>
 
+#include "testing/temp_dir.h"
+
 namespace trainwatch::bench {
 namespace {
 
 // A file in the test's own temporary folder, removed with the object.
 class TempFile {
  public:
-  explicit TempFile(const std::string& text) {
-    char dir[] = "/tmp/tw-proc-status-XXXXXX";
-    REQUIRE(mkdtemp(dir) != nullptr);
-    dir_ = dir;
-    path_ = dir_ + "/io";
+  explicit TempFile(const std::string& text)
+      : dir_("tw-proc-status-"), path_(dir_.path() + "/io") {
+    REQUIRE(!dir_.path().empty());
     std::ofstream(path_) << text;
-  }
-  ~TempFile() {
-    std::remove(path_.c_str());
-    rmdir(dir_.c_str());
   }
   const std::string& path() const { return path_; }
 
  private:
-  std::string dir_;
+  trainwatch::testing::ScopedTempDir dir_;
   std::string path_;
 };
 

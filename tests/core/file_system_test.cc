@@ -11,26 +11,23 @@
 #include <catch2/catch.hpp>
 
 #include "core/fake_file_system.h"
+#include "testing/temp_dir.h"
 
 namespace trainwatch::core {
 namespace {
 
-// A fresh folder under /tmp, removed with what the test put in it.
+// A fresh folder, removed with what the test put in it.
 class ScratchDir {
  public:
-  ScratchDir() {
-    char tmpl[] = "/tmp/file_system_test_XXXXXX";
-    path_ = ::mkdtemp(tmpl);
-  }
-  ~ScratchDir() { std::system(("rm -rf " + path_).c_str()); }
-  std::string Path(const std::string& name) const { return path_ + "/" + name; }
+  ScratchDir() : dir_("file_system_test_") { REQUIRE(!dir_.path().empty()); }
+  std::string Path(const std::string& name) const { return dir_.path() + "/" + name; }
   std::string Write(const std::string& name, const std::string& text) const {
     std::ofstream(Path(name), std::ios::binary) << text;
     return Path(name);
   }
 
  private:
-  std::string path_;
+  testing::ScopedTempDir dir_;
 };
 
 // The read failed with `code` and a message naming `path`.

@@ -8,13 +8,13 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "sql_statement.h"
 #include "store_migrations.h"
 #include "store_step_rows.h"
+#include "testing/temp_dir.h"
 
 namespace trainwatch::server {
 namespace {
@@ -24,17 +24,13 @@ namespace {
 // count per commit is exact.
 class WalDb {
  public:
-  WalDb() {
-    char dir[] = "/tmp/tw_pages_test_XXXXXX";
-    dir_ = mkdtemp(dir);
-    REQUIRE(sqlite3_open((dir_ + "/tw.db").c_str(), &db_) == SQLITE_OK);
+  WalDb() : dir_("tw_pages_test_") {
+    REQUIRE(!dir_.path().empty());
+    REQUIRE(sqlite3_open((dir_.path() + "/tw.db").c_str(), &db_) == SQLITE_OK);
     REQUIRE(Exec(db_, "PRAGMA journal_mode=WAL").ok());
     sqlite3_wal_hook(db_, &WalDb::OnCommit, this);
   }
-  ~WalDb() {
-    sqlite3_close(db_);
-    std::filesystem::remove_all(dir_);
-  }
+  ~WalDb() { sqlite3_close(db_); }
   sqlite3* get() const { return db_; }
   // Frames appended since the last call.
   int TakeFrames() {
@@ -48,7 +44,7 @@ class WalDb {
     static_cast<WalDb*>(self)->frames_ = frames;
     return SQLITE_OK;
   }
-  std::string dir_;
+  testing::ScopedTempDir dir_;  // first: it goes after the database closes
   sqlite3* db_ = nullptr;
   int frames_ = 0;
   int taken_ = 0;

@@ -121,6 +121,15 @@ class Store::Checkpointer {
   int64_t background() const { return background_.load(); }
   int64_t by_writer() const { return by_writer_.load(); }
 
+  void AwaitIdle() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](Checkpointer* c) ABSL_SHARED_LOCKS_REQUIRED(c->mu_) {
+          return (!c->due_ && !c->running_) || c->stop_;
+        },
+        this));
+  }
+
  private:
   // On the writer's thread, after each commit; `frames`: the WAL's pages.
   static int OnCommit(void* self, sqlite3* db, const char* schema, int frames) {
@@ -147,10 +156,15 @@ class Store::Checkpointer {
             this));
         if (stop_) return;
         due_ = false;
+        running_ = true;
       }
       const int rc = sqlite3_wal_checkpoint_v2(own_, nullptr, SQLITE_CHECKPOINT_PASSIVE, nullptr,
                                                nullptr);
       if (rc == SQLITE_OK) background_++;
+      {
+        absl::MutexLock lock(&mu_);
+        running_ = false;
+      }
       // Logged once per change: a full disk would fail every one of them.
       if (rc != last_rc && rc != SQLITE_OK && rc != SQLITE_BUSY) {
         LOG(WARNING) << "WAL checkpoint failed (" << sqlite3_errstr(rc)
@@ -165,6 +179,7 @@ class Store::Checkpointer {
   absl::Mutex mu_;
   bool due_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool running_ ABSL_GUARDED_BY(mu_) = false;  // a checkpoint in progress
   std::atomic<int64_t> background_{0};
   std::atomic<int64_t> by_writer_{0};
   std::thread thread_;
@@ -172,6 +187,7 @@ class Store::Checkpointer {
 
 int64_t Store::background_checkpoints() const { return checkpointer_->background(); }
 int64_t Store::writer_checkpoints() const { return checkpointer_->by_writer(); }
+void Store::AwaitBackgroundCheckpoint() { checkpointer_->AwaitIdle(); }
 
 void WriteBatch::clear() {
   runs.clear();

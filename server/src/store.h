@@ -396,6 +396,10 @@ class Store {
   // when the WAL outgrew them (Store::Checkpointer); any thread.
   int64_t background_checkpoints() const;
   int64_t writer_checkpoints() const;
+  // Returns once no background checkpoint is due or running: commits spaced
+  // by this are spaced as a steady rate spaces them, whatever else loads the
+  // machine (the checkpoint's own test).
+  void AwaitBackgroundCheckpoint();
 
  private:
   Store() = default;

@@ -17,6 +17,8 @@ constexpr MetricsFormat kFormats[] = {
     MetricsFormat::kAuto,     MetricsFormat::kCsv,      MetricsFormat::kGenericCsv,
     MetricsFormat::kJsonLines, MetricsFormat::kLlmc,    MetricsFormat::kStepLog,
     MetricsFormat::kMegatron, MetricsFormat::kTensorBoard,
+    // Appended, so that the seeds' first bytes keep naming the formats above.
+    MetricsFormat::kNanoGpt,  MetricsFormat::kDeepSpeed,
 };
 
 }  // namespace

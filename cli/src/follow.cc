@@ -61,7 +61,15 @@ class Follower {
       Choose(DetectFormat(held_));
       if (absl::Status s = ParseHeld(); !s.ok()) return s;
     }
-    return absl::OkStatus();
+    if (parser_ == nullptr) return absl::OkStatus();
+    // What the reader held for a later line (a DeepSpeed overflow waiting for
+    // its step's record) is sent now: no later line will come.
+    if (absl::Status s = parser_->Flush(*builder_); !s.ok()) {
+      builder_->Drop();
+      ++progress_.rejected;
+      std::fprintf(stderr, "twctl follow: %s (read past)\n", std::string(s.message()).c_str());
+    }
+    return SendDrained();
   }
   // A rotation or truncation: the next bytes are a new file (a CSV header
   // again, line numbers from 1).
@@ -113,6 +121,11 @@ class Follower {
                             absl::StrContains(absl::AsciiStrToLower(stripped), "step");
         if (!header && held_lines_ < kDetectLines) return false;
         f = MetricsFormat::kGenericCsv;
+      } else if (f == MetricsFormat::kDeepSpeed && held_lines_ < kDetectLines) {
+        // DeepSpeed's lines come before a trainer's first metric line (the
+        // start-up overflows): that trainer's reader, which reads them too,
+        // is the one to choose.
+        return false;
       }
     }
     Choose(f);
@@ -147,6 +160,15 @@ class Follower {
       ++progress_.rejected;
       std::fprintf(stderr, "twctl follow: %s (line read past)\n", std::string(s.message()).c_str());
     }
+    if (absl::Status s = SendDrained(); !s.ok()) return s;
+    int64_t step;
+    std::string uri;
+    if (matcher_.Match(line, &step, &uri)) stream_->Checkpoint(step, uri);
+    return absl::OkStatus();
+  }
+
+  // Sends the records the reader built since the last call.
+  absl::Status SendDrained() {
     absl::Status sent = absl::OkStatus();
     builder_->Drain([&](const core::StepRecord& rec, int) {
       if (!sent.ok()) return;
@@ -155,11 +177,7 @@ class Follower {
         stream_->Checkpoint(rec.step, std::string(rec.checkpoint_uri));
       }
     });
-    if (!sent.ok()) return sent;
-    int64_t step;
-    std::string uri;
-    if (matcher_.Match(line, &step, &uri)) stream_->Checkpoint(step, uri);
-    return absl::OkStatus();
+    return sent;
   }
 
   std::string source_;
@@ -199,7 +217,7 @@ class FollowCommand : public Command {
                 {Flag("run", "RUN", "the run the records belong to (required)", true),
                  Flag("format", "FORMAT",
                       "auto (default), csv, wandb-csv, jsonl, llmc, steplog, megatron, "
-                      "tensorboard"),
+                      "nanogpt, deepspeed, tensorboard"),
                  Flag("map", "SIGNAL=NAME,...", "columns or tags to signals, as replay's"),
                  Flag("checkpoint-pattern", "REGEX",
                       "a line announcing a checkpoint: one group the step, (?<path>..) its uri"),
@@ -222,8 +240,9 @@ class FollowCommand : public Command {
                     "waited for). The format is detected as replay does, or --format.\n"
                     "The run is marked observed: nothing is skipped or halted in the job.\n"
                     "Steps going back (a restart) open a new attempt resuming after the step\n"
-                    "before. Checkpoints: Megatron's 'saving checkpoint at iteration N', a\n"
-                    "checkpoint column, or --checkpoint-pattern. A malformed line is reported\n"
+                    "before. Checkpoints: Megatron's 'saving checkpoint at iteration N',\n"
+                    "nanoGPT's 'saving checkpoint to DIR', a checkpoint column, or\n"
+                    "--checkpoint-pattern. A malformed line is reported\n"
                     "and read past. SIGINT/SIGTERM: what was read is sent and acknowledged\n"
                     "(up to --drain-timeout), then a summary.\n"
                     "Exit codes: 0 every record acknowledged; 1 records unacknowledged or lost,\n"

@@ -4,6 +4,7 @@
 // the line and column: a replay must never quietly drop a step it was given.
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -165,6 +166,7 @@ class MegatronParser : public LineParser {
     auto& row = b.NewRow(n);
     if (absl::Status s = b.SetStep(row, step, static_cast<int>(digits) + 1); !s.ok()) return s;
     // " key: value |" segments after the iteration counter.
+    bool has_loss = false, has_grad_norm = false;
     size_t seg = line.find('|', i);
     while (seg != absl::string_view::npos) {
       const size_t next = line.find('|', seg + 1);
@@ -181,8 +183,10 @@ class MegatronParser : public LineParser {
       Signal sig;
       if (key == "lm loss") {
         sig = Signal::kLoss;
+        has_loss = true;
       } else if (key == "grad norm") {
         sig = Signal::kGradNorm;
+        has_grad_norm = true;
       } else if (key == "learning rate") {
         sig = Signal::kLearningRate;
       } else if (key == "number of nan iterations") {
@@ -204,6 +208,13 @@ class MegatronParser : public LineParser {
       }
       b.SetValue(row, sig, v);
     }
+    // Megatron prints "lm loss" only when the interval's average is above
+    // zero, so a NaN loss drops the field: a line with a grad norm (an update
+    // was applied, not skipped) and no loss is the silent NaN of a bf16 run,
+    // a failed step, not a step without a loss.
+    if (has_grad_norm && !has_loss) {
+      b.SetValue(row, Signal::kLoss, std::numeric_limits<double>::quiet_NaN());
+    }
     prev_step_ = step;
     return absl::OkStatus();
   }
@@ -222,8 +233,171 @@ std::unique_ptr<LineParser> NewMegatronParser(absl::string_view source) {
   return std::make_unique<MegatronParser>(source);
 }
 
+namespace {
+
+// "YYYY-MM-DD HH:MM:SS " (and a ",mmm" or ".mmm" after the seconds), which
+// some trainers' loggers put before nanoGPT's own text: its length, else 0.
+size_t TimestampPrefix(absl::string_view line) {
+  static constexpr absl::string_view kShape = "dddd-dd-dd dd:dd:dd";
+  if (line.size() <= kShape.size()) return 0;
+  for (size_t i = 0; i < kShape.size(); ++i) {
+    const bool digit = absl::ascii_isdigit(static_cast<unsigned char>(line[i]));
+    if (kShape[i] == 'd' ? !digit : line[i] != kShape[i]) return 0;
+  }
+  size_t i = kShape.size();
+  if (line[i] == ',' || line[i] == '.') {
+    ++i;
+    while (i < line.size() && absl::ascii_isdigit(static_cast<unsigned char>(line[i]))) ++i;
+  }
+  if (i >= line.size() || line[i] != ' ') return 0;
+  return i + 1;
+}
+
+// The digits of "<word> N:" at the start of `text` (after `word` and one
+// space); false when `text` is not that shape.
+bool CountedPrefix(absl::string_view text, absl::string_view word, absl::string_view* digits,
+                   size_t* after_colon) {
+  if (!absl::StartsWith(text, word) || text.size() <= word.size() ||
+      text[word.size()] != ' ') {
+    return false;
+  }
+  size_t i = word.size() + 1;
+  const size_t begin = i;
+  while (i < text.size() && absl::ascii_isdigit(static_cast<unsigned char>(text[i]))) ++i;
+  if (i == begin || i >= text.size() || text[i] != ':') return false;
+  *digits = text.substr(begin, i - begin);
+  *after_colon = i + 1;
+  return true;
+}
+
+// nanoGPT's train.py: "iter N: loss X, time T ms, mfu M%" every log_interval
+// (forks add ", lr L"), "step N: train loss X, val loss Y" at each eval, and
+// "saving checkpoint to DIR" right after an eval.
+class NanoGptParser : public LineParser {
+ public:
+  explicit NanoGptParser(absl::string_view source) : source_(source) {}
+
+  absl::Status Line(absl::string_view line, int n, TraceBuilder& b) override {
+    const size_t offset = TimestampPrefix(line);
+    const absl::string_view text = line.substr(offset);
+    absl::string_view digits;
+    size_t after;
+    if (CountedPrefix(text, "step", &digits, &after) &&
+        absl::StartsWith(text.substr(after), " train loss")) {
+      // An eval: its losses are estimates over eval_iters batches, not the
+      // step's; the step is where a checkpoint saved next belongs.
+      if (!ParseInt64(digits, &eval_step_)) eval_step_ = -1;
+      return absl::OkStatus();
+    }
+    if (absl::StartsWith(text, "saving checkpoint to ")) {
+      if (eval_step_ >= 0) {
+        checkpoint_step_ = eval_step_;
+        checkpoint_uri_ = std::string(
+            absl::StripAsciiWhitespace(text.substr(sizeof("saving checkpoint to ") - 1)));
+      }
+      return absl::OkStatus();
+    }
+    if (!CountedPrefix(text, "iter", &digits, &after)) return absl::OkStatus();
+    const int step_column = static_cast<int>(offset + (digits.data() - text.data())) + 1;
+    int64_t step;
+    if (!ParseInt64(digits, &step)) {
+      return At(source_, n, step_column, "iteration number out of range");
+    }
+    // ", "-separated "key value" fields after the colon.
+    struct Field {
+      absl::string_view key, value;
+      int column;
+    };
+    Field fields[8];
+    int count = 0;
+    bool has_loss = false;
+    size_t pos = after;
+    while (pos < text.size() && count < 8) {
+      size_t end = text.find(',', pos);
+      if (end == absl::string_view::npos) end = text.size();
+      const absl::string_view part = absl::StripAsciiWhitespace(text.substr(pos, end - pos));
+      pos = end + 1;
+      const size_t space = part.find(' ');
+      if (space == absl::string_view::npos) continue;
+      const absl::string_view value = absl::StripLeadingAsciiWhitespace(part.substr(space + 1));
+      fields[count++] = {part.substr(0, space), value,
+                         static_cast<int>(offset + (value.data() - text.data())) + 1};
+      has_loss |= part.substr(0, space) == "loss";
+    }
+    if (!has_loss) return absl::OkStatus();
+    if (checkpoint_step_ >= 0 && checkpoint_step_ != step) {
+      // The eval's step logged no iter line (log_interval does not divide
+      // eval_interval): the checkpoint is a record of its own.
+      auto& ckpt = b.NewRow(n);
+      if (absl::Status s = b.SetStep(ckpt, checkpoint_step_, 1); !s.ok()) return s;
+      b.SetCheckpoint(ckpt, checkpoint_uri_);
+      checkpoint_step_ = -1;
+    }
+    auto& row = b.NewRow(n);
+    if (absl::Status s = b.SetStep(row, step, step_column); !s.ok()) return s;
+    if (checkpoint_step_ == step) {
+      b.SetCheckpoint(row, checkpoint_uri_);
+      checkpoint_step_ = -1;
+    }
+    for (int i = 0; i < count; ++i) {
+      const Field& f = fields[i];
+      Signal sig;
+      if (f.key == "loss") {
+        sig = Signal::kLoss;
+      } else if (f.key == "lr") {
+        sig = Signal::kLearningRate;
+      } else {
+        continue;  // time, mfu, tokens: not health signals
+      }
+      double v;
+      if (!ParseDouble(f.value, &v)) {
+        return At(source_, n, f.column,
+                  absl::StrCat(f.key, " \"", f.value, "\" is not a number"));
+      }
+      b.SetValue(row, sig, v);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Flush(TraceBuilder& b) override {
+    // A checkpoint after the last iter line: a record of its own.
+    if (checkpoint_step_ < 0 || checkpoint_step_ == b.last_step()) return absl::OkStatus();
+    auto& ckpt = b.NewRow(0);
+    if (absl::Status s = b.SetStep(ckpt, checkpoint_step_, 1); !s.ok()) return s;
+    b.SetCheckpoint(ckpt, checkpoint_uri_);
+    checkpoint_step_ = -1;
+    return absl::OkStatus();
+  }
+  absl::Status End(const TraceBuilder& b) override {
+    return NoLinesUnlessRows(b, source_, "nanoGPT \"iter N: loss X\"");
+  }
+
+ private:
+  absl::string_view source_;
+  int64_t eval_step_ = -1;
+  int64_t checkpoint_step_ = -1;
+  std::string checkpoint_uri_;
+};
+
+// A nanoGPT train or eval line, with or without a timestamp prefix.
+bool IsNanoGptLine(absl::string_view line) {
+  const absl::string_view text = line.substr(TimestampPrefix(line));
+  absl::string_view digits;
+  size_t after;
+  return (CountedPrefix(text, "iter", &digits, &after) &&
+          absl::StartsWith(text.substr(after), " loss ")) ||
+         (CountedPrefix(text, "step", &digits, &after) &&
+          absl::StartsWith(text.substr(after), " train loss "));
+}
+
+}  // namespace
+
+std::unique_ptr<LineParser> NewNanoGptParser(absl::string_view source) {
+  return std::make_unique<NanoGptParser>(source);
+}
+
 MetricsFormat DetectFormat(absl::string_view content) {
   int seen = 0;
+  bool deepspeed = false;
   LineReader lines(content);
   absl::string_view raw;
   while (seen < 500 && lines.Next(&raw)) {
@@ -242,9 +416,12 @@ MetricsFormat DetectFormat(absl::string_view content) {
         (absl::StrContains(line, "lm loss:") || absl::StrContains(line, "learning rate:"))) {
       return MetricsFormat::kMegatron;
     }
+    if (IsNanoGptLine(line)) return MetricsFormat::kNanoGpt;
+    deepspeed = deepspeed || IsDeepSpeedLine(line);
   }
-  // No log line among the first 500: a CSV with a header.
-  return MetricsFormat::kCsv;
+  // DeepSpeed's lines with no trainer's line among the first 500: they are
+  // the log. Else none of the logs: a CSV with a header.
+  return deepspeed ? MetricsFormat::kDeepSpeed : MetricsFormat::kCsv;
 }
 
 }  // namespace trainwatch::cli

@@ -32,6 +32,7 @@ core::StepRecord Trace::Record(size_t i) const {
   rec.shards = absl::MakeConstSpan(shards_.data() + r.shard_begin, r.shard_count);
   rec.shard_names = absl::MakeConstSpan(shard_names_.data() + r.name_begin, r.name_count);
   if (r.checkpoint >= 0) rec.checkpoint_uri = checkpoints_[static_cast<size_t>(r.checkpoint)];
+  if (r.loss_scale_set) rec.SetLossScale(r.loss_scale, r.loss_scale_overflow);
   return rec;
 }
 
@@ -428,6 +429,8 @@ absl::string_view FormatName(MetricsFormat f) {
     case MetricsFormat::kStepLog: return "steplog";
     case MetricsFormat::kMegatron: return "megatron";
     case MetricsFormat::kTensorBoard: return "tensorboard";
+    case MetricsFormat::kNanoGpt: return "nanogpt";
+    case MetricsFormat::kDeepSpeed: return "deepspeed";
   }
   return "unknown";
 }
@@ -436,7 +439,8 @@ bool ParseFormatName(absl::string_view name, MetricsFormat* out) {
   for (MetricsFormat f : {MetricsFormat::kAuto, MetricsFormat::kCsv, MetricsFormat::kGenericCsv,
                           MetricsFormat::kJsonLines, MetricsFormat::kLlmc,
                           MetricsFormat::kStepLog, MetricsFormat::kMegatron,
-                          MetricsFormat::kTensorBoard}) {
+                          MetricsFormat::kTensorBoard, MetricsFormat::kNanoGpt,
+                          MetricsFormat::kDeepSpeed}) {
     if (FormatName(f) == name) {
       *out = f;
       return true;
@@ -487,7 +491,7 @@ absl::StatusOr<Trace> ParseMetrics(absl::string_view content, absl::string_view 
     if (absl::StripLeadingAsciiWhitespace(content).empty()) {
       return At(source, 1, 1,
                 "empty file: expected a CSV header, JSON lines, or a trainer's log (llm.c, "
-                "step:S/N, Megatron-LM)");
+                "step:S/N, Megatron-LM, nanoGPT, DeepSpeed)");
     }
     format = DetectFormat(content);
     // Detected CSV is read leniently: our five columns are found by name like
@@ -500,8 +504,12 @@ absl::StatusOr<Trace> ParseMetrics(absl::string_view content, absl::string_view 
   return ParseLines(content, source, format, options.column_map);
 }
 
-std::unique_ptr<LineParser> NewLineParser(MetricsFormat format, absl::string_view source,
-                                          const ColumnMap& map) {
+namespace {
+
+// The reader of one format's own lines (nullptr for kAuto, kTensorBoard and
+// kDeepSpeed).
+std::unique_ptr<LineParser> NewTrainerParser(MetricsFormat format, absl::string_view source,
+                                             const ColumnMap& map) {
   switch (format) {
     case MetricsFormat::kCsv:
       return NewCsvParser(source, /*strict=*/true, map);
@@ -515,11 +523,33 @@ std::unique_ptr<LineParser> NewLineParser(MetricsFormat format, absl::string_vie
       return NewStepLogParser(source);
     case MetricsFormat::kMegatron:
       return NewMegatronParser(source);
+    case MetricsFormat::kNanoGpt:
+      return NewNanoGptParser(source);
     case MetricsFormat::kAuto:
     case MetricsFormat::kTensorBoard:
+    case MetricsFormat::kDeepSpeed:
       break;
   }
   return nullptr;
+}
+
+}  // namespace
+
+std::unique_ptr<LineParser> NewLineParser(MetricsFormat format, absl::string_view source,
+                                          const ColumnMap& map) {
+  // A trainer's text log carries DeepSpeed's loss-scaler lines between its
+  // own; CSV and JSON lines are exports, which do not.
+  switch (format) {
+    case MetricsFormat::kLlmc:
+    case MetricsFormat::kStepLog:
+    case MetricsFormat::kMegatron:
+    case MetricsFormat::kNanoGpt:
+      return NewDeepSpeedLayer(source, NewTrainerParser(format, source, map));
+    case MetricsFormat::kDeepSpeed:
+      return NewDeepSpeedLayer(source, nullptr);
+    default:
+      return NewTrainerParser(format, source, map);
+  }
 }
 
 absl::StatusOr<Trace> ParseLines(absl::string_view content, absl::string_view source,
@@ -538,6 +568,7 @@ absl::StatusOr<Trace> ParseLines(absl::string_view content, absl::string_view so
   while (lines.Next(&line)) {
     if (absl::Status s = parser->Line(line, lines.line_no(), b); !s.ok()) return s;
   }
+  if (absl::Status s = parser->Flush(b); !s.ok()) return s;
   if (absl::Status s = parser->End(b); !s.ok()) return s;
   return b.Finish(format);
 }

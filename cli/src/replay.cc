@@ -295,14 +295,22 @@ constexpr char kReplayUsage[] =
     "  jsonl      JSON lines with the keys of the CSV\n"
     "  llmc       llm.c main.log (s:STEP trl:LOSS lr:LR norm:NORM)\n"
     "  steplog    step:S/N train_loss:L ... (modded-nanogpt family)\n"
-    "  megatron   Megatron-LM iteration lines\n"
+    "  megatron   Megatron-LM iteration lines (a grad norm without lm loss: a NaN loss)\n"
+    "  nanogpt    nanoGPT: iter N: loss X, ... (a timestamp before it or not); step N:\n"
+    "             train loss X, val loss Y read past; saving checkpoint to DIR: a\n"
+    "             checkpoint at that eval's step\n"
+    "  deepspeed  DeepSpeed's fp16 loss-scaler lines alone (OVERFLOW!, hysteresis,\n"
+    "             step=N, skipped=K, already at minimum); in any trainer's log above\n"
+    "             they are read too: an overflow is a skipped step at the step after\n"
+    "             the last one the log named, at minimum a loss scale of 0 (tier 3)\n"
     "  tensorboard  TensorBoard event files (events.out.tfevents.*): one file, or a\n"
     "             folder whose event files are merged by step; tags found by name\n"
     "             (loss, train/loss, Loss/train, grad_norm, lr, ...) or mapped:\n"
     "             --map loss=train/total_loss. A torn final record is a warning\n"
     "             (the rest is replayed); a bad CRC is an error naming file and offset\n"
     "Metrics a log never reports are unknown: the rules that need them stay silent and\n"
-    "each event lists them under lacked_signals.\n"
+    "each event lists them under lacked_signals. A nan or inf the log writes is a\n"
+    "report: a numerical failure (tier 3), even when the metric was never finite.\n"
     "--config FILE   JSON object of rule thresholds (see --print-config)\n"
     "A log whose steps go back (a job restarted from a checkpoint, writing to the same\n"
     "file) is replayed as a new attempt resuming after the step before the jump: its\n"
@@ -385,7 +393,8 @@ int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::s
   ReadOptions read;
   if (!ParseFormatName(format, &read.format)) {
     *err = absl::StrCat("twctl replay: unknown --format ", format,
-                        " (auto, csv, wandb-csv, jsonl, llmc, steplog, megatron, tensorboard)\n");
+                        " (auto, csv, wandb-csv, jsonl, llmc, steplog, megatron, nanogpt, deepspeed,\n"
+                        " tensorboard)\n");
     return 2;
   }
   if (!map_spec.empty()) {

@@ -128,6 +128,9 @@ TraceBuilder::Row& TraceBuilder::NewRow(int line) {
   r.name_count = 0;
   r.checkpoint = -1;
   r.line = line;
+  r.loss_scale = 0.0;
+  r.loss_scale_set = false;
+  r.loss_scale_overflow = false;
   return r;
 }
 
@@ -153,7 +156,9 @@ absl::Status TraceBuilder::SetStep(Row& r, int64_t step, int column) {
 void TraceBuilder::SetValue(Row& r, Signal s, double v) {
   r.values[static_cast<int>(s)] = v;
   r.present |= core::Bit(s);
-  if (std::isfinite(v)) trace_.reported_ |= core::Bit(s);
+  // A nan or inf the log wrote is a report, as it is from the agent: a
+  // metric whose every value is NaN is a failure, not an unknown.
+  trace_.reported_ |= core::Bit(s);
 }
 
 void TraceBuilder::AddShard(Row& r, uint64_t id) {
@@ -165,6 +170,30 @@ void TraceBuilder::SetCheckpoint(Row& r, absl::string_view uri) {
   if (uri.empty()) return;
   r.checkpoint = static_cast<int32_t>(trace_.checkpoints_.size());
   trace_.checkpoints_.emplace_back(uri);
+}
+
+void TraceBuilder::SetLossScale(Row& r, double scale, bool overflow) {
+  r.loss_scale = scale;
+  r.loss_scale_set = true;
+  r.loss_scale_overflow = overflow;
+}
+
+absl::Status TraceBuilder::AddRecord(const core::StepRecord& rec, int line, Row** out) {
+  Row& r = NewRow(line);
+  *out = &r;
+  if (absl::Status s = SetStep(r, rec.step, 1); !s.ok()) return s;
+  for (int i = 0; i < core::kNumSignals; ++i) {
+    const Signal sig = static_cast<Signal>(i);
+    if (rec.Has(sig)) SetValue(r, sig, rec.Get(sig));
+  }
+  for (uint64_t id : rec.shards) AddShard(r, id);
+  for (const std::string& name : rec.shard_names) {
+    trace_.shard_names_.push_back(name);
+    r.name_count = static_cast<uint32_t>(trace_.shard_names_.size() - r.name_begin);
+  }
+  SetCheckpoint(r, rec.checkpoint_uri);
+  if (rec.HasLossScale()) SetLossScale(r, rec.loss_scale(), rec.loss_scale_overflow());
+  return absl::OkStatus();
 }
 
 void TraceBuilder::Forget() {
@@ -179,9 +208,6 @@ absl::StatusOr<Trace> TraceBuilder::Finish(MetricsFormat format) {
   if (trace_.rows_.empty()) {
     return At(source_, 1, 1, "no records: the file holds no step");
   }
-  // A signal never reported with a finite value is unknown, not a failure.
-  const uint32_t unknown = ~trace_.reported_;
-  for (Trace::Row& r : trace_.rows_) r.present &= ~unknown;
   return std::move(trace_);
 }
 

@@ -55,20 +55,26 @@ class TraceBuilder {
   // A name as it is (a JSON string in a shard list), whatever its bytes.
   absl::Status AddShardName(Row& r, absl::string_view name, int column);
   void SetCheckpoint(Row& r, absl::string_view uri);
+  // The fp16 loss scaler's state at this step (core::StepValues::SetLossScale).
+  void SetLossScale(Row& r, double scale, bool overflow);
+  // A record another builder built (its values, shards, checkpoint and loss
+  // scale), as a new row at `line`; *out is the row, valid until the next
+  // NewRow. Fails as SetStep() does.
+  absl::Status AddRecord(const core::StepRecord& rec, int line, Row** out);
   void AddWarning(std::string message) { trace_.warnings_.push_back(std::move(message)); }
   // Step of the last row, -1 when none.
   int64_t last_step() const { return have_last_ ? last_step_ : -1; }
   size_t rows() const { return trace_.rows_.size(); }
 
-  // Fails on an empty trace. Signals never reported with a finite value are
-  // cleared from every row: unknown for the run, not failures.
+  // Fails on an empty trace. A signal no row holds stays absent (unknown for
+  // the run); one a row holds as nan or inf is kept, as follow's Drain()
+  // keeps it, so that replay and follow judge a log alike.
   absl::StatusOr<Trace> Finish(MetricsFormat format);
 
   // For a reader fed as a log grows (twctl follow), in bounded memory: calls
   // fn(record, line) for each row built since the last Drain() (the record
   // valid inside fn only), then forgets them; the step order check goes on
-  // across calls. Unlike Finish(), a signal is never cleared: a live log's
-  // future is unknown.
+  // across calls.
   template <typename Fn>
   void Drain(Fn fn) {
     for (size_t i = 0; i < trace_.rows_.size(); ++i) fn(trace_.Record(i), trace_.line(i));
@@ -111,11 +117,20 @@ class LineParser {
   // At the end of a whole file: what only all of it can tell (no metric line
   // at all, a CSV without a header, JSON lines that never name a metric).
   virtual absl::Status End(const TraceBuilder& b) = 0;
+  // Adds the rows a reader holds back until a later line completes them (a
+  // DeepSpeed overflow waiting for the trainer's record of its step). Called
+  // at the end of a whole file before End(), and by twctl follow when its
+  // source ends or restarts.
+  virtual absl::Status Flush(TraceBuilder& b) { return absl::OkStatus(); }
+  // The last step the log named, on a line that is a record or not (a
+  // progress bar); -1 when none or when the format does not say.
+  virtual int64_t Position() const { return -1; }
 };
 
 // The reader of `format`: kCsv (strict), kGenericCsv, kJsonLines, kLlmc,
-// kStepLog or kMegatron (kAuto and kTensorBoard are not line formats:
-// nullptr). `source` names the input in errors and must outlive the parser.
+// kStepLog, kMegatron, kNanoGpt or kDeepSpeed (kAuto and kTensorBoard are
+// not line formats: nullptr); a trainer's log is read with DeepSpeed's lines
+// in it (NewDeepSpeedLayer). `source` names the input in errors and must outlive the parser.
 std::unique_ptr<LineParser> NewLineParser(MetricsFormat format, absl::string_view source,
                                           const ColumnMap& map);
 // A whole text read by NewLineParser(format).
@@ -127,6 +142,17 @@ absl::StatusOr<Trace> ParseLines(absl::string_view content, absl::string_view so
 std::unique_ptr<LineParser> NewLlmcParser(absl::string_view source);
 std::unique_ptr<LineParser> NewStepLogParser(absl::string_view source);
 std::unique_ptr<LineParser> NewMegatronParser(absl::string_view source);
+std::unique_ptr<LineParser> NewNanoGptParser(absl::string_view source);
+// DeepSpeed's loss-scaler lines (deepspeed_lines.cc) read around `trainer`,
+// the reader of the log's own lines (nullptr: DeepSpeed's lines alone). The
+// trainer's records pass through, each carrying the overflow DeepSpeed
+// reported at its step; an overflow at a step the trainer does not record
+// is a record of its own.
+std::unique_ptr<LineParser> NewDeepSpeedLayer(absl::string_view source,
+                                              std::unique_ptr<LineParser> trainer);
+// A DeepSpeed loss-scaler line (an fp16 overflow, the minimum-scale failure,
+// step=N, skipped=K), for format detection.
+bool IsDeepSpeedLine(absl::string_view line);
 // CSV and JSON lines (metrics_file.cc).
 std::unique_ptr<LineParser> NewCsvParser(absl::string_view source, bool strict,
                                          const ColumnMap& map);

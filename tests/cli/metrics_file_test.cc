@@ -50,20 +50,24 @@ TEST_CASE("CSV: columns in any order - optional columns - quoted fields", "[cli]
   CHECK(t->line(2) == 5);
 }
 
-TEST_CASE("a metric never reported with a finite value is unknown for the run",
+TEST_CASE("a metric the file never writes is unknown but a written nan is reported",
           "[cli][csv][missing]") {
+  // log_z: an empty cell on every row, never written; grad_norm: written,
+  // as nan on every row, which is a report (nonfinite_test.cc replays it).
   auto t = ParseMetrics("step,loss,grad_norm,log_z,nan_frac\n1,2.5,nan,,0\n2,2.4,nan,,0\n",
                         "run.csv");
   REQUIRE(t.ok());
-  CHECK_FALSE(t->Record(0).Has(Signal::kGradNorm));
+  CHECK(t->Record(0).Has(Signal::kGradNorm));
+  CHECK(std::isnan(t->Record(0).Get(Signal::kGradNorm)));
   CHECK_FALSE(t->Record(1).Has(Signal::kLogZ));
   CHECK(t->Record(1).Has(Signal::kNanFrac));
-  CHECK(t->reported() == (core::Bit(Signal::kLoss) | core::Bit(Signal::kNanFrac)));
+  CHECK(t->reported() == (core::Bit(Signal::kLoss) | core::Bit(Signal::kGradNorm) |
+                          core::Bit(Signal::kNanFrac)));
 }
 
 TEST_CASE("CSV: malformed input names file - line and column", "[cli][csv][errors]") {
   CHECK(ErrorOf("") == "run.csv:1:1: empty file: expected a CSV header, JSON lines, or a "
-                       "trainer's log (llm.c, step:S/N, Megatron-LM)");
+                       "trainer's log (llm.c, step:S/N, Megatron-LM, nanoGPT, DeepSpeed)");
   CHECK(ErrorOf("step,loss,grad_norm,log_z,nan_frac\n") ==
         "run.csv:1:1: no records: the file holds no step");
   // Strict (--format csv): trainwatch's own CSV needs all five columns.

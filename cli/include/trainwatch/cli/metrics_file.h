@@ -17,7 +17,26 @@
 //   steplog   "step:S/N train_loss:L ..." (modded-nanogpt and its family;
 //             val_loss-only lines are read past);
 //   megatron  Megatron-LM's "iteration N/ M | ... | lm loss: ... | grad norm:
-//             ... | learning rate: ... | number of nan iterations: ... |";
+//             ... | learning rate: ... | number of nan iterations: ... |"; a
+//             line with a grad norm and no lm loss is a step whose loss was
+//             NaN (Megatron drops the field), so its loss is NaN;
+//   nanogpt   nanoGPT's "iter N: loss X, time ...ms, mfu ...%", with or without
+//             a "YYYY-MM-DD HH:MM:SS " prefix; "step N: train loss X, val loss
+//             Y" eval lines are read past, and "saving checkpoint to DIR" is a
+//             checkpoint (uri DIR) at the last eval step;
+//   deepspeed DeepSpeed's fp16 loss-scaler lines alone (see below).
+//
+// DeepSpeed's loss-scaler lines are read inside every text log above, as
+// they are interleaved with the trainer's own lines in real logs: "OVERFLOW!
+// Rank 0 Skipping step. Attempted loss scale: S, reducing to S'" and "...,
+// but hysteresis is H. Reducing hysteresis to H'" are overflow steps at
+// scale S (a skipped update: tier 0 until they persist); "step=N,
+// skipped=K, lr=[...]" is step N with its learning rate; "Current loss
+// scale already at minimum" is a step at scale 0, which the loss_scale_floor
+// rule halts on (the scaler has no scale left). DeepSpeed does not print
+// the step of an overflow: it is placed at the step after the last one the
+// log named (a trainer's line, step=N, or the overflow before it), and a
+// trainer's record at that step carries it.
 //   tensorboard  TensorBoard event files (tensorboard.h), one or a folder.
 //
 // Reading is all or nothing: malformed input (a garbage number, a step
@@ -25,8 +44,11 @@
 // and no record is returned, so a replay never prints a partial answer. Steps
 // that go back are kept in file order: a job restarted from a checkpoint
 // that logged into the same file, which Replay() reads as a new attempt. A metric the run
-// never reports with a finite value is "unknown" for the whole run (not
-// zero); a NaN in a metric the run does report is kept, since it is a signal.
+// never reports (no column, an empty cell, a JSON null, a log line without
+// it) is "unknown" for the whole run, not zero: the rules that need it stay
+// silent and events list it under lacked_signals. A nan or inf the log
+// writes is a report, as it is from the agent: a signal (tier 3), even when
+// the metric was never finite before.
 
 #ifndef TRAINWATCH_CLI_METRICS_FILE_H_
 #define TRAINWATCH_CLI_METRICS_FILE_H_
@@ -53,9 +75,12 @@ enum class MetricsFormat {
   kStepLog,
   kMegatron,
   kTensorBoard,
+  kNanoGpt,
+  kDeepSpeed,
 };
 
-// "auto", "csv", "wandb-csv", "jsonl", "llmc", "steplog", "megatron", "tensorboard".
+// "auto", "csv", "wandb-csv", "jsonl", "llmc", "steplog", "megatron",
+// "tensorboard", "nanogpt", "deepspeed".
 absl::string_view FormatName(MetricsFormat f);
 bool ParseFormatName(absl::string_view name, MetricsFormat* out);
 
@@ -83,7 +108,7 @@ class Trace {
   core::StepRecord Record(size_t i) const;
   // Source line of the i-th record, for messages.
   int line(size_t i) const { return rows_[i].line; }
-  // Signals present in at least one row with a finite value.
+  // Signals present in at least one row (nan and inf included).
   uint32_t reported() const { return reported_; }
   // The format the content was read as (never kAuto).
   MetricsFormat format() const { return format_; }
@@ -103,6 +128,9 @@ class Trace {
     uint32_t name_count;
     int32_t checkpoint;  // index into checkpoints_, -1 when none
     int line;
+    double loss_scale;      // when loss_scale_set
+    bool loss_scale_set;    // core::StepValues::SetLossScale
+    bool loss_scale_overflow;
   };
   // A row per record: 50 MB for 500k steps, on huge pages.
   std::vector<Row, core::LargeAllocator<Row>> rows_;

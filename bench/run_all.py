@@ -57,8 +57,10 @@ GOALS = [
     ("replay", "twctl replay --summary, 500k steps (s)", r"^twctl replay", "value", "<=", 0.5),
     ("agent_overhead", "agent Step() p99.9 with the server up, trainer on a core of its own (us)",
      r"p99\.9 with the server up \(own-core\)", "value", "<=", 20.0),
-    ("clip", "observe + guard.clip_grad_norm_ vs torch's clip alone", r"^clip: observe \+ guard",
-     "ratio", "<=", 1.1),
+    ("clip", "observe + guard.clip_grad_norm_ vs torch 1.13's clip alone",
+     r"^clip, torch 1\..*: observe \+ guard", "ratio", "<=", 1.1),
+    ("clip_torch2", "observe + guard.clip_grad_norm_ vs torch 2.x's clip alone",
+     r"^clip, torch 2\..*: observe \+ guard", "ratio", "<=", 1.0),
     ("follow", "twctl follow end to end (lines/s, one core)", r"^twctl follow, Megatron", "value", ">=",
      50000.0),
 ] + [("cpu_stats", f"grad stats {d} vs plain 1-thread read", rf"^grad stats {d} vs plain 1-thread",
@@ -156,6 +158,22 @@ def replay_bench(build, out_dir, smoke):
         "median": statistics.median(cpu), "min": min(cpu), "max": max(cpu)}]
 
 
+def torch2_python(build):
+    """The interpreter of build/pyenv/torch-newest, with this tree's wheel
+    installed (tests/python/env), or None when it cannot be made."""
+    env = os.path.join(ROOT, "tests", "python", "env")
+    out = os.path.join(build, "pyenv")
+    try:
+        for cmd in ([os.path.join(env, "wheel.sh"), ROOT, out],
+                    [os.path.join(env, "install.sh"), ROOT, out,
+                     os.path.join(env, "torch-newest.txt")]):
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"== clip_torch2: no torch 2.x environment ({e})", flush=True)
+        return None
+    return os.path.join(out, "torch-newest", "bin", "python")
+
+
 def benches(build, smoke):
     """(name, command or None when absent, skipped-in-smoke reason)."""
     b = lambda *p: os.path.join(build, *p)
@@ -184,6 +202,13 @@ def benches(build, smoke):
                 [PY, cpu, "--lib", lib] + (["--smoke"] if smoke else []), None))
     clip = script(os.path.join(ROOT, "bench", "agent", "clip_overhead.py"))
     out.append(("clip", clip and [PY, clip] + (["--rounds", "3"] if smoke else []), None))
+    # The same on torch 2.x, in the newest test environment (made here if
+    # make test has not), trainwatch as installed there: PYTHONPATH unset.
+    if smoke:
+        out.append(("clip_torch2", [clip], "its torch 2.x environment takes minutes to make"))
+    else:
+        torch2 = clip and torch2_python(build)
+        out.append(("clip_torch2", torch2 and ["env", "-u", "PYTHONPATH", torch2, clip], None))
     follow = script(os.path.join(ROOT, "bench", "follow", "follow_throughput.sh"))
     follow_bins = [exe(b("bin", "trainwatchd")), exe(b("bin", "twctl"))]
     out.append(("follow", follow and all(follow_bins) and

@@ -7,10 +7,13 @@ CPU model of 150 tensors and 25M parameters (75 Linear layers):
 
 and each as a share of a whole training step (forward, backward, SGD step)
 with a batch of 8 rows: a small batch, so the share is an upper bound.
-The target (issue 11): b/a <= 1.1.
+The targets: b/a <= 1.1 on Debian's torch 1.13, <= 1.0 on torch 2.x (whose
+clip is get_total_norm's foreach norms plus a foreach scale); the figures
+name the torch they ran on.
 
   PYTHONPATH=build/python /usr/bin/python3 bench/agent/clip_overhead.py [--rounds N] [--threads T]
   cmake --build build --target clip_overhead     # the same, with the defaults
+  build/pyenv/torch-newest/bin/python bench/agent/clip_overhead.py   # torch 2.x
 
 The variants run in one process on the same gradients, alternating (a, b,
 c, a, b, c, ...) so that a neighbour's load on the machine falls on all
@@ -143,7 +146,8 @@ labels_json = {"b": "observe + guard.clip_grad_norm_", "c": "observe + torch's c
 figs = []
 for k in ("b", "c"):
     ratios = [x / y for x, y in zip(times[k], times["a"])]
-    figs.append({"figure": f"clip: {labels_json[k]} vs torch's clip alone, {len(params)} tensors, "
+    figs.append({"figure": f"clip, torch {torch.__version__.split('+')[0]}: {labels_json[k]} vs "
+                           f"torch's clip alone, {len(params)} tensors, "
                            f"{n / 1e6:.0f}M params, {args.threads} thread(s)",
                  "unit": "ms", "value": statistics.median(times[k]) * 1e3,
                  "baseline": statistics.median(times["a"]) * 1e3,

@@ -106,6 +106,8 @@ import torch as _torch
 from . import TrainingHalted
 from . import exit_on_halt  # noqa: F401  (trainwatch.torch.exit_on_halt, for trainers)
 from ._trainwatch import log_z_sum as _host_log_z_sum
+from ._placements import DTensorLayout as _DTensorLayout, is_dtensor as _is_dtensor, \
+    local as _local
 # The statistics themselves, by kernels/ or by torch operations (_stats.py).
 from ._stats import (grad_stats, log_z_stats, _DeviceStats, _device_log_z_sum,  # noqa: F401
                      _fused_cuda, _grouped_grad_stats, _kernel_grad_kw, _nonfinite_norm)
@@ -128,22 +130,41 @@ class Guard:
     """Holds the latest verdict and gates the wrapped optimizer's step()."""
 
     def __init__(self, optimizer, agent, params=None, on_device=False, model=None, layout=None,
-                 data_parallel_size=None, tensor_parallel_size=None, scaler=None):
+                 data_parallel_size=None, tensor_parallel_size=None, scaler=None, replicas=None):
         self.optimizer = optimizer
         self.agent = agent
         self.scaler = scaler
         if params is None and model is not None:
             params = model.named_parameters()
-        self.layout = _resolve_layout(agent, model, layout)
-        self._copies = _layout_copies(self.layout, agent.world_size, data_parallel_size,
-                                      tensor_parallel_size)
+        self.params = list(params) if params is not None else None
+        if self.params is not None and self.params and isinstance(self.params[0], tuple):
+            watched = self.params
+        else:
+            watched = [(None, p) for p in (self.params if self.params is not None else
+                                           [p for g in optimizer.param_groups for p in g["params"]])]
+        if any(_is_dtensor(p) for _, p in watched):
+            # FSDP2, tensor parallel, HSDP: each gradient's placements say
+            # how many ranks hold it (_placements.py); nothing to set by hand.
+            if layout is not None or data_parallel_size is not None or \
+                    tensor_parallel_size is not None:
+                raise ValueError("watch(): the parameters are DTensors, whose placements give "
+                                 "the layout: leave layout, data_parallel_size and "
+                                 "tensor_parallel_size out (replicas= for copies outside the mesh)")
+            self.layout = "dtensor"
+            self._copies = _DTensorLayout(watched, agent.world_size, replicas)
+        else:
+            if replicas is not None:
+                raise ValueError("watch(): replicas is for DTensor parameters (copies outside "
+                                 "their mesh); plain tensors take layout=")
+            self.layout = _resolve_layout(agent, model, layout)
+            self._copies = _layout_copies(self.layout, agent.world_size, data_parallel_size,
+                                          tensor_parallel_size)
         # Statistics with torch operations even for host tensors (CUDA
         # tensors take the CUDA kernels where the build has them).
         self.on_device = on_device
         self._grads_on_device = None
         self._device_stats = None  # kernels/' CUDA path, made at first use
         self.stats_path = None  # "host", "cuda" or "torch": the last step's
-        self.params = list(params) if params is not None else None
         self.verdict = None
         self.skipped = 0
         # The gradients the verdict's norm is of (set by observe(), emptied
@@ -162,26 +183,30 @@ class Guard:
 
     def _grads(self):
         """The gradients (a dict when named), the copies of each (a list, an
-        int for all, or None: sharded), and what clip_grad_norm_() checks."""
+        int for all, or None: sharded), and what clip_grad_norm_() checks.
+        DTensor gradients are given as this rank's local tensors."""
         # Named when the parameters are (watch(..., params=model.named_parameters())):
         # a NaN is then reported with the tensor that holds it.
         if self.params is not None and self.params and isinstance(self.params[0], tuple):
             named = [(n, p) for n, p in self.params if p.grad is not None]
-            grads = {n: p.grad.detach().contiguous() for n, p in named}
+            grads = {n: _local(p.grad.detach()).contiguous() for n, p in named}
             params = [p for _, p in named]
+            names = [n for n, _ in named]
         else:
             params = self.params
             if params is None:
                 params = [p for g in self.optimizer.param_groups for p in g["params"]]
             params = [p for p in params if p.grad is not None]
-            grads = [p.grad.detach().contiguous() for p in params]
+            grads = [_local(p.grad.detach()).contiguous() for p in params]
+            names = [None] * len(params)
         # What clip_grad_norm_() may scale: these very gradients, unchanged.
         # Weak references, so that a zero_grad(set_to_none=True) still frees
-        # them; the version counter moves with every in-place change.
-        observed = [(p, _weakref.ref(p.grad), p.grad._version) for p in params]
+        # them; the version counter moves with every in-place change (of the
+        # local tensor, for a DTensor: the one clip_grad_norm_ scales).
+        observed = [(p, _weakref.ref(p.grad), _local(p.grad)._version) for p in params]
         copies = self._copies
         if callable(copies):
-            copies = [copies(p) for p in params]
+            copies = [copies(p, n) for p, n in zip(params, names)]
         return grads, copies, observed
 
     @_torch.no_grad()
@@ -354,12 +379,12 @@ class Guard:
         grads = []
         for p, ref, version in observed:
             g = ref()
-            if g is None or p.grad is not g or g._version != version:
+            if g is None or p.grad is not g or _local(g)._version != version:
                 raise RuntimeError(
                     "clip_grad_norm_(): the gradients changed after observe() (another "
                     "backward, zero_grad, scaler.unscale_ or an in-place edit): the verdict's "
                     "norm is not theirs; call observe() after the last change")
-            grads.append(g)
+            grads.append(_local(g))
         if not grads:
             self._observed = None
             return _torch.tensor(0.0)  # as torch, for no gradients
@@ -468,11 +493,11 @@ def _layout_copies(layout, world, dp, tp):
                          f"not divide world_size {world}")
     # A tensor-parallel shard is held by its data-parallel replicas; an
     # unmarked parameter also by every tensor-parallel rank of the group.
-    return lambda p: dp if getattr(p, "tensor_model_parallel", False) else dp * tp
+    return lambda p, name=None: dp if getattr(p, "tensor_model_parallel", False) else dp * tp
 
 
 def watch(optimizer, agent, params=None, on_device=False, model=None, layout=None,
-          data_parallel_size=None, tensor_parallel_size=None, scaler=None):
+          data_parallel_size=None, tensor_parallel_size=None, scaler=None, replicas=None):
     """Wraps `optimizer` so that its step() obeys the agent's verdicts.
 
     params: the parameters whose gradients count (default: model's named
@@ -490,9 +515,13 @@ def watch(optimizer, agent, params=None, on_device=False, model=None, layout=Non
     Parameters that are tensor-parallel shards carry tensor_model_parallel
     (Megatron-LM sets it; else mark_tensor_parallel()).
     scaler: the fp16 run's torch.cuda.amp.GradScaler: statistics of the
-    unscaled gradients, and its scale and overflows in the record."""
+    unscaled gradients, and its scale and overflows in the record.
+    replicas: with DTensor parameters (whose placements give the layout),
+    the copies held outside their device mesh, e.g. the data-parallel size
+    of DDP around a tensor-parallel mesh; needed when the mesh does not span
+    every rank (1 when the other ranks hold other parameters)."""
     return Guard(optimizer, agent, params, on_device, model, layout, data_parallel_size,
-                 tensor_parallel_size, scaler)
+                 tensor_parallel_size, scaler, replicas)
 
 
 def distributed_reduce(group=None):

@@ -195,6 +195,10 @@ class DTensorNormTest(unittest.TestCase):
                               (case, NAN_AT)).fetchone()[0]
         db.close()
         self.assertEqual(sorted(stored), list(range(STEPS)))
+        worst = max(abs(stored[s] - ranks[0]["refs"][str(s)][0]) / ranks[0]["refs"][str(s)][0]
+                    for s in range(NAN_AT))
+        print(f"\n{case}: stored grad_norm vs get_total_norm().full_tensor(), largest relative "
+              f"error over {NAN_AT} steps: {worst:.2e}")
         for step in range(NAN_AT):
             oracle, whole, bad, _ = ranks[0]["refs"][str(step)]
             self.assertEqual(bad, 0)
@@ -296,6 +300,8 @@ class OuterReplicationTest(unittest.TestCase):
         stored = dict(db.execute("SELECT step, grad_norm FROM steps WHERE run_id='outer'"))
         db.close()
         self.assertEqual(sorted(stored), [0, 1, 2])
+        worst = max(abs(stored[int(s)] - o) / o for s, o in out["refs"].items())
+        print(f"\nTP replicated outside its mesh: largest relative error {worst:.2e}")
         for step, oracle in out["refs"].items():
             self.assertLessEqual(abs(stored[int(step)] - oracle) / oracle, 1e-6)
 

@@ -59,8 +59,12 @@ as sharded is sqrt(world_size) times too large):
   everything unmarked (norms, biases) is taken as duplicated on the
   tensor_parallel_size ranks of the group and counted once.
 
-With several ranks and none of these known, watch() raises ValueError rather
-than report a wrong norm. Loss and log Z are means over the ranks that report
+DTensor parameters (torch 2.x: FSDP2's fully_shard, tensor parallel, HSDP)
+need none of these: each gradient's placements say how many ranks hold it
+(_placements.py), its local shard is read, and replicas= gives any copies
+outside the device mesh (DDP around a tensor-parallel mesh); guard.layout is
+then "dtensor". With several ranks and none of these known, watch() raises
+ValueError rather than report a wrong norm. Loss and log Z are means over the ranks that report
 them (log Z weighted by rows) in every layout; every tensor-parallel rank of
 a replica reports the same loss, which leaves the mean unchanged.
 

@@ -7,7 +7,6 @@ server must hold one merged record per step."""
 
 import json
 import os
-import socket
 import sqlite3
 import tempfile
 import unittest
@@ -18,16 +17,10 @@ import torch.multiprocessing as mp
 
 import trainwatch
 import trainwatch.torch as twt
-from trainwatchd_process import Trainwatchd
+from trainwatchd_process import Trainwatchd, free_port
 
 RULES = {"warmup_steps": 100, "warmup_min_records": 20, "warmup_min_grad_samples": 20}
 CORRUPT_AT, NAN_AT, STEPS = 250, 320, 400
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_main(rank, world, port, server, out_dir):

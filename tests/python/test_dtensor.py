@@ -14,7 +14,6 @@ rank, and nan_frac counts each element once.
 import json
 import math
 import os
-import socket
 import sqlite3
 import tempfile
 import unittest
@@ -31,16 +30,10 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
 
 import trainwatch
 import trainwatch.torch as twt
-from trainwatchd_process import Trainwatchd
+from trainwatchd_process import Trainwatchd, free_port
 
 STEPS = 6  # the last one carries the NaN
 NAN_AT = STEPS - 1
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Net(torch.nn.Module):
@@ -166,7 +159,9 @@ def rank_main(rank, world, port, out_dir, case):
     dist.destroy_process_group()
 
 
-class DTensorNormTest(unittest.TestCase):
+class _DaemonTest(unittest.TestCase):
+    """A trainwatchd and a scratch folder for the ranks' results, per test."""
+
     @classmethod
     def setUpClass(cls):
         print(f"torch {torch.__version__}, trainwatch {trainwatch.__version__}")
@@ -179,6 +174,8 @@ class DTensorNormTest(unittest.TestCase):
         self.daemon.stop()
         self.work.cleanup()
 
+
+class DTensorNormTest(_DaemonTest):
     def run_case(self, case):
         world, _, _, _, _, nan_ranks, nan_param = CASES[case]
         os.environ["TW_ADDRESS"], os.environ["TW_RUN"] = self.daemon.address, case
@@ -278,15 +275,7 @@ def outer_replicas_main(rank, world, port, out_dir, give_replicas):
     dist.destroy_process_group()
 
 
-class OuterReplicationTest(unittest.TestCase):
-    def setUp(self):
-        self.work = tempfile.TemporaryDirectory()
-        self.daemon = Trainwatchd()
-
-    def tearDown(self):
-        self.daemon.stop()
-        self.work.cleanup()
-
+class OuterReplicationTest(_DaemonTest):
     def spawn(self, run, give_replicas):
         os.environ["TW_ADDRESS"], os.environ["TW_RUN"] = self.daemon.address, run
         mp.spawn(outer_replicas_main, args=(4, free_port(), self.work.name, give_replicas),

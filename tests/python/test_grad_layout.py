@@ -23,7 +23,6 @@ that nan_frac shows each element counted once too; the run halts there.
 import json
 import math
 import os
-import socket
 import sqlite3
 import tempfile
 import unittest
@@ -34,16 +33,10 @@ import torch.multiprocessing as mp
 
 import trainwatch
 import trainwatch.torch as twt
-from trainwatchd_process import Trainwatchd
+from trainwatchd_process import Trainwatchd, free_port
 
 STEPS = 8  # the last one carries the NaN
 NAN_AT = STEPS - 1
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def reference_norm(grads):

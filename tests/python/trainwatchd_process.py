@@ -1,13 +1,21 @@
 """trainwatchd ($TRAINWATCHD) as a child process on a free loopback port,
 with its database (and its --rules file, when given) in a temporary folder;
-for the Python tests."""
+for the Python tests. free_port(): a free loopback port, for the gloo ranks'
+rendezvous."""
 
 import json
 import os
 import re
+import socket
 import subprocess
 import tempfile
 import time
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 class Trainwatchd:

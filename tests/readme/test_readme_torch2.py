@@ -15,7 +15,6 @@ import json
 import math
 import os
 import re
-import socket
 import sqlite3
 import tempfile
 import unittest
@@ -27,7 +26,7 @@ import torch.multiprocessing as mp
 
 import trainwatch
 import trainwatch.torch as twt
-from trainwatchd_process import Trainwatchd
+from trainwatchd_process import Trainwatchd, free_port
 
 STEPS = 8
 
@@ -40,12 +39,6 @@ def readme_block(name):
     if m is None:
         raise AssertionError(f"README.md has no ```python block after readme-test: {name}")
     return m.group(1)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Layers(torch.nn.Module):

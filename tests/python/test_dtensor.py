@@ -6,16 +6,16 @@ trainwatchd. watch() is given no layout: it reads the placements.
 For every step the grad_norm trainwatchd stores must be torch's own,
 torch.nn.utils.get_total_norm(grads).full_tensor(), within 1e-6, and the
 norm of the gathered full gradients in one process (computed on every rank;
-all agree). The last step carries NaNs put into one rank's shard of a named
-parameter: the halt names that parameter's fully qualified name and that
-rank, and nan_frac counts each element once.
+all agree), and guard.clip_grad_norm_ to half that norm must scale every
+rank's local shards as torch's clip does. The last step carries NaNs put
+into one rank's shard of a named parameter: the halt names that parameter's
+fully qualified name and that rank, and nan_frac counts each element once.
 """
 
 import json
 import math
 import os
 import sqlite3
-import tempfile
 import unittest
 import warnings
 
@@ -30,7 +30,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
 
 import trainwatch
 import trainwatch.torch as twt
-from trainwatchd_process import Trainwatchd, free_port
+from trainwatchd_process import DaemonTestCase, free_port
 
 STEPS = 6  # the last one carries the NaN
 NAN_AT = STEPS - 1
@@ -144,11 +144,22 @@ def rank_main(rank, world, port, out_dir, case):
         whole = float(torch.linalg.vector_norm(torch.cat([g.flatten().double()
                                                           for g in gathered])))
         try:
-            guard.observe(step, loss)
-            refs[step] = [oracle, whole, bad, n]
+            v = guard.observe(step, loss)
+            refs[step] = [oracle, whole, bad, n, None]
+            if not v.halt:
+                # Clipped to half the norm: each local shard scaled as torch's
+                # clip scales it, by max_norm / (norm + 1e-6).
+                before = torch.cat([g.to_local().flatten().double() for g in grads])
+                max_norm = oracle / 2
+                total = guard.clip_grad_norm_(max_norm)
+                after = torch.cat([g.to_local().flatten().double() for g in grads])
+                want = before * (max_norm / (oracle + 1e-6))
+                err = float(torch.linalg.vector_norm(after - want) /
+                            max(float(torch.linalg.vector_norm(want)), 1e-30))
+                refs[step][4] = [err, float(total), v.grad_norm]
             opt.step()
         except trainwatch.TrainingHalted as e:
-            refs[step] = [oracle, whole, bad, n]
+            refs[step] = [oracle, whole, bad, n, None]
             halted = {"step": e.step, "tensors": [list(t) for t in e.tensors], "ranks": e.ranks}
             break
     agent.close()
@@ -159,20 +170,10 @@ def rank_main(rank, world, port, out_dir, case):
     dist.destroy_process_group()
 
 
-class _DaemonTest(unittest.TestCase):
-    """A trainwatchd and a scratch folder for the ranks' results, per test."""
-
+class _DaemonTest(DaemonTestCase):
     @classmethod
     def setUpClass(cls):
         print(f"torch {torch.__version__}, trainwatch {trainwatch.__version__}")
-
-    def setUp(self):
-        self.work = tempfile.TemporaryDirectory()
-        self.daemon = Trainwatchd()
-
-    def tearDown(self):
-        self.daemon.stop()
-        self.work.cleanup()
 
 
 class DTensorNormTest(_DaemonTest):
@@ -197,14 +198,18 @@ class DTensorNormTest(_DaemonTest):
         print(f"\n{case}: stored grad_norm vs get_total_norm().full_tensor(), largest relative "
               f"error over {NAN_AT} steps: {worst:.2e}")
         for step in range(NAN_AT):
-            oracle, whole, bad, _ = ranks[0]["refs"][str(step)]
+            oracle, whole, bad, _, _ = ranks[0]["refs"][str(step)]
+            for r in ranks:  # guard.clip_grad_norm_ scaled every rank's shards as torch would
+                err, total, verdict_norm = r["refs"][str(step)][4]
+                self.assertLessEqual(err, 1e-6, f"{case} step {step}")
+                self.assertAlmostEqual(total, verdict_norm, delta=1e-6 * verdict_norm)  # its dtype
             self.assertEqual(bad, 0)
             for r in ranks:
                 self.assertAlmostEqual(r["refs"][str(step)][0], oracle, delta=1e-6 * oracle)
             self.assertLessEqual(abs(whole - oracle) / oracle, 1e-6)
             self.assertLessEqual(abs(stored[step] - oracle) / oracle, 1e-6,
                                  f"{case} step {step}: stored {stored[step]}, torch {oracle}")
-        _, _, bad, n = ranks[0]["refs"][str(NAN_AT)]
+        _, _, bad, n, _ = ranks[0]["refs"][str(NAN_AT)]
         self.assertGreater(bad, 0)
         self.assertEqual(nan_frac, bad / n)  # each NaN element counted once
         for r, out in enumerate(ranks):  # every rank halts at the same step

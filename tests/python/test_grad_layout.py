@@ -24,7 +24,6 @@ import json
 import math
 import os
 import sqlite3
-import tempfile
 import unittest
 
 import torch
@@ -33,7 +32,7 @@ import torch.multiprocessing as mp
 
 import trainwatch
 import trainwatch.torch as twt
-from trainwatchd_process import Trainwatchd, free_port
+from trainwatchd_process import DaemonTestCase, free_port
 
 STEPS = 8  # the last one carries the NaN
 NAN_AT = STEPS - 1
@@ -249,15 +248,7 @@ def hybrid_rank(rank, world, port, out_dir):
     run_steps(agent, guard, rank, out_dir, compute)
 
 
-class GradLayoutTest(unittest.TestCase):
-    def setUp(self):
-        self.work = tempfile.TemporaryDirectory()
-        self.daemon = Trainwatchd()
-
-    def tearDown(self):
-        self.daemon.stop()
-        self.work.cleanup()
-
+class GradLayoutTest(DaemonTestCase):
     def run_ranks(self, fn, world, run_id):
         os.environ["TW_ADDRESS"], os.environ["TW_RUN"] = self.daemon.address, run_id
         mp.spawn(fn, args=(world, free_port(), self.work.name), nprocs=world, join=True)

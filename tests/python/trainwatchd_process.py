@@ -1,7 +1,7 @@
 """trainwatchd ($TRAINWATCHD) as a child process on a free loopback port,
 with its database (and its --rules file, when given) in a temporary folder;
-for the Python tests. free_port(): a free loopback port, for the gloo ranks'
-rendezvous."""
+for the Python tests. DaemonTestCase: one per test, with a scratch folder.
+free_port(): a free loopback port, for the gloo ranks' rendezvous."""
 
 import json
 import os
@@ -10,6 +10,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import unittest
 
 
 def free_port():
@@ -50,3 +51,15 @@ class Trainwatchd:
         self.process.wait(timeout=20)
         self.log.close()
         self.dir.cleanup()
+
+
+class DaemonTestCase(unittest.TestCase):
+    """A trainwatchd (self.daemon) and a scratch folder (self.work) per test."""
+
+    def setUp(self):
+        self.work = tempfile.TemporaryDirectory()
+        self.daemon = Trainwatchd()
+
+    def tearDown(self):
+        self.daemon.stop()
+        self.work.cleanup()

@@ -141,11 +141,10 @@ class Guard:
         if params is None and model is not None:
             params = model.named_parameters()
         self.params = list(params) if params is not None else None
-        if self.params is not None and self.params and isinstance(self.params[0], tuple):
-            watched = self.params
-        else:
-            watched = [(None, p) for p in (self.params if self.params is not None else
-                                           [p for g in optimizer.param_groups for p in g["params"]])]
+        # Named when the parameters are (watch(..., params=model.named_parameters())):
+        # a NaN is then reported with the tensor that holds it.
+        self._named = bool(self.params) and isinstance(self.params[0], tuple)
+        watched = self._watched()
         if any(_is_dtensor(p) for _, p in watched):
             # FSDP2, tensor parallel, HSDP: each gradient's placements say
             # how many ranks hold it (_placements.py); nothing to set by hand.
@@ -185,32 +184,35 @@ class Guard:
         self._log_z_sum, self._log_z_rows = 0.0, 0
         self._shards = []
 
+    def _watched(self):
+        """(name or None, parameter) for each parameter whose gradient counts:
+        watch()'s params, else the optimizer's (read each step: a param group
+        may be added while training)."""
+        if self._named:
+            return self.params
+        params = self.params
+        if params is None:
+            params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        return [(None, p) for p in params]
+
     def _grads(self):
         """The gradients (a dict when named), the copies of each (a list, an
         int for all, or None: sharded), and what clip_grad_norm_() checks.
         DTensor gradients are given as this rank's local tensors."""
-        # Named when the parameters are (watch(..., params=model.named_parameters())):
-        # a NaN is then reported with the tensor that holds it.
-        if self.params is not None and self.params and isinstance(self.params[0], tuple):
-            named = [(n, p) for n, p in self.params if p.grad is not None]
-            grads = {n: _local(p.grad.detach()).contiguous() for n, p in named}
-            params = [p for _, p in named]
-            names = [n for n, _ in named]
-        else:
-            params = self.params
-            if params is None:
-                params = [p for g in self.optimizer.param_groups for p in g["params"]]
-            params = [p for p in params if p.grad is not None]
-            grads = [_local(p.grad.detach()).contiguous() for p in params]
-            names = [None] * len(params)
+        watched = [(n, p) for n, p in self._watched() if p.grad is not None]
+        params = [p for _, p in watched]
+        grads = [_local(p.grad.detach()).contiguous() for p in params]
+        if self._named:
+            grads = {n: g for (n, _), g in zip(watched, grads)}
         # What clip_grad_norm_() may scale: these very gradients, unchanged.
         # Weak references, so that a zero_grad(set_to_none=True) still frees
         # them; the version counter moves with every in-place change (of the
-        # local tensor, for a DTensor: the one clip_grad_norm_ scales).
+        # local tensor, for a DTensor: the one clip_grad_norm_ scales; read
+        # from p.grad itself, as a detached FSDP2 gradient's counter is not it).
         observed = [(p, _weakref.ref(p.grad), _local(p.grad)._version) for p in params]
         copies = self._copies
         if callable(copies):
-            copies = [copies(p, n) for p, n in zip(params, names)]
+            copies = [copies(p, n) for n, p in watched]
         return grads, copies, observed
 
     @_torch.no_grad()

@@ -41,11 +41,12 @@ struct Progress {
 // Everything one follow needs between polls.
 class Follower {
  public:
-  Follower(std::string source, MetricsFormat format, ColumnMap map, CheckpointMatcher matcher,
-           FollowStream* stream)
+  Follower(std::string source, MetricsFormat format, ColumnMap map, int64_t logging_steps,
+           CheckpointMatcher matcher, FollowStream* stream)
       : source_(std::move(source)),
         format_(format),
         map_(std::move(map)),
+        logging_steps_(logging_steps),
         matcher_(std::move(matcher)),
         stream_(stream) {}
 
@@ -75,7 +76,9 @@ class Follower {
   // again, line numbers from 1).
   absl::Status Restart() {
     if (absl::Status s = EndOfStream(); !s.ok()) return s;
-    if (parser_ != nullptr) NewParser();
+    // trainer_state.json's reader is fed each version of the file and gives
+    // only the steps not given before: it stays.
+    if (parser_ != nullptr && format_ != MetricsFormat::kHfTrainerState) NewParser();
     line_no_ = 0;
     return absl::OkStatus();
   }
@@ -116,6 +119,11 @@ class Follower {
       f = DetectFormat(held_);
       // A CSV is told by its header, the first line; a log by a metric line
       // among the first kDetectLines.
+      if (held_lines_ == 1 && stripped == "{" && held_lines_ < kDetectLines) {
+        // A JSON document on many lines (trainer_state.json), or JSON
+        // lines: the next lines tell.
+        return false;
+      }
       if (f == MetricsFormat::kCsv) {
         const bool header = held_lines_ == 1 && absl::StrContains(stripped, ",") &&
                             absl::StrContains(absl::AsciiStrToLower(stripped), "step");
@@ -139,7 +147,7 @@ class Follower {
     NewParser();
   }
   void NewParser() {
-    parser_ = NewLineParser(format_, source_, map_);
+    parser_ = NewLineParser(format_, source_, map_, logging_steps_);
     builder_ = std::make_unique<TraceBuilder>(source_);
   }
   absl::Status ParseHeld() {
@@ -183,6 +191,7 @@ class Follower {
   std::string source_;
   MetricsFormat format_;
   ColumnMap map_;
+  int64_t logging_steps_;
   CheckpointMatcher matcher_;
   FollowStream* stream_;
   std::unique_ptr<LineParser> parser_;
@@ -217,7 +226,11 @@ class FollowCommand : public Command {
                 {Flag("run", "RUN", "the run the records belong to (required)", true),
                  Flag("format", "FORMAT",
                       "auto (default), csv, wandb-csv, jsonl, llmc, steplog, megatron, "
-                      "nanogpt, deepspeed, tensorboard"),
+                      "nanogpt, deepspeed, hf, hf-state, torchtitan, composer, nemo, "
+                      "tensorboard"),
+                 Flag("logging-steps", "N",
+                      "a Hugging Face Trainer log without progress bars: its k-th loss "
+                      "line is step k * N"),
                  Flag("map", "SIGNAL=NAME,...", "columns or tags to signals, as replay's"),
                  Flag("checkpoint-pattern", "REGEX",
                       "a line announcing a checkpoint: one group the step, (?<path>..) its uri"),
@@ -238,6 +251,8 @@ class FollowCommand : public Command {
                     "'-', standard input, until its end; or a TensorBoard log folder, whose\n"
                     "event files are read as they appear and grow (a torn final record is\n"
                     "waited for). The format is detected as replay does, or --format.\n"
+                    "A file named trainer_state.json (or --format hf-state) is read whole\n"
+                    "each time the trainer rewrites it; only steps not sent before are sent.\n"
                     "The run is marked observed: nothing is skipped or halted in the job.\n"
                     "Steps going back (a restart) open a new attempt resuming after the step\n"
                     "before. Checkpoints: Megatron's 'saving checkpoint at iteration N',\n"
@@ -270,7 +285,8 @@ class FollowCommand : public Command {
     absl::StatusOr<int64_t> interval = args.GetInt("status-interval", 5, 0, 86400);
     absl::StatusOr<int64_t> poll_ms = args.GetInt("poll-interval", 100, 1, 60000);
     absl::StatusOr<int64_t> window = args.GetInt("max-in-flight", 65536, 1024, 1 << 24);
-    for (const auto* v : {&drain, &interval, &poll_ms, &window}) {
+    absl::StatusOr<int64_t> logging_steps = args.GetInt("logging-steps", 0, 1, int64_t{1} << 40);
+    for (const auto* v : {&drain, &interval, &poll_ms, &window, &logging_steps}) {
       if (!v->ok()) return usage(v->status().message());
     }
     std::error_code ec;
@@ -284,6 +300,11 @@ class FollowCommand : public Command {
       format = MetricsFormat::kTensorBoard;
     } else if (format == MetricsFormat::kTensorBoard && source == "-") {
       return usage("standard input is followed as text; --format tensorboard needs a folder");
+    } else if (format == MetricsFormat::kAuto && source != "-" &&
+               std::filesystem::path(source).filename() == "trainer_state.json") {
+      format = MetricsFormat::kHfTrainerState;
+    } else if (format == MetricsFormat::kHfTrainerState && source == "-") {
+      return usage("--format hf-state follows a file the trainer rewrites, not standard input");
     }
     absl::StatusOr<CheckpointMatcher> matcher =
         CheckpointMatcher::Create(args.Get("checkpoint-pattern"), true);
@@ -311,12 +332,13 @@ class FollowCommand : public Command {
     g_stop_signal = 0;
     std::signal(SIGINT, OnStopSignal);
     std::signal(SIGTERM, OnStopSignal);
-    Follower follower(source == "-" ? "<stdin>" : source, format, map, *std::move(matcher),
-                      &stream);
+    Follower follower(source == "-" ? "<stdin>" : source, format, map, *logging_steps,
+                      *std::move(matcher), &stream);
     const bool events = format == MetricsFormat::kTensorBoard;
     int rc = kOk;
     const absl::Time start = absl::Now();
-    absl::Status failed = Loop(source, events, &follower, &stream, *poll_ms, *interval);
+    absl::Status failed = Loop(source, events, format == MetricsFormat::kHfTrainerState, &follower,
+                               &stream, *poll_ms, *interval);
     const absl::Time read_done = absl::Now();
     if (!failed.ok()) {
       std::fprintf(stderr, "twctl follow: %s\n", std::string(failed.message()).c_str());
@@ -348,7 +370,7 @@ class FollowCommand : public Command {
   }
 
  private:
-  static absl::Status Loop(const std::string& source, bool events, Follower* f,
+  static absl::Status Loop(const std::string& source, bool events, bool whole_file, Follower* f,
                            FollowStream* stream, int64_t poll_ms, int64_t interval_s) {
     std::unique_ptr<TextTail> tail;
     std::unique_ptr<EventFolder> folder;
@@ -356,6 +378,8 @@ class FollowCommand : public Command {
       folder = std::make_unique<EventFolder>(source);
     } else if (source == "-") {
       tail = std::make_unique<StdinTail>();
+    } else if (whole_file) {
+      tail = std::make_unique<WholeFileTail>(source);
     } else {
       tail = std::make_unique<FileTail>(source);
     }

@@ -101,6 +101,56 @@ absl::StatusOr<TailEvent> FileTail::Poll(std::string* out, size_t max_bytes) {
   return TailEvent::kIdle;
 }
 
+absl::StatusOr<TailEvent> WholeFileTail::Poll(std::string* out, size_t max_bytes) {
+  if (given_ < content_.size()) {
+    const size_t n = std::min(max_bytes, content_.size() - given_);
+    out->append(content_, given_, n);
+    given_ += n;
+    return TailEvent::kData;
+  }
+  Version now;
+  struct stat st;
+  if (::stat(path_.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat(path_, ": is a folder"));
+    }
+    now.exists = true;
+    now.inode = st.st_ino;
+    now.size = st.st_size;
+    now.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  } else if (errno != ENOENT) {
+    return ErrnoError("cannot stat", path_);
+  }
+  const bool settled = now == seen_;
+  seen_ = now;
+  if (!now.exists || !settled || (read_any_ && now == read_)) return TailEvent::kIdle;
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return TailEvent::kIdle;
+    return ErrnoError("cannot open", path_);
+  }
+  content_.clear();
+  given_ = 0;
+  for (;;) {
+    const ssize_t n = ReadSome(fd, &content_, 1 << 20);
+    if (n < 0) {
+      ::close(fd);
+      return ErrnoError("read", path_);
+    }
+    if (n == 0) break;
+  }
+  ::close(fd);
+  read_ = now;
+  if (read_any_) {
+    ++restarts_;
+    return TailEvent::kRestart;
+  }
+  read_any_ = true;
+  given_ = std::min(max_bytes, content_.size());
+  out->append(content_, 0, given_);
+  return TailEvent::kData;
+}
+
 void TextTail::WaitForData(int64_t max_ms) { absl::SleepFor(absl::Milliseconds(max_ms)); }
 
 void StdinTail::WaitForData(int64_t max_ms) {

@@ -6,6 +6,9 @@
 //                 truncation (the size went below what was read) starts
 //                 again from byte 0.
 //   StdinTail     standard input (a pipe, `kubectl logs -f`); EOF ends it.
+//   WholeFileTail a file its writer rewrites whole (Hugging Face's
+//                 trainer_state.json): each version, once it has stood still
+//                 for a poll, is a new stream (kRestart, then its bytes).
 //   EventFolder   a TensorBoard log folder: its events.out.tfevents.* files
 //                 in name order (creation order), each read as it grows, new
 //                 ones as they appear; a record not yet complete is waited
@@ -74,6 +77,36 @@ class FileTail : public TextTail {
   dev_t device_ = 0;
   uint64_t offset_ = 0;  // bytes read from the open file
   std::string reason_;
+  int64_t restarts_ = 0;
+};
+
+// A file rewritten whole: truncated and written longer, which a FileTail
+// cannot tell from an append. A version is read once its size and mtime
+// have stood still between two polls (the writer is done), and each new
+// version after the first is announced with kRestart before its bytes.
+class WholeFileTail : public TextTail {
+ public:
+  explicit WholeFileTail(std::string path) : path_(std::move(path)) {}
+  absl::StatusOr<TailEvent> Poll(std::string* out, size_t max_bytes) override;
+  std::string RestartReason() const override { return "rewritten"; }
+  int64_t restarts() const override { return restarts_; }
+
+ private:
+  struct Version {
+    bool exists = false;
+    ino_t inode = 0;
+    off_t size = 0;
+    int64_t mtime_ns = 0;
+    bool operator==(const Version& o) const {
+      return exists == o.exists && inode == o.inode && size == o.size && mtime_ns == o.mtime_ns;
+    }
+  };
+  std::string path_;
+  Version seen_;  // at the last poll
+  Version read_;  // the version read last
+  bool read_any_ = false;
+  std::string content_;  // the version being given out
+  size_t given_ = 0;
   int64_t restarts_ = 0;
 };
 

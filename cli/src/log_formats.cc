@@ -404,7 +404,14 @@ MetricsFormat DetectFormat(absl::string_view content) {
     const absl::string_view line = absl::StripAsciiWhitespace(raw);
     if (line.empty()) continue;
     ++seen;
-    if (seen == 1 && line.front() == '{') return MetricsFormat::kJsonLines;
+    // Before JSON lines: a Hugging Face dict starts with '{' too, but its
+    // keys are quoted with '.
+    if (const MetricsFormat f = FrameworkLineFormat(raw); f != MetricsFormat::kAuto) return f;
+    if (seen == 1 && line.front() == '{') {
+      // A document on many lines, not JSON lines: trainer_state.json.
+      if (line == "{" && LooksLikeHfTrainerState(content)) return MetricsFormat::kHfTrainerState;
+      return MetricsFormat::kJsonLines;
+    }
     if (absl::StartsWith(line, "s:") &&
         (absl::StrContains(line, " trl:") || absl::StrContains(line, " tel:"))) {
       return MetricsFormat::kLlmc;

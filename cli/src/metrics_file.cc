@@ -393,17 +393,23 @@ std::unique_ptr<LineParser> NewJsonLinesParser(absl::string_view source) {
 bool SignalByAlias(absl::string_view lower, Signal* out) {
   struct Alias {
     Signal signal;
-    const char* names[8];
+    const char* names[10];
   };
   static const Alias kAliases[] = {
-      {Signal::kLoss, {"loss", "train/loss", "train_loss", "lm loss", "lm_loss", "train/lm_loss",
-                       "training_loss", "train/loss_step"}},
-      {Signal::kGradNorm, {"grad_norm", "train/grad_norm", "grad-norm", "gradient_norm",
-                           "global_grad_norm", "train/global_grad_norm", "grad norm", nullptr}},
+      // train_loss_step: Lightning's name for a loss logged on_step and
+      // on_epoch (its _epoch twin is an average, read past).
+      {Signal::kLoss,
+       {"loss", "train/loss", "train_loss", "lm loss", "lm_loss", "train/lm_loss", "training_loss",
+        "train/loss_step", "train_loss_step", nullptr}},
+      // grad_2.0_norm_total: Lightning's grad_norm(module, norm_type=2)
+      // utility's total.
+      {Signal::kGradNorm,
+       {"grad_norm", "train/grad_norm", "grad-norm", "gradient_norm", "global_grad_norm",
+        "train/global_grad_norm", "grad norm", "grad_2.0_norm_total", nullptr}},
       {Signal::kLogZ, {"log_z", "train/log_z", "logz", "train/logz", nullptr}},
       {Signal::kNanFrac, {"nan_frac", "train/nan_frac", nullptr}},
-      {Signal::kLearningRate, {"lr", "learning_rate", "train/lr", "train/learning_rate",
-                               "learning rate", nullptr}},
+      {Signal::kLearningRate,
+       {"lr", "learning_rate", "train/lr", "train/learning_rate", "learning rate", nullptr}},
       {Signal::kZLossAlpha, {"z_loss_alpha", nullptr}},
       {Signal::kActivationMax, {"activation_max", nullptr}},
       {Signal::kAttentionLogitP99, {"attention_logit_p99", nullptr}},
@@ -431,16 +437,27 @@ absl::string_view FormatName(MetricsFormat f) {
     case MetricsFormat::kTensorBoard: return "tensorboard";
     case MetricsFormat::kNanoGpt: return "nanogpt";
     case MetricsFormat::kDeepSpeed: return "deepspeed";
+    case MetricsFormat::kHfTrainer:
+      return "hf";
+    case MetricsFormat::kHfTrainerState:
+      return "hf-state";
+    case MetricsFormat::kTorchTitan:
+      return "torchtitan";
+    case MetricsFormat::kComposer:
+      return "composer";
+    case MetricsFormat::kNemo:
+      return "nemo";
   }
   return "unknown";
 }
 
 bool ParseFormatName(absl::string_view name, MetricsFormat* out) {
-  for (MetricsFormat f : {MetricsFormat::kAuto, MetricsFormat::kCsv, MetricsFormat::kGenericCsv,
-                          MetricsFormat::kJsonLines, MetricsFormat::kLlmc,
-                          MetricsFormat::kStepLog, MetricsFormat::kMegatron,
-                          MetricsFormat::kTensorBoard, MetricsFormat::kNanoGpt,
-                          MetricsFormat::kDeepSpeed}) {
+  for (MetricsFormat f :
+       {MetricsFormat::kAuto, MetricsFormat::kCsv, MetricsFormat::kGenericCsv,
+        MetricsFormat::kJsonLines, MetricsFormat::kLlmc, MetricsFormat::kStepLog,
+        MetricsFormat::kMegatron, MetricsFormat::kTensorBoard, MetricsFormat::kNanoGpt,
+        MetricsFormat::kDeepSpeed, MetricsFormat::kHfTrainer, MetricsFormat::kHfTrainerState,
+        MetricsFormat::kTorchTitan, MetricsFormat::kComposer, MetricsFormat::kNemo}) {
     if (FormatName(f) == name) {
       *out = f;
       return true;
@@ -491,7 +508,8 @@ absl::StatusOr<Trace> ParseMetrics(absl::string_view content, absl::string_view 
     if (absl::StripLeadingAsciiWhitespace(content).empty()) {
       return At(source, 1, 1,
                 "empty file: expected a CSV header, JSON lines, or a trainer's log (llm.c, "
-                "step:S/N, Megatron-LM, nanoGPT, DeepSpeed)");
+                "step:S/N, Megatron-LM, nanoGPT, DeepSpeed, Hugging Face, torchtitan, Composer, "
+                "NeMo)");
     }
     format = DetectFormat(content);
     // Detected CSV is read leniently: our five columns are found by name like
@@ -501,7 +519,7 @@ absl::StatusOr<Trace> ParseMetrics(absl::string_view content, absl::string_view 
   if (format == MetricsFormat::kTensorBoard) {
     return ParseEventFiles({EventFileData{std::string(source), content}}, options.column_map);
   }
-  return ParseLines(content, source, format, options.column_map);
+  return ParseLines(content, source, format, options.column_map, options.logging_steps);
 }
 
 namespace {
@@ -509,7 +527,7 @@ namespace {
 // The reader of one format's own lines (nullptr for kAuto, kTensorBoard and
 // kDeepSpeed).
 std::unique_ptr<LineParser> NewTrainerParser(MetricsFormat format, absl::string_view source,
-                                             const ColumnMap& map) {
+                                             const ColumnMap& map, int64_t logging_steps) {
   switch (format) {
     case MetricsFormat::kCsv:
       return NewCsvParser(source, /*strict=*/true, map);
@@ -525,6 +543,16 @@ std::unique_ptr<LineParser> NewTrainerParser(MetricsFormat format, absl::string_
       return NewMegatronParser(source);
     case MetricsFormat::kNanoGpt:
       return NewNanoGptParser(source);
+    case MetricsFormat::kHfTrainer:
+      return NewHfTrainerParser(source, logging_steps);
+    case MetricsFormat::kHfTrainerState:
+      return NewHfTrainerStateParser(source);
+    case MetricsFormat::kTorchTitan:
+      return NewTorchTitanParser(source);
+    case MetricsFormat::kComposer:
+      return NewComposerParser(source);
+    case MetricsFormat::kNemo:
+      return NewNemoParser(source);
     case MetricsFormat::kAuto:
     case MetricsFormat::kTensorBoard:
     case MetricsFormat::kDeepSpeed:
@@ -536,25 +564,31 @@ std::unique_ptr<LineParser> NewTrainerParser(MetricsFormat format, absl::string_
 }  // namespace
 
 std::unique_ptr<LineParser> NewLineParser(MetricsFormat format, absl::string_view source,
-                                          const ColumnMap& map) {
+                                          const ColumnMap& map, int64_t logging_steps) {
   // A trainer's text log carries DeepSpeed's loss-scaler lines between its
-  // own; CSV and JSON lines are exports, which do not.
+  // own; CSV, JSON lines and trainer_state.json are exports, which do not.
+  // Composer's records are whole only at the line after their block, too
+  // late for DeepSpeed's layer to place an overflow by them.
   switch (format) {
     case MetricsFormat::kLlmc:
     case MetricsFormat::kStepLog:
     case MetricsFormat::kMegatron:
     case MetricsFormat::kNanoGpt:
-      return NewDeepSpeedLayer(source, NewTrainerParser(format, source, map));
+    case MetricsFormat::kHfTrainer:
+    case MetricsFormat::kTorchTitan:
+    case MetricsFormat::kNemo:
+      return NewDeepSpeedLayer(source, NewTrainerParser(format, source, map, logging_steps));
     case MetricsFormat::kDeepSpeed:
       return NewDeepSpeedLayer(source, nullptr);
     default:
-      return NewTrainerParser(format, source, map);
+      return NewTrainerParser(format, source, map, logging_steps);
   }
 }
 
 absl::StatusOr<Trace> ParseLines(absl::string_view content, absl::string_view source,
-                                 MetricsFormat format, const ColumnMap& map) {
-  std::unique_ptr<LineParser> parser = NewLineParser(format, source, map);
+                                 MetricsFormat format, const ColumnMap& map,
+                                 int64_t logging_steps) {
+  std::unique_ptr<LineParser> parser = NewLineParser(format, source, map, logging_steps);
   if (parser == nullptr) return absl::InternalError("not a line format");
   TraceBuilder b(source);
   if (format == MetricsFormat::kCsv || format == MetricsFormat::kGenericCsv ||

@@ -8,13 +8,14 @@
 #include <set>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "lines.h"
 #include "trainwatch/cli/tensorboard.h"
 #include "trainwatch/core/json.h"
 #include "trainwatch/core/rule_engine.h"
-#include "lines.h"
 
 namespace trainwatch::cli {
 
@@ -284,7 +285,7 @@ namespace {
 
 constexpr char kReplayUsage[] =
     "usage: twctl replay FILE|DIR [--config FILE] [--format FORMAT] [--map SIGNAL=COLUMN,...]\n"
-    "                         [-o table|json] [--summary] [--print-config]\n"
+    "                         [--logging-steps N] [-o table|json] [--summary] [--print-config]\n"
     "Replays a run's metrics through the rule engine that runs in the agent and the\n"
     "server, and prints one event per line ('-' reads stdin).\n"
     "Formats, detected from the content unless --format says:\n"
@@ -299,6 +300,19 @@ constexpr char kReplayUsage[] =
     "  nanogpt    nanoGPT: iter N: loss X, ... (a timestamp before it or not); step N:\n"
     "             train loss X, val loss Y read past; saving checkpoint to DIR: a\n"
     "             checkpoint at that eval's step\n"
+    "  hf         Hugging Face Trainer stdout: {'loss': ..., 'grad_norm': ...,\n"
+    "             'learning_rate': ...} lines, each at the step of the tqdm bar (N/M)\n"
+    "             drawn before it; without bars, the k-th at k * --logging-steps N.\n"
+    "             Eval and summary dicts are read past\n"
+    "  hf-state   Hugging Face trainer_state.json: log_history entries with a loss\n"
+    "  torchtitan torchtitan: step: N  loss: L  grad_norm: G  memory: ... (colours,\n"
+    "             logger prefix and other ranks' lines read past)\n"
+    "  composer   Composer / llm-foundry ConsoleLogger: [batch=N/M]: then\n"
+    "             Train loss/train/total, l2_norm/grad_global, lr-* lines\n"
+    "  nemo       NeMo 2: Training epoch E, iteration I/T | lr: X | global_step: S |\n"
+    "             reduced_train_loss: L | ...\n"
+    "  (Lightning's CSVLogger metrics.csv is a wandb-csv: step column, train_loss,\n"
+    "             train_loss_step, grad_2.0_norm_total; val rows read past)\n"
     "  deepspeed  DeepSpeed's fp16 loss-scaler lines alone (OVERFLOW!, hysteresis,\n"
     "             step=N, skipped=K, already at minimum); in any trainer's log above\n"
     "             they are read too: an overflow is a skipped step at the step after\n"
@@ -339,7 +353,7 @@ bool ReadAll(const std::string& path, String* content) {
 }  // namespace
 
 int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::string* err) {
-  std::string file, config_path, output = "table", format = "auto", map_spec;
+  std::string file, config_path, output = "table", format = "auto", map_spec, logging_steps;
   bool summary = false, print_config = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -368,6 +382,10 @@ int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::s
       ok = value(&map_spec);
     } else if (a.rfind("--map=", 0) == 0) {
       map_spec = a.substr(6);
+    } else if (a == "--logging-steps") {
+      ok = value(&logging_steps);
+    } else if (a.rfind("--logging-steps=", 0) == 0) {
+      logging_steps = a.substr(16);
     } else if (a == "--summary") {
       summary = true;
     } else if (a == "--print-config") {
@@ -392,9 +410,16 @@ int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::s
   }
   ReadOptions read;
   if (!ParseFormatName(format, &read.format)) {
-    *err = absl::StrCat("twctl replay: unknown --format ", format,
-                        " (auto, csv, wandb-csv, jsonl, llmc, steplog, megatron, nanogpt, deepspeed,\n"
-                        " tensorboard)\n");
+    *err =
+        absl::StrCat("twctl replay: unknown --format ", format,
+                     " (auto, csv, wandb-csv, jsonl, llmc, steplog, megatron, nanogpt, deepspeed,\n"
+                     " hf, hf-state, torchtitan, composer, nemo, tensorboard)\n");
+    return 2;
+  }
+  if (!logging_steps.empty() &&
+      (!absl::SimpleAtoi(logging_steps, &read.logging_steps) || read.logging_steps < 1)) {
+    *err = absl::StrCat("twctl replay: --logging-steps must be a positive integer, not ",
+                        logging_steps, "\n");
     return 2;
   }
   if (!map_spec.empty()) {

@@ -131,11 +131,13 @@ class LineParser {
 // kStepLog, kMegatron, kNanoGpt or kDeepSpeed (kAuto and kTensorBoard are
 // not line formats: nullptr); a trainer's log is read with DeepSpeed's lines
 // in it (NewDeepSpeedLayer). `source` names the input in errors and must outlive the parser.
+// `logging_steps`: ReadOptions::logging_steps, for kHfTrainer.
 std::unique_ptr<LineParser> NewLineParser(MetricsFormat format, absl::string_view source,
-                                          const ColumnMap& map);
+                                          const ColumnMap& map, int64_t logging_steps = 0);
 // A whole text read by NewLineParser(format).
 absl::StatusOr<Trace> ParseLines(absl::string_view content, absl::string_view source,
-                                 MetricsFormat format, const ColumnMap& map);
+                                 MetricsFormat format, const ColumnMap& map,
+                                 int64_t logging_steps = 0);
 
 // Text-log readers (log_formats.cc). Each reads only its own metric lines
 // and reads past everything else a trainer prints.
@@ -143,6 +145,23 @@ std::unique_ptr<LineParser> NewLlmcParser(absl::string_view source);
 std::unique_ptr<LineParser> NewStepLogParser(absl::string_view source);
 std::unique_ptr<LineParser> NewMegatronParser(absl::string_view source);
 std::unique_ptr<LineParser> NewNanoGptParser(absl::string_view source);
+// Python frameworks' console logs (framework_logs.cc): Hugging Face
+// Trainer's dicts, torchtitan's step lines, Composer's ConsoleLogger blocks,
+// NeMo 2's "Training epoch" lines.
+std::unique_ptr<LineParser> NewHfTrainerParser(absl::string_view source, int64_t logging_steps);
+std::unique_ptr<LineParser> NewTorchTitanParser(absl::string_view source);
+std::unique_ptr<LineParser> NewComposerParser(absl::string_view source);
+std::unique_ptr<LineParser> NewNemoParser(absl::string_view source);
+// Which of those a line is (detection): kAuto when none.
+MetricsFormat FrameworkLineFormat(absl::string_view line);
+// Hugging Face's trainer_state.json (hf_trainer_state.cc), fed a line at a
+// time: each complete JSON document is read whole, and only its entries at
+// steps above the last one given become records, so that a follower fed the
+// file again after each rewrite sends each step once.
+std::unique_ptr<LineParser> NewHfTrainerStateParser(absl::string_view source);
+// True when `content` looks like a trainer_state.json (an object with a
+// "log_history" key near its start).
+bool LooksLikeHfTrainerState(absl::string_view content);
 // DeepSpeed's loss-scaler lines (deepspeed_lines.cc) read around `trainer`,
 // the reader of the log's own lines (nullptr: DeepSpeed's lines alone). The
 // trainer's records pass through, each carrying the overflow DeepSpeed

@@ -130,6 +130,104 @@ std::string Megatron(int64_t from, int64_t to) {
   return out;
 }
 
+// The Python frameworks' logs (framework_logs.cc), as their trainers print
+// them, steps [from, to).
+std::string HfTrainer(int64_t from, int64_t to) {
+  // tqdm.write: the bar cleared with '\r', the dict, the bar drawn again.
+  std::string out;
+  for (int64_t s = from; s < to; ++s) {
+    char line[400];
+    std::snprintf(line, sizeof line,
+                  "\r 10%%|#         | %ld/100000 [00:10<01:30, 1.00it/s]\r%40s\r{'loss': %.4f, "
+                  "'grad_norm': %.4f, 'learning_rate': 0.0003, 'epoch': 0.01}\n",
+                  static_cast<long>(s), "", 3.0 + 0.001 * (s % 97), 0.5 + 0.002 * (s % 13));
+    out += line;
+  }
+  return out;
+}
+
+std::string TorchTitan(int64_t from, int64_t to) {
+  std::string out;
+  for (int64_t s = from; s < to; ++s) {
+    char line[400];
+    for (int rank = 0; rank < 2; ++rank) {
+      std::snprintf(line, sizeof line,
+                    "[rank%d]:[titan] 2025-01-01 12:00:00,000 - root - INFO - \x1b[31mstep: %2ld  "
+                    "\x1b[32mloss: %7.4f  \x1b[38;2;180;60;0mgrad_norm: %7.4f  "
+                    "\x1b[38;2;54;234;195mmemory: 12.34GiB(15.00%%)  \x1b[34mtps: 1,234  "
+                    "\x1b[36mtflops: 56.78  \x1b[35mmfu: 12.34%%\x1b[39m\n",
+                    rank, static_cast<long>(s), 3.0 + 0.001 * (s % 97), 0.5 + 0.002 * (s % 13));
+      out += line;
+    }
+  }
+  return out;
+}
+
+std::string Composer(int64_t from, int64_t to) {
+  std::string out;
+  for (int64_t s = from; s < to; ++s) {
+    char block[400];
+    std::snprintf(block, sizeof block,
+                  "[batch=%ld/100000]:\n\t Train time/batch: %ld\n\t Train loss/train/total: "
+                  "%.4f\n\t Train l2_norm/grad_global: %.4f\n\t Train "
+                  "lr-DecoupledAdamW/group0: 0.0003\n",
+                  static_cast<long>(s), static_cast<long>(s - 1), 3.0 + 0.001 * (s % 97),
+                  0.5 + 0.002 * (s % 13));
+    out += block;
+  }
+  return out;
+}
+
+std::string Nemo(int64_t from, int64_t to) {
+  std::string out;
+  for (int64_t s = from; s < to; ++s) {
+    char line[400];
+    std::snprintf(line, sizeof line,
+                  "Training epoch 0, iteration %ld/100000 | lr: 3e-05 | consumed_samples: %ld | "
+                  "global_batch_size: 8 | global_step: %ld | reduced_train_loss: %.4f | "
+                  "train_step_timing in s: 0.0315\n",
+                  static_cast<long>(s), static_cast<long>(s * 8), static_cast<long>(s),
+                  3.0 + 0.001 * (s % 97));
+    out += line;
+  }
+  return out;
+}
+
+std::string LightningCsv(int64_t from, int64_t to) {
+  std::string out = "epoch,grad_2.0_norm_total,step,train_loss,val_loss\n";
+  for (int64_t s = from; s < to; ++s) {
+    out += "0," + std::to_string(0.5 + 0.002 * (s % 13)) + "," + std::to_string(s) + "," +
+           std::to_string(3.0 + 0.001 * (s % 97)) + ",\n";
+    if (s % 10 == 0) out += "0,," + std::to_string(s) + ",,2.5\n";
+  }
+  return out;
+}
+
+// Hugging Face's trainer_state.json with train entries at steps
+// 10, 20, ... up to `last`, and an eval entry every 50 steps.
+std::string TrainerState(int64_t last) {
+  std::string history;
+  for (int64_t s = 10; s <= last; s += 10) {
+    char entry[300];
+    std::snprintf(entry, sizeof entry,
+                  "%s    {\n      \"epoch\": 0.01,\n      \"grad_norm\": %.4f,\n      "
+                  "\"learning_rate\": 0.0003,\n      \"loss\": %.4f,\n      \"step\": %ld\n    }",
+                  history.empty() ? "" : ",\n", 0.5 + 0.002 * (s % 13), 3.0 + 0.001 * (s % 97),
+                  static_cast<long>(s));
+    history += entry;
+    if (s % 50 == 0) {
+      std::snprintf(entry, sizeof entry,
+                    ",\n    {\n      \"epoch\": 0.01,\n      \"eval_loss\": 2.5,\n      "
+                    "\"step\": %ld\n    }",
+                    static_cast<long>(s));
+      history += entry;
+    }
+  }
+  return "{\n  \"best_metric\": null,\n  \"epoch\": 0.01,\n  \"global_step\": " +
+         std::to_string(last) + ",\n  \"log_history\": [\n" + history +
+         "\n  ],\n  \"logging_steps\": 10,\n  \"max_steps\": 100000\n}\n";
+}
+
 void Append(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::app) << text;
 }
@@ -335,6 +433,86 @@ TEST_CASE("follow: a TensorBoard folder that grows is followed and a torn tail i
     CHECK(rows[s].loss == Approx(2.0 + 0.01 * s).epsilon(1e-6));
     CHECK(rows[s].grad_norm == Approx(0.5 + 0.001 * s).epsilon(1e-6));
   }
+}
+
+TEST_CASE("follow: each framework's log piped on stdin is stored as replay reads it",
+          "[cli][follow][formats]") {
+  TempDir dir;
+  Trainwatchd d(dir, "", "");
+  const std::vector<std::tuple<std::string, std::string, MetricsFormat>> cases = {
+      {"hf", "Some banner\n" + HfTrainer(1, 201), MetricsFormat::kHfTrainer},
+      {"torchtitan", TorchTitan(1, 201), MetricsFormat::kTorchTitan},
+      {"composer", "******\nConfig:\n******\n" + Composer(1, 201), MetricsFormat::kComposer},
+      {"nemo", Nemo(1, 201), MetricsFormat::kNemo},
+      {"lightning", LightningCsv(1, 201), MetricsFormat::kGenericCsv}};
+  for (const auto& [name, content, format] : cases) {
+    INFO(name);
+    const std::string log = dir.File(name + ".log");
+    std::ofstream(log) << content;
+    const std::string run = "run-" + name;
+    const std::string cmd = "exec '" TWCTL_PATH "' follow - --run " + run + " --server " +
+                            d.address() + " --status-interval 0 < '" + log + "'";
+    Child follow({"/bin/sh", "-c", cmd}, dir.File(name + ".out"));
+    const int rc = follow.Wait(20);
+    const std::string out = ReadFile(dir.File(name + ".out"));
+    INFO(out);
+    REQUIRE(rc == 0);
+    CHECK(out.find("format " + std::string(FormatName(format))) != std::string::npos);
+    std::vector<Row> expected = Replayed(content, format);
+    if (format == MetricsFormat::kNemo) {
+      for (Row& r : expected) r.grad_norm = 0;  // NeMo's line has none: stored as NULL
+    }
+    RequireSame(Stored(d.db(), run), expected);
+    CHECK(Stored(d.db(), run).size() == 200);
+  }
+}
+
+TEST_CASE("follow: a Hugging Face log without bars takes --logging-steps", "[cli][follow]") {
+  TempDir dir;
+  Trainwatchd d(dir, "", "");
+  const std::string content =
+      "{'loss': 2.5, 'grad_norm': 1.0, 'learning_rate': 1e-4, 'epoch': 0.1}\n"
+      "{'loss': 2.4, 'grad_norm': 0.9, 'learning_rate': 1e-4, 'epoch': 0.2}\n";
+  std::ofstream(dir.File("train.log")) << content;
+  const std::string cmd = "exec '" TWCTL_PATH
+                          "' follow - --run run-ls --logging-steps 25 "
+                          "--server " +
+                          d.address() + " < '" + dir.File("train.log") + "'";
+  Child follow({"/bin/sh", "-c", cmd}, dir.File("follow.log"));
+  const int rc = follow.Wait(20);
+  INFO(ReadFile(dir.File("follow.log")));
+  CHECK(rc == 0);
+  const std::vector<Row> rows = Stored(d.db(), "run-ls");
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].step == 25);
+  CHECK(rows[1].step == 50);
+}
+
+TEST_CASE("follow: trainer_state.json rewritten at each save sends each step once",
+          "[cli][follow][hf-state]") {
+  TempDir dir;
+  Trainwatchd d(dir, "", "");
+  const std::string state = dir.File("trainer_state.json");  // not there yet: waited for
+  Child follow(FollowArgs(state, "run-state", d), dir.File("follow.log"));
+  // HF opens it with "w" and writes the new, longer document: truncated
+  // and written in place, which looks like an append to a tail.
+  auto rewrite = [&](int64_t last) { std::ofstream(state, std::ios::trunc) << TrainerState(last); };
+  rewrite(100);
+  REQUIRE(WaitRows(d.db(), "run-state", 10));
+  rewrite(250);
+  REQUIRE(WaitRows(d.db(), "run-state", 25));
+  // Rewritten with nothing new (a save without a log since): nothing sent.
+  rewrite(250);
+  rewrite(400);
+  REQUIRE(WaitRows(d.db(), "run-state", 40));
+  ::kill(follow.pid(), SIGTERM);
+  const int rc = follow.Wait(20);
+  const std::string out = ReadFile(dir.File("follow.log"));
+  INFO(out);
+  CHECK(rc == 0);
+  CHECK(out.find("format hf-state") != std::string::npos);
+  CHECK(out.find("attempts 1,") != std::string::npos);  // no step sent twice: no restart
+  RequireSame(Stored(d.db(), "run-state"), Replayed(TrainerState(400), MetricsFormat::kAuto));
 }
 
 TEST_CASE("follow: a malformed line is named and read past and the exit says so", "[cli][follow]") {

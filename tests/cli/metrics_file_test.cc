@@ -66,8 +66,9 @@ TEST_CASE("a metric the file never writes is unknown but a written nan is report
 }
 
 TEST_CASE("CSV: malformed input names file - line and column", "[cli][csv][errors]") {
-  CHECK(ErrorOf("") == "run.csv:1:1: empty file: expected a CSV header, JSON lines, or a "
-                       "trainer's log (llm.c, step:S/N, Megatron-LM, nanoGPT, DeepSpeed)");
+  CHECK(ErrorOf("") ==
+        "run.csv:1:1: empty file: expected a CSV header, JSON lines, or a trainer's log (llm.c, "
+        "step:S/N, Megatron-LM, nanoGPT, DeepSpeed, Hugging Face, torchtitan, Composer, NeMo)");
   CHECK(ErrorOf("step,loss,grad_norm,log_z,nan_frac\n") ==
         "run.csv:1:1: no records: the file holds no step");
   // Strict (--format csv): trainwatch's own CSV needs all five columns.

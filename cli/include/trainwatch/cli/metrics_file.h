@@ -24,7 +24,21 @@
 //             a "YYYY-MM-DD HH:MM:SS " prefix; "step N: train loss X, val loss
 //             Y" eval lines are read past, and "saving checkpoint to DIR" is a
 //             checkpoint (uri DIR) at the last eval step;
-//   deepspeed DeepSpeed's fp16 loss-scaler lines alone (see below).
+//   deepspeed DeepSpeed's fp16 loss-scaler lines alone (see below);
+//   hf        Hugging Face Trainer's stdout: "{'loss': 1.67, 'grad_norm': ...,
+//             'learning_rate': ..., 'epoch': ...}" lines (values as numbers, or
+//             as strings in transformers 5), each at the step of the tqdm bar
+//             "N/M [" drawn before it, else at k * ReadOptions::logging_steps;
+//             eval and summary dicts are read past;
+//   hf-state  Hugging Face's trainer_state.json: its log_history entries with
+//             a loss (eval and summary entries read past);
+//   torchtitan  torchtitan's "step: N  loss: L  grad_norm: G  memory: ..."
+//             (ANSI colours and the logger prefix read past; only rank 0's
+//             line of a step);
+//   composer  MosaicML Composer's ConsoleLogger blocks: "[batch=N/M]:" then
+//             "\t Train loss/train/total: L" lines;
+//   nemo      NeMo 2's "Training epoch E, iteration I/T | lr: ... | global_step:
+//             S | reduced_train_loss: L | ..." lines.
 //
 // DeepSpeed's loss-scaler lines are read inside every text log above, as
 // they are interleaved with the trainer's own lines in real logs: "OVERFLOW!
@@ -77,10 +91,16 @@ enum class MetricsFormat {
   kTensorBoard,
   kNanoGpt,
   kDeepSpeed,
+  kHfTrainer,
+  kHfTrainerState,
+  kTorchTitan,
+  kComposer,
+  kNemo,
 };
 
 // "auto", "csv", "wandb-csv", "jsonl", "llmc", "steplog", "megatron",
-// "tensorboard", "nanogpt", "deepspeed".
+// "tensorboard", "nanogpt", "deepspeed", "hf", "hf-state", "torchtitan",
+// "composer", "nemo".
 absl::string_view FormatName(MetricsFormat f);
 bool ParseFormatName(absl::string_view name, MetricsFormat* out);
 
@@ -94,6 +114,10 @@ absl::StatusOr<ColumnMap> ParseColumnMap(absl::string_view spec);
 struct ReadOptions {
   MetricsFormat format = MetricsFormat::kAuto;
   ColumnMap column_map;
+  // The run's logging interval, for a Hugging Face Trainer log without
+  // progress bars (kHfTrainer): its k-th loss line is step k * logging_steps.
+  // 0: unknown (the bars must say).
+  int64_t logging_steps = 0;
 };
 
 // A parsed file. Records are views into its storage: keep the Trace alive

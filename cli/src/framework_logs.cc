@@ -1,0 +1,674 @@
+// Readers for the console logs of Python training frameworks, which print
+// their metrics for people, not parsers: Hugging Face Trainer's dict lines
+// between tqdm bars, torchtitan's coloured step lines, Composer's
+// ConsoleLogger blocks and NeMo 2's "Training epoch" lines. Like the other
+// text readers, each reads its own metric lines, reads past everything else,
+// and names line and column when a metric's value is not a number.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "lines.h"
+#include "trace_builder.h"
+
+namespace trainwatch::cli {
+namespace {
+
+using core::Signal;
+
+absl::Status NoRecords(const TraceBuilder& b, absl::string_view source, absl::string_view what) {
+  if (b.rows() > 0) return absl::OkStatus();
+  return At(source, 1, 1, absl::StrCat("no ", what, " lines: nothing to replay"));
+}
+
+int ColumnOf(absl::string_view line, absl::string_view part) {
+  return static_cast<int>(part.data() - line.data()) + 1;
+}
+
+bool AllDigits(absl::string_view s) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+// The digits at `i` in `s` and the index after them (an empty view when none).
+absl::string_view DigitsAt(absl::string_view s, size_t i, size_t* end) {
+  size_t j = i;
+  while (j < s.size() && absl::ascii_isdigit(static_cast<unsigned char>(s[j]))) ++j;
+  *end = j;
+  return s.substr(i, j - i);
+}
+
+// ---------------------------------------------------------------------------
+// Hugging Face Trainer
+
+// A tqdm bar's "| N/M [" in `seg`: N and M. The Trainer's bar is
+// "{pct}|{bar}| {n}/{total} [{elapsed}<{remaining}, {rate}]".
+bool TqdmBar(absl::string_view seg, int64_t* n, int64_t* total) {
+  for (size_t bar = seg.find('|'); bar != absl::string_view::npos; bar = seg.find('|', bar + 1)) {
+    size_t i = bar + 1;
+    while (i < seg.size() && seg[i] == ' ') ++i;
+    size_t end;
+    const absl::string_view num = DigitsAt(seg, i, &end);
+    if (num.empty() || end >= seg.size() || seg[end] != '/') continue;
+    const absl::string_view tot = DigitsAt(seg, end + 1, &end);
+    if (tot.empty() || seg.substr(end, 2) != " [") continue;
+    if (ParseInt64(num, n) && ParseInt64(tot, total)) return true;
+  }
+  return false;
+}
+
+struct DictEntry {
+  absl::string_view key;
+  absl::string_view value;  // as printed, stripped
+};
+
+// A Python dict's repr, "{'k': v, 'k2': 'v2'}", read shallowly: keys are
+// quoted strings, a value runs to the next ',' or '}' outside quotes and
+// brackets. False when `text` (starting at '{') is not one whole dict.
+bool PythonDict(absl::string_view text, std::vector<DictEntry>* out) {
+  out->clear();
+  size_t i = 1;
+  auto skip = [&] {
+    while (i < text.size() && text[i] == ' ') ++i;
+  };
+  for (;;) {
+    skip();
+    if (i >= text.size()) return false;
+    if (text[i] == '}') return true;
+    const char q = text[i];
+    if (q != '\'' && q != '"') return false;
+    const size_t key_begin = ++i;
+    while (i < text.size() && text[i] != q) i += text[i] == '\\' ? 2 : 1;
+    if (i >= text.size()) return false;
+    const absl::string_view key = text.substr(key_begin, i - key_begin);
+    ++i;
+    skip();
+    if (i >= text.size() || text[i] != ':') return false;
+    ++i;
+    skip();
+    const size_t value_begin = i;
+    int depth = 0;
+    char in_quote = 0;
+    for (; i < text.size(); ++i) {
+      const char c = text[i];
+      if (in_quote != 0) {
+        if (c == '\\') {
+          ++i;
+        } else if (c == in_quote) {
+          in_quote = 0;
+        }
+      } else if (c == '\'' || c == '"') {
+        in_quote = c;
+      } else if (c == '(' || c == '[' || c == '{') {
+        ++depth;
+      } else if (c == ')' || c == ']' || (c == '}' && depth > 0)) {
+        --depth;
+      } else if (depth == 0 && (c == ',' || c == '}')) {
+        break;
+      }
+    }
+    if (i >= text.size()) return false;
+    out->push_back({key, absl::StripAsciiWhitespace(text.substr(value_begin, i - value_begin))});
+    if (text[i] == ',') ++i;
+  }
+}
+
+// A value as the Trainer prints it: a float's repr (1.6747, 1e-05, nan),
+// a string holding one ('1.675', transformers 5's f"{v:.4g}"), or a tensor's
+// repr (tensor(0.5, device='cuda:0'), as some versions logged grad_norm).
+bool PythonNumber(absl::string_view v, double* out) {
+  if (v.size() >= 2 && (v.front() == '\'' || v.front() == '"') && v.back() == v.front()) {
+    v = v.substr(1, v.size() - 2);
+  } else if (absl::ConsumePrefix(&v, "tensor(")) {
+    v = v.substr(0, v.find_first_of(",)"));
+  }
+  return ParseDouble(absl::StripAsciiWhitespace(v), out);
+}
+
+// The first '\r'-separated segment of `line` that is a Trainer dict
+// ("{'...': ...}" after spaces, or right after a bar whose clearing was
+// lost), else an empty view.
+absl::string_view DictSegment(absl::string_view line) {
+  for (absl::string_view seg : absl::StrSplit(line, '\r')) {
+    absl::string_view s = absl::StripLeadingAsciiWhitespace(seg);
+    if (s.size() >= 2 && s[0] == '{' && (s[1] == '\'' || s[1] == '}')) {
+      return absl::StripTrailingAsciiWhitespace(s);
+    }
+    const size_t after_bar = s.find("]{'");
+    if (after_bar != absl::string_view::npos && s.find('|') < after_bar) {
+      return absl::StripTrailingAsciiWhitespace(s.substr(after_bar + 1));
+    }
+  }
+  return absl::string_view();
+}
+
+// Trainer's on_log writes str(logs) through tqdm.write (ProgressCallback:
+// the bar is cleared, the dict printed, the bar drawn again) or print()
+// (PrinterCallback, no bars). A train log has 'loss'; eval dicts
+// ('eval_loss') and the summary ('train_runtime', 'train_loss') do not.
+// Neither names its step: it is the bar's N, drawn right before the dict.
+// tqdm draws at most every 0.1 s, so when a dict's bar has not moved since
+// the previous dict, it is the redraw right after the dict (which shows
+// the step exactly) that says.
+class HfTrainerParser : public LineParser {
+ public:
+  HfTrainerParser(absl::string_view source, int64_t logging_steps)
+      : source_(source), logging_steps_(logging_steps) {}
+
+  absl::Status Line(absl::string_view line, int n, TraceBuilder& b) override {
+    if (line.find('|') != absl::string_view::npos) {
+      // The last bar of the line is where the bar now stands; a held dict
+      // takes the first bar after it.
+      for (absl::string_view seg : absl::StrSplit(line, '\r')) {
+        int64_t step, total;
+        if (!TqdmBar(seg, &step, &total)) continue;
+        // The training bar's total is max_steps; evaluation's bars count
+        // batches of the eval set, not steps.
+        if (bar_total_ < 0) bar_total_ = total;
+        if (total != bar_total_) continue;
+        bar_step_ = step;
+        if (held_.has) {
+          if (absl::Status s = Emit(held_, step, b); !s.ok()) return s;
+          held_ = Values();
+        }
+      }
+    }
+    const absl::string_view dict = DictSegment(line);
+    if (dict.empty()) return absl::OkStatus();
+    if (!PythonDict(dict, &entries_)) return absl::OkStatus();  // not one whole dict
+    Values v;
+    bool loss = false;
+    for (const DictEntry& e : entries_) {
+      int i;
+      if (e.key == "loss") {
+        i = 0;
+        loss = true;
+      } else if (e.key == "grad_norm") {
+        i = 1;
+      } else if (e.key == "learning_rate") {
+        i = 2;
+      } else {
+        continue;
+      }
+      if (!PythonNumber(e.value, &v.value[i])) {
+        return At(source_, n, ColumnOf(line, e.value),
+                  absl::StrCat(e.key, " \"", e.value, "\" is not a number"));
+      }
+      v.set[i] = true;
+    }
+    if (!loss) return absl::OkStatus();  // eval, summary, or another callback's dict
+    v.has = true;
+    v.line = n;
+    v.column = ColumnOf(line, dict);
+    ++dicts_;
+    if (bar_total_ >= 0) {
+      if (bar_step_ == bar_at_last_dict_) {
+        held_ = v;  // the bar lags: the redraw after the dict says
+        return absl::OkStatus();
+      }
+      bar_at_last_dict_ = bar_step_;
+      return Emit(v, bar_step_, b);
+    }
+    if (logging_steps_ > 0) return Emit(v, dicts_ * logging_steps_, b);
+    return At(source_, n, v.column,
+              "a Hugging Face Trainer loss line with no progress bar before it: its step is "
+              "unknown; give --logging-steps N (the run's logging_steps)");
+  }
+
+  absl::Status Flush(TraceBuilder& b) override {
+    if (!held_.has) return absl::OkStatus();
+    // No bar came after it: the step after the last one.
+    const Values v = held_;
+    held_ = Values();
+    return Emit(v, b.last_step() + std::max<int64_t>(1, logging_steps_), b);
+  }
+
+  absl::Status End(const TraceBuilder& b) override {
+    return NoRecords(b, source_, "Hugging Face Trainer \"{'loss': ...}\"");
+  }
+
+  int64_t Position() const override { return bar_total_ >= 0 ? bar_step_ : -1; }
+
+ private:
+  struct Values {
+    bool has = false;
+    bool set[3] = {false, false, false};
+    double value[3] = {0, 0, 0};
+    int line = 0, column = 1;
+  };
+
+  absl::Status Emit(const Values& v, int64_t step, TraceBuilder& b) {
+    bar_at_last_dict_ = bar_step_;
+    auto& row = b.NewRow(v.line);
+    if (absl::Status s = b.SetStep(row, step, v.column); !s.ok()) return s;
+    static constexpr Signal kSignals[] = {Signal::kLoss, Signal::kGradNorm, Signal::kLearningRate};
+    for (int i = 0; i < 3; ++i) {
+      if (v.set[i]) b.SetValue(row, kSignals[i], v.value[i]);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::string_view source_;
+  const int64_t logging_steps_;
+  std::vector<DictEntry> entries_;
+  int64_t bar_total_ = -1;  // the training bar's total, once one is seen
+  int64_t bar_step_ = -1;
+  int64_t bar_at_last_dict_ = -1;
+  int64_t dicts_ = 0;  // train dicts so far, for logging_steps
+  Values held_;
+};
+
+// ---------------------------------------------------------------------------
+// torchtitan
+
+// `line` without ANSI escapes ("\x1b[31m"): *out, and in *offsets each
+// character's column in `line`. False (nothing written) when there are none.
+bool StripAnsi(absl::string_view line, std::string* out, std::vector<int>* offsets) {
+  if (line.find('\x1b') == absl::string_view::npos) return false;
+  out->clear();
+  offsets->clear();
+  for (size_t i = 0; i < line.size(); ++i) {
+    if (line[i] == '\x1b' && i + 1 < line.size() && line[i + 1] == '[') {
+      size_t j = i + 2;
+      while (j < line.size() && !absl::ascii_isalpha(static_cast<unsigned char>(line[j]))) ++j;
+      i = j;  // the final letter too
+      continue;
+    }
+    out->push_back(line[i]);
+    offsets->push_back(static_cast<int>(i) + 1);
+  }
+  return true;
+}
+
+// Where torchtitan's "step:" starts in `text` (not "validate step:"), else
+// npos.
+size_t TitanStepAt(absl::string_view text) {
+  for (size_t at = text.find("step:"); at != absl::string_view::npos;
+       at = text.find("step:", at + 1)) {
+    if (at > 0 && text[at - 1] != ' ') continue;
+    if (at >= 9 && text.substr(at - 9, 9) == "validate ") continue;
+    return at;
+  }
+  return absl::string_view::npos;
+}
+
+struct TitanField {
+  absl::string_view key, value;
+};
+
+// "step: 10  loss:  7.8906  grad_norm:  1.2  memory: ..." from `at`: the
+// "key: value" pairs (a key token ends with ':').
+void TitanFields(absl::string_view text, std::vector<TitanField>* out) {
+  out->clear();
+  absl::string_view key;
+  for (absl::string_view tok : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    if (!key.empty()) {
+      out->push_back({key, tok});
+      key = absl::string_view();
+      continue;
+    }
+    const size_t colon = tok.find(':');
+    if (colon == absl::string_view::npos) continue;
+    if (colon + 1 == tok.size()) {
+      key = tok.substr(0, colon);
+    } else {
+      out->push_back({tok.substr(0, colon), tok.substr(colon + 1)});
+    }
+  }
+}
+
+// torchtitan's MetricsProcessor.log: logger.info(f"{red}step: {step:2}
+// {green}loss: {loss:7.4f}  {orange}grad_norm: {g:7.4f}  {turquoise}memory:
+// ...GiB(...%)  {blue}tps: {tps:,}  {cyan}tflops: ...  {magenta}mfu: ...%")
+// (older releases: no grad_norm, wps for tps), after the logger's
+// "[titan] DATE - root - INFO - " and torchrun's "[rankN]:". Every rank
+// logs: a line of another rank (its prefix says so, or it repeats the
+// step just read) is read past. "validate step:" lines are evaluation.
+class TorchTitanParser : public LineParser {
+ public:
+  explicit TorchTitanParser(absl::string_view source) : source_(source) {}
+
+  absl::Status Line(absl::string_view line, int n, TraceBuilder& b) override {
+    if (line.find("step:") == absl::string_view::npos) return absl::OkStatus();
+    absl::string_view text = line;
+    const bool colored = StripAnsi(line, &plain_, &offsets_);
+    if (colored) text = plain_;
+    auto column = [&](absl::string_view part) {
+      const int c = ColumnOf(text, part);
+      return colored ? offsets_[static_cast<size_t>(c - 1)] : c;
+    };
+    if (absl::StartsWith(text, "[rank")) {
+      size_t end;
+      const absl::string_view rank = DigitsAt(text, 5, &end);
+      if (!rank.empty() && text.substr(end, 2) == "]:" && rank != "0") return absl::OkStatus();
+    }
+    const size_t at = TitanStepAt(text);
+    if (at == absl::string_view::npos) return absl::OkStatus();
+    TitanFields(text.substr(at), &fields_);
+    if (fields_.empty() || fields_[0].key != "step") return absl::OkStatus();
+    bool loss = false;
+    for (const TitanField& f : fields_) loss |= f.key == "loss";
+    if (!loss) return absl::OkStatus();
+    int64_t step;
+    if (!ParseInt64(fields_[0].value, &step) || step < 0) {
+      return At(source_, n, column(fields_[0].value),
+                absl::StrCat("step \"", fields_[0].value, "\" is not a non-negative integer"));
+    }
+    if (step == b.last_step()) return absl::OkStatus();  // another rank's copy
+    auto& row = b.NewRow(n);
+    if (absl::Status s = b.SetStep(row, step, column(fields_[0].value)); !s.ok()) return s;
+    for (const TitanField& f : fields_) {
+      Signal sig;
+      if (f.key == "loss") {
+        sig = Signal::kLoss;
+      } else if (f.key == "grad_norm") {
+        sig = Signal::kGradNorm;
+      } else if (f.key == "lr") {
+        sig = Signal::kLearningRate;
+      } else {
+        continue;
+      }
+      double v;
+      if (!ParseDouble(f.value, &v)) {
+        return At(source_, n, column(f.value),
+                  absl::StrCat(f.key, " \"", f.value, "\" is not a number"));
+      }
+      b.SetValue(row, sig, v);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status End(const TraceBuilder& b) override {
+    return NoRecords(b, source_, "torchtitan \"step: N  loss: L\"");
+  }
+
+ private:
+  absl::string_view source_;
+  std::string plain_;
+  std::vector<int> offsets_;
+  std::vector<TitanField> fields_;
+};
+
+// ---------------------------------------------------------------------------
+// Composer
+
+// Composer's progress header, "[batch=N/M]:", "[epoch=E][batch=B/T]:" (B
+// counts within epoch E, from 1) or "[token=N/M]:" and other units; the
+// trailing ':' only when metrics follow. *step: the batches done, -1 when
+// the header does not say. False when `text` is not a header.
+bool ComposerHeader(absl::string_view text, int64_t* step) {
+  if (text.size() < 2 || text[0] != '[' || absl::StartsWith(text, "[Eval")) return false;
+  *step = -1;
+  int64_t epoch = -1;
+  size_t i = 0;
+  bool any = false;
+  while (i < text.size() && text[i] == '[') {
+    const size_t eq = text.find('=', i);
+    const size_t close = text.find(']', i);
+    if (eq == absl::string_view::npos || close == absl::string_view::npos || eq > close) {
+      return false;
+    }
+    const absl::string_view unit = text.substr(i + 1, eq - i - 1);
+    const absl::string_view value = text.substr(eq + 1, close - eq - 1);
+    const size_t slash = value.find('/');
+    const absl::string_view count = value.substr(0, slash);
+    if (!AllDigits(count)) return false;
+    int64_t c;
+    if (!ParseInt64(count, &c)) return false;
+    if (unit == "epoch") {
+      epoch = c;
+    } else if (unit == "batch") {
+      if (epoch < 0) {
+        *step = c;
+      } else if (slash != absl::string_view::npos) {
+        int64_t total;
+        if (!ParseInt64(value.substr(slash + 1), &total)) return false;
+        *step = (epoch - 1) * total + c;
+      }
+    } else if (!absl::ascii_isalpha(static_cast<unsigned char>(unit.empty() ? '0' : unit[0]))) {
+      return false;
+    }
+    any = true;
+    i = close + 1;
+  }
+  return any && (i == text.size() || (i + 1 == text.size() && text[i] == ':'));
+}
+
+// Composer's ConsoleLogger (llm-foundry's console output): a header, then
+// one "\t {prefix}{name}: {value}" line per metric logged since the last,
+// printed at once. A block is a record when it is complete: at the next
+// line that is not one of its own, or the end of the source.
+class ComposerParser : public LineParser {
+ public:
+  explicit ComposerParser(absl::string_view source) : source_(source) {}
+
+  absl::Status Line(absl::string_view line, int n, TraceBuilder& b) override {
+    const absl::string_view text = absl::StripAsciiWhitespace(line);
+    const bool indented = !line.empty() && (line[0] == '\t' || line[0] == ' ');
+    if (indented && block_.open) {
+      absl::string_view rest = text;
+      if (!absl::ConsumePrefix(&rest, "Train ")) return absl::OkStatus();
+      const size_t colon = rest.find(": ");
+      if (colon == absl::string_view::npos) return absl::OkStatus();
+      const absl::string_view name = rest.substr(0, colon);
+      const absl::string_view value = absl::StripAsciiWhitespace(rest.substr(colon + 2));
+      int i;
+      if (name == "loss/train/total") {
+        i = 0;
+      } else if (name == "l2_norm/grad_global") {
+        i = 1;
+      } else if (absl::StartsWith(name, "lr-") && !block_.set[2]) {
+        i = 2;
+      } else if (name == "time/batch") {
+        int64_t batch;
+        if (!ParseInt64(value, &batch) || batch < 0) {
+          return At(source_, n, ColumnOf(line, value),
+                    absl::StrCat("time/batch \"", value, "\" is not a non-negative integer"));
+        }
+        block_.time_batch = batch;
+        return absl::OkStatus();
+      } else {
+        return absl::OkStatus();
+      }
+      if (!ParseDouble(value, &block_.value[i])) {
+        return At(source_, n, ColumnOf(line, value),
+                  absl::StrCat(name, " \"", value, "\" is not a number"));
+      }
+      block_.set[i] = true;
+      return absl::OkStatus();
+    }
+    if (indented && text.empty()) return absl::OkStatus();
+    // Any other line ends the block.
+    if (absl::Status s = Finish(b); !s.ok()) return s;
+    int64_t step;
+    if (!indented && ComposerHeader(text, &step)) {
+      block_ = Block();
+      block_.open = true;
+      block_.header_step = step;
+      block_.line = n;
+      block_.column = ColumnOf(line, text);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Flush(TraceBuilder& b) override { return Finish(b); }
+
+  absl::Status End(const TraceBuilder& b) override {
+    return NoRecords(b, source_, "Composer \"[batch=N/M]:\" blocks with Train");
+  }
+
+ private:
+  struct Block {
+    bool open = false;
+    int64_t header_step = -1;
+    int64_t time_batch = -1;
+    bool set[3] = {false, false, false};
+    double value[3] = {0, 0, 0};
+    int line = 0, column = 1;
+  };
+
+  absl::Status Finish(TraceBuilder& b) {
+    if (!block_.open) return absl::OkStatus();
+    const Block k = block_;
+    block_ = Block();
+    if (!k.set[0] && !k.set[1] && !k.set[2]) return absl::OkStatus();
+    // The header counts batches done; time/batch, logged as the batch
+    // began, counts those before it.
+    const int64_t step = k.header_step >= 0  ? k.header_step
+                         : k.time_batch >= 0 ? k.time_batch + 1
+                                             : -1;
+    if (step < 0) {
+      return At(source_, k.line, k.column,
+                "a Composer block whose header gives no batch and without Train time/batch: "
+                "its step is unknown");
+    }
+    auto& row = b.NewRow(k.line);
+    if (absl::Status s = b.SetStep(row, step, k.column); !s.ok()) return s;
+    static constexpr Signal kSignals[] = {Signal::kLoss, Signal::kGradNorm, Signal::kLearningRate};
+    for (int i = 0; i < 3; ++i) {
+      if (k.set[i]) b.SetValue(row, kSignals[i], k.value[i]);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::string_view source_;
+  Block block_;
+};
+
+// ---------------------------------------------------------------------------
+// NeMo
+
+// NeMo 2's MegatronProgressBar prints, every log_every_n_steps,
+//   Training epoch E, iteration I/T | lr: X | consumed_samples: N |
+//   global_batch_size: B | global_step: S | reduced_train_loss: L |
+//   train_step_timing in s: T [| val_loss: V]
+// on one line. The step is global_step (iteration when absent).
+class NemoParser : public LineParser {
+ public:
+  explicit NemoParser(absl::string_view source) : source_(source) {}
+
+  absl::Status Line(absl::string_view line, int n, TraceBuilder& b) override {
+    const size_t at = line.find("Training epoch ");
+    if (at == absl::string_view::npos) return absl::OkStatus();
+    absl::string_view step_text, loss_text;
+    parts_.clear();
+    for (absl::string_view part : absl::StrSplit(line.substr(at), '|')) parts_.push_back(part);
+    if (parts_.size() < 2) return absl::OkStatus();
+    // "Training epoch E, iteration I/T"
+    const size_t it = parts_[0].find("iteration ");
+    if (it != absl::string_view::npos) {
+      size_t end;
+      step_text = DigitsAt(parts_[0], it + 10, &end);
+    }
+    for (size_t p = 1; p < parts_.size(); ++p) {
+      const size_t colon = parts_[p].find(':');
+      if (colon == absl::string_view::npos) continue;
+      const absl::string_view key = absl::StripAsciiWhitespace(parts_[p].substr(0, colon));
+      const absl::string_view value = absl::StripAsciiWhitespace(parts_[p].substr(colon + 1));
+      if (key == "global_step") step_text = value;
+      if (key == "reduced_train_loss") loss_text = value;
+    }
+    if (loss_text.empty() || step_text.empty()) return absl::OkStatus();
+    int64_t step;
+    double d;
+    // Lightning's logged global_step can print as a float ("120.0").
+    const bool ok = ParseInt64(step_text, &step) ||
+                    (ParseDouble(step_text, &d) && d >= 0 && d < 9.0e15 &&
+                     d == static_cast<int64_t>(d) && ((step = static_cast<int64_t>(d)), true));
+    if (!ok || step < 0) {
+      return At(source_, n, ColumnOf(line, step_text),
+                absl::StrCat("global_step \"", step_text, "\" is not a non-negative integer"));
+    }
+    auto& row = b.NewRow(n);
+    if (absl::Status s = b.SetStep(row, step, ColumnOf(line, step_text)); !s.ok()) return s;
+    for (size_t p = 1; p < parts_.size(); ++p) {
+      const size_t colon = parts_[p].find(':');
+      if (colon == absl::string_view::npos) continue;
+      const absl::string_view key = absl::StripAsciiWhitespace(parts_[p].substr(0, colon));
+      const absl::string_view value = absl::StripAsciiWhitespace(parts_[p].substr(colon + 1));
+      Signal sig;
+      if (key == "reduced_train_loss") {
+        sig = Signal::kLoss;
+      } else if (key == "grad_norm") {
+        sig = Signal::kGradNorm;
+      } else if (key == "lr") {
+        sig = Signal::kLearningRate;
+      } else {
+        continue;
+      }
+      double v;
+      if (!ParseDouble(value, &v)) {
+        return At(source_, n, ColumnOf(line, value),
+                  absl::StrCat(key, " \"", value, "\" is not a number"));
+      }
+      b.SetValue(row, sig, v);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status End(const TraceBuilder& b) override {
+    return NoRecords(b, source_, "NeMo \"Training epoch E, iteration I/T | ... |\"");
+  }
+
+ private:
+  absl::string_view source_;
+  std::vector<absl::string_view> parts_;
+};
+
+}  // namespace
+
+std::unique_ptr<LineParser> NewHfTrainerParser(absl::string_view source, int64_t logging_steps) {
+  return std::make_unique<HfTrainerParser>(source, logging_steps);
+}
+std::unique_ptr<LineParser> NewTorchTitanParser(absl::string_view source) {
+  return std::make_unique<TorchTitanParser>(source);
+}
+std::unique_ptr<LineParser> NewComposerParser(absl::string_view source) {
+  return std::make_unique<ComposerParser>(source);
+}
+std::unique_ptr<LineParser> NewNemoParser(absl::string_view source) {
+  return std::make_unique<NemoParser>(source);
+}
+
+MetricsFormat FrameworkLineFormat(absl::string_view line) {
+  // Hugging Face: a dict with a train, eval or summary key.
+  const absl::string_view dict = DictSegment(line);
+  if (!dict.empty() &&
+      (absl::StrContains(dict, "'loss': ") || absl::StrContains(dict, "'eval_loss': ") ||
+       absl::StrContains(dict, "'train_runtime': "))) {
+    return MetricsFormat::kHfTrainer;
+  }
+  if (absl::StrContains(line, "Training epoch ") &&
+      absl::StrContains(line, "reduced_train_loss:")) {
+    return MetricsFormat::kNemo;
+  }
+  const absl::string_view text = absl::StripAsciiWhitespace(line);
+  int64_t step;
+  if (absl::StartsWith(text, "[batch=") || absl::StartsWith(text, "[epoch=")) {
+    if (ComposerHeader(text, &step)) return MetricsFormat::kComposer;
+  }
+  if (absl::StartsWith(text, "Train loss/train/total:") ||
+      absl::StartsWith(text, "Train time/batch:")) {
+    return MetricsFormat::kComposer;
+  }
+  if (absl::StrContains(line, "step:") && absl::StrContains(line, "loss:")) {
+    std::string plain;
+    std::vector<int> offsets;
+    const absl::string_view t = StripAnsi(line, &plain, &offsets) ? plain : line;
+    const size_t at = TitanStepAt(t);
+    if (at != absl::string_view::npos && absl::StrContains(t.substr(at), " loss:") &&
+        (absl::StrContains(t, "memory:") || absl::StrContains(t, " tps:") ||
+         absl::StrContains(t, " wps:"))) {
+      return MetricsFormat::kTorchTitan;
+    }
+  }
+  return MetricsFormat::kAuto;
+}
+
+}  // namespace trainwatch::cli

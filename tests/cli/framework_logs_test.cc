@@ -1,0 +1,337 @@
+// The Python frameworks' console logs and exports (Hugging Face Trainer's
+// stdout and trainer_state.json, torchtitan, Composer, NeMo 2, Lightning's
+// metrics.csv): each reader on an excerpt (tests/data/formats, see its
+// README: real where one was found, else written from the framework's
+// source and marked so), its detection, its malformed lines, and damaged
+// input, which must give a clear error or a trace, never a crash.
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "trainwatch/cli/metrics_file.h"
+#include "trainwatch/cli/replay.h"
+
+namespace trainwatch::cli {
+namespace {
+
+using core::Signal;
+
+const std::string kFormats = TRAINWATCH_FORMATS_DIR;
+
+std::string Slurp(const std::string& name) {
+  std::ifstream in(kFormats + "/" + name, std::ios::binary);
+  REQUIRE(in);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+absl::StatusOr<Trace> Parse(absl::string_view content, MetricsFormat f = MetricsFormat::kAuto,
+                            int64_t logging_steps = 0) {
+  ReadOptions o;
+  o.format = f;
+  o.logging_steps = logging_steps;
+  return ParseMetrics(content, "run.log", o);
+}
+
+std::string ErrorOf(absl::string_view content, MetricsFormat f = MetricsFormat::kAuto,
+                    int64_t logging_steps = 0) {
+  auto t = Parse(content, f, logging_steps);
+  REQUIRE_FALSE(t.ok());
+  return std::string(t.status().message());
+}
+
+int64_t HaltedAt(const Trace& t) {
+  auto r = Replay(t, core::RuleConfig());
+  REQUIRE(r.ok());
+  return r->halted_at;
+}
+
+TEST_CASE("Hugging Face Trainer: the bar before a dict gives its step, DeepSpeed's lines too",
+          "[cli][formats][hf]") {
+  // ymcui/Chinese-LLaMA-Alpaca#534: bars 377-382, a loss at 380, overflows.
+  auto t = Parse(Slurp("hf-deepspeed-min-scale.log"));
+  REQUIRE(t.ok());
+  CHECK(t->format() == MetricsFormat::kHfTrainer);
+  REQUIRE(t->size() == 6);
+  // The overflow printed after bar 378 is step 379's.
+  CHECK(t->Record(0).step == 379);
+  CHECK(t->Record(0).loss_scale() == 64);
+  // Step 380 overflowed and logged its loss: one record.
+  CHECK(t->Record(1).step == 380);
+  CHECK(t->Record(1).Get(Signal::kLoss) == 2.0491);
+  CHECK(t->Record(1).Get(Signal::kLearningRate) == 0.0001961913563176343);
+  CHECK(t->Record(1).loss_scale() == 32);
+  CHECK(t->Record(5).step == 384);
+  CHECK(t->Record(5).loss_scale() == 0);
+  CHECK(HaltedAt(*t) == 384);
+}
+
+TEST_CASE("Hugging Face Trainer: without bars, --logging-steps places the dicts",
+          "[cli][formats][hf]") {
+  // AnswerDotAI/ModernBERT#233: 'grad_norm': nan from the first line shown.
+  const std::string log = Slurp("hf-modernbert-grad-norm-nan.log");
+  CHECK(ErrorOf(log) ==
+        "run.log:1:1: a Hugging Face Trainer loss line with no progress bar before it: its "
+        "step is unknown; give --logging-steps N (the run's logging_steps)");
+  auto t = Parse(log, MetricsFormat::kAuto, 10);
+  REQUIRE(t.ok());
+  CHECK(t->format() == MetricsFormat::kHfTrainer);
+  REQUIRE(t->size() == 3);
+  CHECK(t->Record(0).step == 10);
+  CHECK(t->Record(2).step == 30);
+  CHECK(t->Record(0).Get(Signal::kLoss) == 0.2051);
+  CHECK(std::isnan(t->Record(0).Get(Signal::kGradNorm)));
+  CHECK(HaltedAt(*t) == 10);  // a written nan is a tier 3 signal
+}
+
+TEST_CASE("Hugging Face Trainer: bars sharing lines, strings, eval and summary dicts",
+          "[cli][formats][hf]") {
+  // Written from transformers' ProgressCallback: tqdm.write clears the bar
+  // with '\r', prints the dict, draws the bar again; transformers 5 prints
+  // floats as f"{v:.4g}" strings. An eval bar (another total) is not the
+  // training bar.
+  auto t = Parse(
+      " 0%|          | 0/100 [00:00<?, ?it/s]\r 5%|▌         | 5/100 [00:05<01:35, 1.00it/s]"
+      "\r                                   \r{'loss': '2.31', 'grad_norm': '1.5', "
+      "'learning_rate': '4.5e-05', 'epoch': '0.05'}\n"
+      " 5%|▌         | 5/100 [00:05<01:35, 1.00it/s]\r 40%|████      | 4/10 [00:01<00:01, "
+      "4it/s]\r{'eval_loss': 2.2, 'eval_runtime': 1.0, 'epoch': 0.05}\n"
+      "\r 10%|█         | 10/100 [00:10<01:30, 1.00it/s]{'loss': 2.1, 'grad_norm': "
+      "tensor(1.25, device='cuda:0'), 'learning_rate': 4e-05, 'epoch': 0.1}\n"
+      "{'train_runtime': 12.5, 'train_samples_per_second': 8.0, 'train_loss': 2.2, "
+      "'epoch': 0.1}\n");
+  REQUIRE(t.ok());
+  CHECK(t->format() == MetricsFormat::kHfTrainer);
+  REQUIRE(t->size() == 2);
+  CHECK(t->Record(0).step == 5);
+  CHECK(t->Record(0).Get(Signal::kLoss) == 2.31);
+  CHECK(t->Record(0).Get(Signal::kLearningRate) == 4.5e-05);
+  CHECK(t->Record(1).step == 10);
+  CHECK(t->Record(1).Get(Signal::kGradNorm) == 1.25);
+
+  SECTION("a bar that has not moved since the last dict: the redraw after says") {
+    auto lag = Parse(
+        " 1%|          | 1/100 [00:00<00:01]\n{'loss': 2.5}\n 2%|          | 2/100 [00:00<00:01]\n"
+        "{'loss': 2.4}\n 3%|          | 3/100 [00:00<00:01]\n");
+    REQUIRE(lag.ok());
+    REQUIRE(lag->size() == 2);
+    CHECK(lag->Record(0).step == 1);
+    CHECK(lag->Record(1).step == 2);
+    auto stale = Parse(
+        " 1%|          | 1/100 [00:00<00:01]\n{'loss': 2.5}\n{'loss': 2.4}\n"
+        " 3%|          | 3/100 [00:00<00:01]\n");
+    REQUIRE(stale.ok());
+    REQUIRE(stale->size() == 2);
+    CHECK(stale->Record(1).step == 3);
+  }
+  SECTION("JSON lines still start with {\"") {
+    auto j =
+        Parse("{\"step\": 1, \"loss\": 2.0, \"grad_norm\": 1, \"log_z\": 0, \"nan_frac\": 0}\n");
+    REQUIRE(j.ok());
+    CHECK(j->format() == MetricsFormat::kJsonLines);
+  }
+}
+
+TEST_CASE("Hugging Face Trainer: malformed values name line and column", "[cli][formats][hf]") {
+  CHECK(ErrorOf(" 1%|  | 1/100 [00:01<00:10]\n{'loss': 'abc', 'epoch': 0.01}\n") ==
+        "run.log:2:10: loss \"'abc'\" is not a number");
+  CHECK(ErrorOf("{'loss': 1.0, 'grad_norm': 1.x}\n", MetricsFormat::kHfTrainer, 5) ==
+        "run.log:1:28: grad_norm \"1.x\" is not a number");
+  CHECK(ErrorOf("{'eval_loss': 1.0}\n", MetricsFormat::kHfTrainer, 5) ==
+        "run.log:1:1: no Hugging Face Trainer \"{'loss': ...}\" lines: nothing to replay");
+}
+
+TEST_CASE("Hugging Face trainer_state.json: log_history's train entries",
+          "[cli][formats][hf-state]") {
+  auto t = Parse(Slurp("hf-trainer-state-from-source.json"));
+  REQUIRE(t.ok());
+  CHECK(t->format() == MetricsFormat::kHfTrainerState);
+  REQUIRE(t->size() == 3);  // the eval entry at 20 is read past
+  CHECK(t->Record(0).step == 10);
+  CHECK(t->Record(0).Get(Signal::kGradNorm) == 1.8359375);
+  CHECK(t->Record(0).Get(Signal::kLearningRate) == 1.9e-05);
+  CHECK(t->Record(1).Get(Signal::kLoss) == 2.0781);
+  CHECK(std::isnan(t->Record(2).Get(Signal::kGradNorm)));
+  CHECK(HaltedAt(*t) == 30);
+  CHECK(ErrorOf("{\n  \"log_history\": [\n    {\"loss\": \"x\", \"step\": 1}\n  ]\n}\n") ==
+        "run.log:3:14: loss \"x\" is not a number");
+  CHECK(ErrorOf("{\n  \"log_history\": [\n    {\"loss\": 1.0, \"step\": 1}\n",
+                MetricsFormat::kHfTrainerState)
+            .find("run.log:") == 0);
+}
+
+TEST_CASE("torchtitan: rank 0's step lines, colours and other ranks read past",
+          "[cli][formats][torchtitan]") {
+  // pytorch/torchtitan#3393: the current shape, with torchrun's [rank0]:.
+  auto t = Parse(Slurp("torchtitan-rank0.log"));
+  REQUIRE(t.ok());
+  CHECK(t->format() == MetricsFormat::kTorchTitan);
+  REQUIRE(t->size() == 8);
+  CHECK(t->Record(0).step == 14);
+  CHECK(t->Record(0).Get(Signal::kLoss) == 3.24405);
+  CHECK(t->Record(0).Get(Signal::kGradNorm) == 0.8319);
+  CHECK(t->Record(7).step == 21);
+  // pytorch/torchtitan#2389: every rank's line, no prefix: one record a step.
+  auto every = Parse(Slurp("torchtitan-every-rank.log"));
+  REQUIRE(every.ok());
+  CHECK(every->format() == MetricsFormat::kTorchTitan);
+  REQUIRE(every->size() == 2);
+  CHECK(every->Record(1).step == 5);
+  CHECK(every->Record(1).Get(Signal::kGradNorm) == 46.5);
+  // Written from metrics.py's f-string: ANSI colours; an older release's
+  // line (wps, no grad_norm); another rank; a validation line.
+  auto colored = Parse(
+      "[rank0]:[titan] 2025-01-01 12:00:00,000 - root - INFO - \x1b[31mstep:  1  "
+      "\x1b[32mloss: 10.8750  \x1b[33mmemory: 12.34GiB(15.00%)  \x1b[34mwps: 1,234  "
+      "\x1b[35mmfu: 1.23%\x1b[39m\n"
+      "[rank1]:[titan] 2025-01-01 12:00:00,000 - root - INFO - \x1b[31mstep:  2  "
+      "\x1b[32mloss:  9.0000  \x1b[38;2;180;60;0mgrad_norm:  1.0000\n"
+      "[rank0]:[titan] 2025-01-01 12:00:01,000 - root - INFO - \x1b[33mvalidate step:  2  "
+      "\x1b[32mloss:  9.5000  \x1b[33mmemory: 12.34GiB(15.00%)\x1b[39m\n"
+      "[rank0]:[titan] 2025-01-01 12:00:02,000 - root - INFO - \x1b[31mstep:  2  "
+      "\x1b[32mloss:     nan  \x1b[38;2;180;60;0mgrad_norm:     nan  \x1b[33mmemory: "
+      "12.34GiB(15.00%)\x1b[39m\n");
+  REQUIRE(colored.ok());
+  CHECK(colored->format() == MetricsFormat::kTorchTitan);
+  REQUIRE(colored->size() == 2);
+  CHECK(colored->Record(0).Get(Signal::kLoss) == 10.875);
+  CHECK_FALSE(colored->Record(0).Has(Signal::kGradNorm));
+  CHECK(std::isnan(colored->Record(1).Get(Signal::kLoss)));
+  CHECK(HaltedAt(*colored) == 2);
+  // The column is the raw line's, colour codes counted.
+  CHECK(ErrorOf("[titan] - root - INFO - \x1b[31mstep: 3  \x1b[32mloss: 7.x  memory: 1GiB\n") ==
+        "run.log:1:50: loss \"7.x\" is not a number");
+}
+
+TEST_CASE("Composer: a ConsoleLogger block is one record at its batch",
+          "[cli][formats][composer]") {
+  auto t = Parse(Slurp("composer-console-from-source.log"));
+  REQUIRE(t.ok());
+  CHECK(t->format() == MetricsFormat::kComposer);
+  REQUIRE(t->size() == 3);  // the eval blocks are read past
+  CHECK(t->Record(0).step == 1);
+  CHECK(t->Record(0).Get(Signal::kLoss) == 11.0312);
+  CHECK(t->Record(0).Get(Signal::kGradNorm) == 4.125);
+  CHECK(t->Record(1).Get(Signal::kLearningRate) == 0.0001);
+  CHECK(t->Record(2).step == 3);
+  CHECK(std::isnan(t->Record(2).Get(Signal::kLoss)));
+  CHECK(HaltedAt(*t) == 3);
+  // princeton-nlp/LLM-Shearing#15: a real header and its Train lines, cut
+  // before the loss: detected, and nothing to replay.
+  const std::string real = Slurp("composer-llm-shearing-header.log");
+  CHECK(ErrorOf(real) ==
+        "run.log:1:1: no Composer \"[batch=N/M]:\" blocks with Train lines: nothing to replay");
+  // [epoch=E][batch=B/T]: B counts within the epoch.
+  auto epochs = Parse("[epoch=2][batch=3/10]:\n\t Train loss/train/total: 1.5\n");
+  REQUIRE(epochs.ok());
+  CHECK(epochs->format() == MetricsFormat::kComposer);
+  REQUIRE(epochs->size() == 1);
+  CHECK(epochs->Record(0).step == 13);
+  auto tokens =
+      Parse("[token=4096/100000]:\n\t Train time/batch: 7\n\t Train loss/train/total: 1\n");
+  REQUIRE(tokens.ok());
+  CHECK(tokens->Record(0).step == 8);
+  CHECK(ErrorOf("[batch=1/10]:\n\t Train loss/train/total: 1.2.3\n") ==
+        "run.log:2:27: loss/train/total \"1.2.3\" is not a number");
+}
+
+TEST_CASE("NeMo 2: Training epoch lines at their global_step", "[cli][formats][nemo]") {
+  // NVIDIA-BioNeMo/bionemo-recipes#740.
+  auto t = Parse(Slurp("nemo2-training-epoch.log"));
+  REQUIRE(t.ok());
+  CHECK(t->format() == MetricsFormat::kNemo);
+  REQUIRE(t->size() == 6);
+  CHECK(t->Record(0).step == 120);
+  CHECK(t->Record(0).Get(Signal::kLoss) == 1.233);
+  CHECK(t->Record(0).Get(Signal::kLearningRate) == 3e-05);
+  CHECK_FALSE(t->Record(0).Has(Signal::kGradNorm));
+  CHECK(t->Record(5).step == 125);
+  CHECK(HaltedAt(*t) == -1);
+  CHECK(ErrorOf("Training epoch 0, iteration 1/9 | lr: 1e-4 | global_step: 1 | "
+                "reduced_train_loss: 7.x |\n") ==
+        "run.log:1:83: reduced_train_loss \"7.x\" is not a number");
+  auto nan = Parse(
+      "Training epoch 0, iteration 1/9 | lr: 1e-4 | global_step: 1 | "
+      "reduced_train_loss: nan | train_step_timing in s: 0.1\n");
+  REQUIRE(nan.ok());
+  CHECK(HaltedAt(*nan) == 1);
+}
+
+TEST_CASE("Lightning's metrics.csv is a wandb-csv: train rows, val rows read past",
+          "[cli][formats][lightning]") {
+  auto t = Parse(Slurp("lightning-metrics-from-source.csv"));
+  REQUIRE(t.ok());
+  CHECK(t->format() == MetricsFormat::kGenericCsv);
+  REQUIRE(t->size() == 4);
+  CHECK(t->Record(0).step == 49);
+  CHECK(t->Record(0).Get(Signal::kGradNorm) == 1.2345);
+  CHECK(t->Record(0).Get(Signal::kLoss) == 0.6931);
+  CHECK(HaltedAt(*t) == 199);
+  auto both = Parse("epoch,step,train_loss_epoch,train_loss_step\n0,9,,2.5\n0,9,2.6,\n");
+  REQUIRE(both.ok());
+  REQUIRE(both->size() == 1);
+  CHECK(both->Record(0).Get(Signal::kLoss) == 2.5);
+}
+
+TEST_CASE("format names: the frameworks' round-trip", "[cli][formats]") {
+  for (MetricsFormat f :
+       {MetricsFormat::kHfTrainer, MetricsFormat::kHfTrainerState, MetricsFormat::kTorchTitan,
+        MetricsFormat::kComposer, MetricsFormat::kNemo}) {
+    MetricsFormat back;
+    REQUIRE(ParseFormatName(FormatName(f), &back));
+    CHECK(back == f);
+  }
+}
+
+TEST_CASE("the frameworks' readers never crash on damaged input", "[cli][formats][robustness]") {
+  const std::vector<std::string> names = {
+      "hf-deepspeed-min-scale.log",        "hf-modernbert-grad-norm-nan.log",
+      "hf-trainer-state-from-source.json", "torchtitan-rank0.log",
+      "torchtitan-every-rank.log",         "composer-console-from-source.log",
+      "composer-llm-shearing-header.log",  "nemo2-training-epoch.log",
+      "lightning-metrics-from-source.csv"};
+  const char kJunk[] = {'\0',   '\n', ':', ',', '|',  '[', ']',  '9',    '-', 'e',
+                        '\xff', ' ',  '{', '}', '\'', '"', '\r', '\x1b', '\t'};
+  int parsed = 0, refused = 0;
+  for (const std::string& name : names) {
+    const std::string text = Slurp(name);
+    std::vector<std::string> variants;
+    for (size_t cut = 0; cut < text.size(); cut += 11) variants.push_back(text.substr(0, cut));
+    for (size_t at = 0; at < text.size(); at += 7) {
+      std::string v = text;
+      v[at] = kJunk[at % sizeof(kJunk)];
+      variants.push_back(v);
+    }
+    variants.push_back(text + text);
+    for (const std::string& v : variants) {
+      for (MetricsFormat f :
+           {MetricsFormat::kAuto, MetricsFormat::kHfTrainer, MetricsFormat::kHfTrainerState,
+            MetricsFormat::kTorchTitan, MetricsFormat::kComposer, MetricsFormat::kNemo}) {
+        ReadOptions o;
+        o.format = f;
+        o.logging_steps = 5;
+        auto t = ParseMetrics(v, "damaged.log", o);
+        if (!t.ok()) {
+          ++refused;
+          CHECK(t.status().message().find("damaged.log") != absl::string_view::npos);
+          continue;
+        }
+        ++parsed;
+        auto r = Replay(*t, core::RuleConfig());
+        REQUIRE(r.ok());
+        CHECK(r->records == static_cast<int64_t>(t->size()));
+      }
+    }
+  }
+  CHECK(parsed > 0);
+  CHECK(refused > 0);
+}
+
+}  // namespace
+}  // namespace trainwatch::cli

@@ -63,7 +63,10 @@ GOALS = [
      r"^clip, torch 2\..*: observe \+ guard", "ratio", "<=", 1.0),
     ("follow", "twctl follow end to end (lines/s, one core)", r"^twctl follow, Megatron", "value", ">=",
      50000.0),
-] + [("cpu_stats", f"grad stats {d} vs plain 1-thread read", rf"^grad stats {d} vs plain 1-thread",
+] + [("follow", f"twctl follow end to end, {label} log (lines/s, one core)",
+      rf"^twctl follow, {label} log to acknowledged", "value", ">=", 50000.0)
+     for label in ("nanoGPT", "Hugging Face", "torchtitan", "Composer", "NeMo", "Lightning CSV")
+     ] + [("cpu_stats", f"grad stats {d} vs plain 1-thread read", rf"^grad stats {d} vs plain 1-thread",
       "ratio", ">=", 0.9) for d in ("fp32", "bf16", "fp16")] + [
     ("cpu_stats", f"grad stats {d} vs torch", rf"^grad stats {d} vs torch", "ratio", ">", 1.0)
      for d in ("fp32", "bf16", "fp16")] + [
@@ -211,8 +214,10 @@ def benches(build, smoke):
         out.append(("clip_torch2", torch2 and ["env", "-u", "PYTHONPATH", torch2, clip], None))
     follow = script(os.path.join(ROOT, "bench", "follow", "follow_throughput.sh"))
     follow_bins = [exe(b("bin", "trainwatchd")), exe(b("bin", "twctl"))]
+    # Every text format follow reads, each its own figure and goal.
     out.append(("follow", follow and all(follow_bins) and
-                [follow] + follow_bins + (["20000", "1", "0"] if smoke else []), None))
+                [follow] + follow_bins + (["20000", "1", "0"] if smoke else ["200000", "3", "50000"])
+                + ["all"], None))
     ingest = script(os.path.join(ROOT, "bench", "ingest", "run_side_by_side.sh"))
     out.append(("ingest", ingest and exe(b("bin", "tw-ingest-load")) and [ingest, build],
                 "minutes long; not shortened" if smoke else None))

@@ -227,7 +227,7 @@ class FollowCommand : public Command {
                  Flag("format", "FORMAT",
                       "auto (default), csv, wandb-csv, jsonl, llmc, steplog, megatron, "
                       "nanogpt, deepspeed, hf, hf-state, torchtitan, composer, nemo, "
-                      "tensorboard"),
+                      "lightning (a wandb-csv), tensorboard"),
                  Flag("logging-steps", "N",
                       "a Hugging Face Trainer log without progress bars: its k-th loss "
                       "line is step k * N"),

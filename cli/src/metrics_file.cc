@@ -463,7 +463,9 @@ bool ParseFormatName(absl::string_view name, MetricsFormat* out) {
       return true;
     }
   }
-  if (name == "json" || name == "tensorboard-csv" || name == "generic-csv") {
+  // lightning: its CSVLogger's metrics.csv is an export like any other.
+  if (name == "json" || name == "tensorboard-csv" || name == "generic-csv" ||
+      name == "lightning") {
     *out = name == "json" ? MetricsFormat::kJsonLines : MetricsFormat::kGenericCsv;
     return true;
   }

@@ -310,13 +310,16 @@ constexpr char kReplayUsage[] =
     "  composer   Composer / llm-foundry ConsoleLogger: [batch=N/M]: then\n"
     "             Train loss/train/total, l2_norm/grad_global, lr-* lines\n"
     "  nemo       NeMo 2: Training epoch E, iteration I/T | lr: X | global_step: S |\n"
-    "             reduced_train_loss: L | ...\n"
-    "  (Lightning's CSVLogger metrics.csv is a wandb-csv: step column, train_loss,\n"
-    "             train_loss_step, grad_2.0_norm_total; val rows read past)\n"
+    "             reduced_train_loss: L | ...; NeMo 1's progress bar with\n"
+    "             reduced_train_loss=L, global_step=S\n"
+    "  lightning  Lightning's CSVLogger metrics.csv, read as wandb-csv (another name\n"
+    "             for it): step, train_loss or train_loss_step, grad_2.0_norm_total;\n"
+    "             validation rows have no train metric and are read past\n"
     "  deepspeed  DeepSpeed's fp16 loss-scaler lines alone (OVERFLOW!, hysteresis,\n"
-    "             step=N, skipped=K, already at minimum); in any trainer's log above\n"
-    "             they are read too: an overflow is a skipped step at the step after\n"
-    "             the last one the log named, at minimum a loss scale of 0 (tier 3)\n"
+    "             step=N, skipped=K, already at minimum); in the trainers' text logs\n"
+    "             above (all but composer) they are read too: an overflow is a skipped\n"
+    "             step at the step after the last one the log named, at minimum a\n"
+    "             loss scale of 0 (tier 3)\n"
     "  tensorboard  TensorBoard event files (events.out.tfevents.*): one file, or a\n"
     "             folder whose event files are merged by step; tags found by name\n"
     "             (loss, train/loss, Loss/train, grad_norm, lr, ...) or mapped:\n"
@@ -413,7 +416,7 @@ int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::s
     *err =
         absl::StrCat("twctl replay: unknown --format ", format,
                      " (auto, csv, wandb-csv, jsonl, llmc, steplog, megatron, nanogpt, deepspeed,\n"
-                     " hf, hf-state, torchtitan, composer, nemo, tensorboard)\n");
+                     " hf, hf-state, torchtitan, composer, nemo, lightning, tensorboard)\n");
     return 2;
   }
   if (!logging_steps.empty() &&

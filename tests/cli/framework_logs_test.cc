@@ -177,6 +177,15 @@ TEST_CASE("torchtitan: rank 0's step lines, colours and other ranks read past",
   CHECK(t->Record(0).Get(Signal::kLoss) == 3.24405);
   CHECK(t->Record(0).Get(Signal::kGradNorm) == 0.8319);
   CHECK(t->Record(7).step == 21);
+  // pytorch/torchtitan#1287: the older shape, no grad_norm, 4 decimals,
+  // between the GC and profiler lines.
+  auto older = Parse(Slurp("torchtitan-older-no-grad-norm.log"));
+  REQUIRE(older.ok());
+  CHECK(older->format() == MetricsFormat::kTorchTitan);
+  REQUIRE(older->size() == 6);
+  CHECK(older->Record(0).step == 200);
+  CHECK(older->Record(5).Get(Signal::kLoss) == 5.8383);
+  CHECK_FALSE(older->Record(0).Has(Signal::kGradNorm));
   // pytorch/torchtitan#2389: every rank's line, no prefix: one record a step.
   auto every = Parse(Slurp("torchtitan-every-rank.log"));
   REQUIRE(every.ok());
@@ -261,6 +270,42 @@ TEST_CASE("NeMo 2: Training epoch lines at their global_step", "[cli][formats][n
       "reduced_train_loss: nan | train_step_timing in s: 0.1\n");
   REQUIRE(nan.ok());
   CHECK(HaltedAt(*nan) == 1);
+}
+
+TEST_CASE("NeMo 1: Lightning's progress bar, one record per step it shows",
+          "[cli][formats][nemo]") {
+  // NVIDIA/NeMo-Framework-Launcher#55: global_step one behind the bar's N.
+  auto t = Parse(Slurp("nemo1-progress-bar.log"));
+  REQUIRE(t.ok());
+  CHECK(t->format() == MetricsFormat::kNemo);
+  REQUIRE(t->size() == 1);
+  CHECK(t->Record(0).step == 794);
+  CHECK(t->Record(0).Get(Signal::kLoss) == 3.09);
+  // NVIDIA/NeMo#7957 (NVIDIA-NeMo/Speech in the index): "nan.0", and a
+  // global_step shortened to "9e+3"; the checkpoint line is read past.
+  auto nan = Parse(Slurp("nemo1-nan-progress-bar.log"));
+  REQUIRE(nan.ok());
+  REQUIRE(nan->size() == 1);
+  CHECK(nan->Record(0).step == 9000);
+  CHECK(std::isnan(nan->Record(0).Get(Signal::kLoss)));
+  CHECK(HaltedAt(*nan) == 9000);
+  // Redraws joined by '\r': a record per new step; past 999 the shortened
+  // global_step is read through the bar's N and the offset an exact one
+  // showed; a new epoch's bar (N from 1 again) takes the shortened figure.
+  auto bars = Parse(
+      "Epoch 0:  1%|   | 999/2000 [00:10<00:10, v_num=1, reduced_train_loss=3.100, "
+      "global_step=998.0]\rEpoch 0:  1%|   | 999/2000 [00:10<00:10, v_num=1, "
+      "reduced_train_loss=3.100, global_step=998.0]\rEpoch 0:  1%|   | 1001/2000 [00:10<00:10, "
+      "v_num=1, reduced_train_loss=3.000, global_step=1e+3]\r\n"
+      "Epoch 1:  0%|   | 5/2000 [00:10<00:10, v_num=1, reduced_train_loss=2.900, "
+      "global_step=2e+3]\n");
+  REQUIRE(bars.ok());
+  REQUIRE(bars->size() == 3);
+  CHECK(bars->Record(0).step == 998);
+  CHECK(bars->Record(1).step == 1000);
+  CHECK(bars->Record(2).step == 2000);  // the shortened figure: no exact one since the epoch
+  CHECK(ErrorOf("Epoch 0:  1%|   | 9/20 [00:10<00:10, reduced_train_loss=x, global_step=8.0]\n") ==
+        "run.log:1:57: reduced_train_loss \"x\" is not a number");
 }
 
 TEST_CASE("Lightning's metrics.csv is a wandb-csv: train rows, val rows read past",

@@ -38,7 +38,10 @@
 //   composer  MosaicML Composer's ConsoleLogger blocks: "[batch=N/M]:" then
 //             "\t Train loss/train/total: L" lines;
 //   nemo      NeMo 2's "Training epoch E, iteration I/T | lr: ... | global_step:
-//             S | reduced_train_loss: L | ..." lines.
+//             S | reduced_train_loss: L | ..." lines, and NeMo 1's progress bar
+//             ("| N/M [..., reduced_train_loss=L, global_step=S]").
+// Lightning's CSVLogger metrics.csv is a wandb-csv (train_loss,
+// train_loss_step and grad_2.0_norm_total are among the names found).
 //
 // DeepSpeed's loss-scaler lines are read inside every text log above, as
 // they are interleaved with the trainer's own lines in real logs: "OVERFLOW!

@@ -71,7 +71,7 @@ class CMakeBuild(build_ext):
 setup(
     version=cmake_version(),
     package_dir={"": "agent/python"},
-    packages=["trainwatch"],
+    packages=["trainwatch", "trainwatch.integrations"],
     ext_modules=[CMakeExtension("trainwatch._trainwatch", target="_trainwatch")],
     cmdclass={"build_ext": CMakeBuild},
     zip_safe=False,

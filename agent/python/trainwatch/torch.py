@@ -134,7 +134,8 @@ class Guard:
     """Holds the latest verdict and gates the wrapped optimizer's step()."""
 
     def __init__(self, optimizer, agent, params=None, on_device=False, model=None, layout=None,
-                 data_parallel_size=None, tensor_parallel_size=None, scaler=None, replicas=None):
+                 data_parallel_size=None, tensor_parallel_size=None, scaler=None, replicas=None,
+                 gate=True):
         self.optimizer = optimizer
         self.agent = agent
         self.scaler = scaler
@@ -174,8 +175,12 @@ class Guard:
         # once clipped or stepped): clip_grad_norm_()'s guard against misuse.
         self._observed = None
         self._clear_micro_batches()
+        # gate=False: the caller acts on the verdict itself (the trainer
+        # integrations, which decide inside the trainer's own step, where
+        # wrapping optimizer.step would come after the trainer's clip).
         self._step = optimizer.step
-        optimizer.step = self._gated_step
+        if gate:
+            optimizer.step = self._gated_step
 
     def _clear_micro_batches(self):
         # The optimizer step being accumulated: the losses' sum (a float, or
@@ -462,7 +467,8 @@ class Guard:
 
     def detach(self):
         """Gives the optimizer its own step() back."""
-        self.optimizer.step = self._step
+        if self.optimizer.step == self._gated_step:
+            self.optimizer.step = self._step
 
 
 def _resolve_layout(agent, model, layout):

@@ -20,9 +20,16 @@ wheel=$(ls "$out"/dist/trainwatch-*.whl)
 # From a folder outside the tree: the installed package, not the sources.
 cd "$out"
 "$venv/bin/python" - <<'PY'
-import os, sys
+import importlib.metadata as md, os, sys
 import torch, trainwatch
 assert os.path.realpath(trainwatch.__file__).startswith(os.path.realpath(sys.prefix)), trainwatch.__file__
-print(f"python {sys.version.split()[0]}, torch {torch.__version__}, trainwatch {trainwatch.__version__} "
+# The libraries under test, where the lock file has them.
+libs = []
+for dist in ("torch", "transformers", "lightning", "torchtitan", "tensorboard", "ai2-olmo-core"):
+    try:
+        libs.append(f"{dist} {md.version(dist)}")
+    except md.PackageNotFoundError:
+        pass
+print(f"python {sys.version.split()[0]}, {', '.join(libs)}, trainwatch {trainwatch.__version__} "
       f"({os.path.dirname(trainwatch.__file__)})")
 PY

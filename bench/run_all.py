@@ -13,6 +13,9 @@ has every row. Output, in --out (default BUILD/bench):
   summary.json  the same rows, the machine (cores, load average at start and
                 end, date) and each bench's exit status
   <bench>.log   each bench's stdout and stderr
+  detection.md  the detection backtest's tables (bench/detection/backtest.py:
+                trainwatch, OLMo-core's SkipStepOptimizer and Lightning's
+                SpikeDetection on the same traces), the README's comparison
 
 The figures' schema, which every bench writes (a JSON list, or one JSON
 object per line, into the file named by $TW_BENCH_JSON, or as lines of its
@@ -63,6 +66,10 @@ GOALS = [
      r"^clip, torch 2\..*: observe \+ guard", "ratio", "<=", 1.0),
     ("follow", "twctl follow end to end (lines/s, one core)", r"^twctl follow, Megatron", "value", ">=",
      50000.0),
+    ("detection", "detection backtest: expected incidents trainwatch missed",
+     r"^detection, trainwatch: incidents missed", "value", "<=", 0),
+    ("detection", "detection backtest: trainwatch's false alarms",
+     r"^detection, trainwatch: false alarms", "value", "<=", 0),
 ] + [("follow", f"twctl follow end to end, {label} log (lines/s, one core)",
       rf"^twctl follow, {label} log to acknowledged", "value", ">=", 50000.0)
      for label in ("nanoGPT", "Hugging Face", "torchtitan", "Composer", "NeMo", "Lightning CSV")
@@ -161,23 +168,24 @@ def replay_bench(build, out_dir, smoke):
         "median": statistics.median(cpu), "min": min(cpu), "max": max(cpu)}]
 
 
-def torch2_python(build):
-    """The interpreter of build/pyenv/torch-newest, with this tree's wheel
-    installed (tests/python/env), or None when it cannot be made."""
+def pyenv_python(build, name, bench):
+    """The interpreter of build/pyenv/NAME, the test environment of
+    tests/python/env/NAME.txt with this tree's wheel installed, made here if
+    make test has not; None when it cannot be made."""
     env = os.path.join(ROOT, "tests", "python", "env")
     out = os.path.join(build, "pyenv")
     try:
         for cmd in ([os.path.join(env, "wheel.sh"), ROOT, out],
                     [os.path.join(env, "install.sh"), ROOT, out,
-                     os.path.join(env, "torch-newest.txt")]):
+                     os.path.join(env, name + ".txt")]):
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     except (OSError, subprocess.CalledProcessError) as e:
-        print(f"== clip_torch2: no torch 2.x environment ({e})", flush=True)
+        print(f"== {bench}: no {name} environment ({e})", flush=True)
         return None
-    return os.path.join(out, "torch-newest", "bin", "python")
+    return os.path.join(out, name, "bin", "python")
 
 
-def benches(build, smoke):
+def benches(build, out_dir, smoke):
     """(name, command or None when absent, skipped-in-smoke reason)."""
     b = lambda *p: os.path.join(build, *p)
     exe = lambda p: p if os.access(p, os.X_OK) else None
@@ -210,7 +218,7 @@ def benches(build, smoke):
     if smoke:
         out.append(("clip_torch2", [clip], "its torch 2.x environment takes minutes to make"))
     else:
-        torch2 = clip and torch2_python(build)
+        torch2 = clip and pyenv_python(build, "torch-newest", "clip_torch2")
         out.append(("clip_torch2", torch2 and ["env", "-u", "PYTHONPATH", torch2, clip], None))
     follow = script(os.path.join(ROOT, "bench", "follow", "follow_throughput.sh"))
     follow_bins = [exe(b("bin", "trainwatchd")), exe(b("bin", "twctl"))]
@@ -223,6 +231,18 @@ def benches(build, smoke):
                 "minutes long; not shortened" if smoke else None))
     restart = exe(b("bin", "restart_bench"))
     out.append(("restart", restart and [restart] + (["--smoke"] if smoke else []), None))
+    # The same traces through trainwatch's engine and the peers' own code
+    # (OLMo-core's SkipStepOptimizer, Lightning's SpikeDetection), in the
+    # peers' environment; its Markdown is the README's comparison table.
+    detection = script(os.path.join(ROOT, "bench", "detection", "backtest.py"))
+    if smoke:
+        out.append(("detection", [detection], "its peers environment takes minutes to make"))
+    else:
+        bins = [exe(b("bin", x)) for x in ("twctl", "trainwatchd", "trainwatch-synth")]
+        peers = detection and all(bins) and pyenv_python(build, "peers", "detection")
+        out.append(("detection", peers and ["env", "-u", "PYTHONPATH", peers, detection, "--bin",
+                                            b("bin"), "--md",
+                                            os.path.join(out_dir, "detection.md")], None))
     return out
 
 
@@ -263,7 +283,7 @@ def main():
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "smoke": args.smoke}
     status, figures = {}, []
-    for name, cmd, smoke_skip in benches(build, args.smoke):
+    for name, cmd, smoke_skip in benches(build, out_dir, args.smoke):
         t0 = time.time()
         if not cmd:
             status[name] = "not run (not built or not present)"

@@ -70,7 +70,7 @@ LAUNCHER := $(if $(shell command -v ccache),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache
 # and in replay_fuzz).
 SANITIZE_BUILD ?= build-sanitize
 SANITIZE_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-SANITIZE_SKIP := ^(python_|install_|readme_python|pyenv_|torch2_|trainers_|readme_torch2|demo_|fuzz_|e2e: the example trainer|replay speed)
+SANITIZE_SKIP := ^(python_|install_|readme_python|pyenv_|torch2_|trainers_|readme_torch2|readme_trainers|demo_|fuzz_|e2e: the example trainer|replay speed)
 sanitize: deps
 	cmake -S . -B $(SANITIZE_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DPython_EXECUTABLE=/usr/bin/python3 $(LAUNCHER) \

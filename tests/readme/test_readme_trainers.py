@@ -1,0 +1,95 @@
+"""The README's trainer snippets (each after its `<!-- readme-test: NAME -->`
+line), run as written in the trainers environment against a real
+trainwatchd, with the snippet's server address made the test daemon's:
+
+- transformers: a tiny GPT-2 in the Hugging Face Trainer, gradient
+  accumulation 2; one record per optimizer step, each with the loss the
+  Trainer logs.
+- lightning: a small model in lightning.Trainer; one record per optimizer
+  step with the mean of its micro-batches' losses, and log Z.
+"""
+
+import math
+import os
+import re
+import sqlite3
+import tempfile
+import unittest
+
+import torch
+from test_readme_torch2 import readme_block
+from trainwatchd_process import Trainwatchd
+
+
+def run_snippet(name, daemon, namespace):
+    code = readme_block(name)
+    # The address a reader would use, made the test daemon's.
+    assert '"127.0.0.1:7070"' in code, code
+    exec(compile(code.replace("127.0.0.1:7070", daemon.address), f"README:{name}", "exec"),
+         namespace)
+
+
+def stored(daemon, run_id):
+    db = sqlite3.connect(daemon.db)
+    rows = db.execute("SELECT step, loss, grad_norm, log_z, decision FROM steps WHERE run_id=? "
+                      "ORDER BY step", (run_id,)).fetchall()
+    db.close()
+    return rows
+
+
+class ReadmeTrainersTest(unittest.TestCase):
+    def setUp(self):
+        self.daemon = Trainwatchd()
+        self.work = tempfile.TemporaryDirectory()
+        self.cwd = os.getcwd()
+        os.chdir(self.work.name)  # the trainers write their folders here
+
+    def tearDown(self):
+        os.chdir(self.cwd)
+        self.daemon.stop()
+        self.work.cleanup()
+
+    def test_transformers(self):
+        import transformers
+        from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+
+        from hf_trainer import Collator, Counting
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2,
+                                           n_head=2))
+        args = TrainingArguments(output_dir="out", use_cpu=True, report_to="none",
+                                 save_strategy="no", per_device_train_batch_size=4,
+                                 gradient_accumulation_steps=2, max_steps=6, logging_steps=1,
+                                 disable_tqdm=True)
+        ns = {"Trainer": lambda **kw: transformers.Trainer(data_collator=Collator(()), **kw),
+              "model": model, "args": args, "dataset": Counting(48)}
+        run_snippet("transformers", self.daemon, ns)
+        rows = stored(self.daemon, "gpt2-small-7")
+        self.assertEqual([r[0] for r in rows], [1, 2, 3, 4, 5, 6])
+        logged = {h["step"]: h for h in ns["trainer"].state.log_history if "loss" in h}
+        for step, loss, grad_norm, log_z, decision in rows:
+            self.assertAlmostEqual(loss, logged[step]["loss"], delta=1e-4 * loss)
+            self.assertGreater(grad_norm, 0)
+            self.assertTrue(math.isfinite(log_z))
+            self.assertEqual(decision, 0)
+
+    def test_lightning(self):
+        from lightning_trainer import Counting, Model
+        torch.manual_seed(0)
+        model = Model({})
+        loader = torch.utils.data.DataLoader(Counting(24), batch_size=4)  # 6 micro-batches
+        ns = {"model": model, "loader": loader}
+        run_snippet("lightning", self.daemon, ns)
+        rows = stored(self.daemon, "lit-small-3")
+        self.assertEqual([r[0] for r in rows], [0, 1, 2])
+        for step, loss, grad_norm, log_z, decision in rows:
+            losses = model.losses[step]
+            self.assertEqual(len(losses), 2)
+            self.assertAlmostEqual(loss, sum(losses) / 2, delta=1e-5 * loss)
+            self.assertGreater(grad_norm, 0)
+            self.assertAlmostEqual(log_z, math.log(64), delta=0.5)
+            self.assertEqual(decision, 0)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -73,9 +73,12 @@ class Follower {
     return SendDrained();
   }
   // A rotation or truncation: the next bytes are a new file (a CSV header
-  // again, line numbers from 1).
-  absl::Status Restart() {
+  // again, line numbers from 1). `rewritten`: the same file written again
+  // whole with more in it (a CSV with a new column): its steps up to the
+  // last one sent were sent, and are read past, not a restart of the job.
+  absl::Status Restart(bool rewritten) {
     if (absl::Status s = EndOfStream(); !s.ok()) return s;
+    if (rewritten) skip_through_ = last_sent_;
     // trainer_state.json's reader is fed each version of the file and gives
     // only the steps not given before: it stays.
     if (parser_ != nullptr && format_ != MetricsFormat::kHfTrainerState) NewParser();
@@ -107,6 +110,12 @@ class Follower {
   }
   const Progress& progress() const { return progress_; }
   MetricsFormat format() const { return format_; }
+  // A CSV's first line is its header: a new one means the file was
+  // rewritten (FileTail::WatchFirstLine).
+  bool HeaderFirst() const {
+    return parser_ != nullptr &&
+           (format_ == MetricsFormat::kCsv || format_ == MetricsFormat::kGenericCsv);
+  }
 
  private:
   bool Detect(absl::string_view line) {
@@ -180,6 +189,11 @@ class Follower {
     absl::Status sent = absl::OkStatus();
     builder_->Drain([&](const core::StepRecord& rec, int) {
       if (!sent.ok()) return;
+      if (skip_through_ >= 0) {
+        if (rec.step <= skip_through_) return;  // sent before the rewrite
+        skip_through_ = -1;
+      }
+      last_sent_ = rec.step;
       sent = stream_->Send(rec);
       if (sent.ok() && !rec.checkpoint_uri.empty()) {
         stream_->Checkpoint(rec.step, std::string(rec.checkpoint_uri));
@@ -199,6 +213,8 @@ class Follower {
   std::string held_;  // lines before the format is known
   int held_lines_ = 0;
   int line_no_ = 0;
+  int64_t last_sent_ = -1;     // the step of the last record sent
+  int64_t skip_through_ = -1;  // after a rewrite: steps up to here were sent
   core::StepRecord pending_;  // the TensorBoard step being gathered
   bool have_pending_ = false;
   Progress progress_;
@@ -373,6 +389,7 @@ class FollowCommand : public Command {
   static absl::Status Loop(const std::string& source, bool events, bool whole_file, Follower* f,
                            FollowStream* stream, int64_t poll_ms, int64_t interval_s) {
     std::unique_ptr<TextTail> tail;
+    FileTail* file_tail = nullptr;  // tail, when it is a FileTail
     std::unique_ptr<EventFolder> folder;
     if (events) {
       folder = std::make_unique<EventFolder>(source);
@@ -381,7 +398,9 @@ class FollowCommand : public Command {
     } else if (whole_file) {
       tail = std::make_unique<WholeFileTail>(source);
     } else {
-      tail = std::make_unique<FileTail>(source);
+      auto file = std::make_unique<FileTail>(source);
+      file_tail = file.get();
+      tail = std::move(file);
     }
     LineSplitter lines;
     std::string bytes, rest;
@@ -414,6 +433,7 @@ class FollowCommand : public Command {
         while (lines.Next(&line)) {
           if (absl::Status s = f->Line(line); !s.ok()) return s;
         }
+        if (file_tail != nullptr && f->HeaderFirst()) file_tail->WatchFirstLine();
         if (*ev == TailEvent::kRestart || *ev == TailEvent::kEnd) {
           if (lines.Flush(&rest)) {
             if (absl::Status s = f->Line(rest); !s.ok()) return s;
@@ -421,7 +441,9 @@ class FollowCommand : public Command {
           if (*ev == TailEvent::kEnd) break;
           std::fprintf(stderr, "twctl follow: %s %s: reading it from the start\n", source.c_str(),
                        tail->RestartReason().c_str());
-          if (absl::Status s = f->Restart(); !s.ok()) return s;
+          if (absl::Status s = f->Restart(tail->RestartReason() == "rewritten"); !s.ok()) {
+            return s;
+          }
         }
         idle = *ev == TailEvent::kIdle;
       }

@@ -60,6 +60,8 @@ absl::Status FileTail::Open(bool* opened) {
   inode_ = st.st_ino;
   device_ = st.st_dev;
   offset_ = 0;
+  first_line_.clear();
+  first_line_whole_ = false;
   *opened = true;
   return absl::OkStatus();
 }
@@ -70,9 +72,27 @@ absl::StatusOr<TailEvent> FileTail::Poll(std::string* out, size_t max_bytes) {
     if (absl::Status s = Open(&opened); !s.ok()) return s;
     if (!opened) return TailEvent::kIdle;
   }
+  if (watch_first_line_ && FirstLineChanged()) {
+    // Rewritten whole, longer than what was read (a shorter file is a
+    // truncation, below): what follows offset_ is not what came after it.
+    if (::lseek(fd_, 0, SEEK_SET) < 0) return ErrnoError("seek", path_);
+    offset_ = 0;
+    first_line_.clear();
+    first_line_whole_ = false;
+    reason_ = "rewritten";
+    ++restarts_;
+    return TailEvent::kRestart;
+  }
+  const size_t before = out->size();
   const ssize_t n = ReadSome(fd_, out, max_bytes);
   if (n < 0) return ErrnoError("read", path_);
   if (n > 0) {
+    if (!first_line_whole_ && offset_ == first_line_.size()) {
+      const absl::string_view got(out->data() + before, static_cast<size_t>(n));
+      const size_t nl = got.find('\n');
+      first_line_.append(got.data(), nl == absl::string_view::npos ? got.size() : nl + 1);
+      first_line_whole_ = nl != absl::string_view::npos;
+    }
     offset_ += static_cast<uint64_t>(n);
     return TailEvent::kData;
   }
@@ -99,6 +119,17 @@ absl::StatusOr<TailEvent> FileTail::Poll(std::string* out, size_t max_bytes) {
     return TailEvent::kRestart;
   }
   return TailEvent::kIdle;
+}
+
+bool FileTail::FirstLineChanged() {
+  if (!first_line_whole_) return false;
+  std::string now(first_line_.size(), '\0');
+  ssize_t n;
+  do {
+    n = ::pread(fd_, now.data(), now.size(), 0);
+  } while (n < 0 && errno == EINTR);
+  // A shorter file is a truncation, which Poll() sees by its size.
+  return n == static_cast<ssize_t>(now.size()) && now != first_line_;
 }
 
 absl::StatusOr<TailEvent> WholeFileTail::Poll(std::string* out, size_t max_bytes) {

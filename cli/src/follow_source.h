@@ -4,7 +4,10 @@
 //                 yet is waited for; rotation (the path names another inode)
 //                 finishes the old file, then opens the new one from byte 0;
 //                 truncation (the size went below what was read) starts
-//                 again from byte 0.
+//                 again from byte 0; with WatchFirstLine(), so does a first
+//                 line that changed (a CSV rewritten whole with a new
+//                 header, as Lightning's CSVLogger does when a metric first
+//                 appears), as "rewritten".
 //   StdinTail     standard input (a pipe, `kubectl logs -f`); EOF ends it.
 //   WholeFileTail a file its writer rewrites whole (Hugging Face's
 //                 trainer_state.json): each version, once it has stood still
@@ -67,11 +70,19 @@ class FileTail : public TextTail {
   absl::StatusOr<TailEvent> Poll(std::string* out, size_t max_bytes) override;
   std::string RestartReason() const override { return reason_; }
   int64_t restarts() const override { return restarts_; }
+  // From now on, a first line that is no longer the one read is a rewrite
+  // (kRestart, "rewritten"): for a CSV, whose first line is its header.
+  void WatchFirstLine() { watch_first_line_ = true; }
 
  private:
   absl::Status Open(bool* opened);
+  // The first line read, once whole and while watched: still the file's?
+  bool FirstLineChanged();
 
   std::string path_;
+  bool watch_first_line_ = false;
+  std::string first_line_;  // the first bytes read, up to the first '\n'
+  bool first_line_whole_ = false;
   int fd_ = -1;
   ino_t inode_ = 0;
   dev_t device_ = 0;

@@ -515,6 +515,41 @@ TEST_CASE("follow: trainer_state.json rewritten at each save sends each step onc
   RequireSame(Stored(d.db(), "run-state"), Replayed(TrainerState(400), MetricsFormat::kAuto));
 }
 
+TEST_CASE("follow: a Lightning metrics.csv rewritten with a new column sends each step once",
+          "[cli][follow][lightning]") {
+  TempDir dir;
+  Trainwatchd d(dir, "", "");
+  const std::string csv = dir.File("metrics.csv");
+  Child follow(FollowArgs(csv, "run-csv", d), dir.File("follow.log"));
+  // CSVLogger appends rows while the header holds every key; the first
+  // validation metric makes it write the whole file again with the new
+  // column, longer than before.
+  std::string rows;
+  for (int s = 1; s <= 50; ++s)
+    rows += "0," + std::to_string(s) + "," + std::to_string(3.0 - 0.01 * s) + "\n";
+  std::ofstream(csv) << "epoch,step,train_loss\n" << rows;
+  REQUIRE(WaitRows(d.db(), "run-csv", 50));
+  std::string wide = "epoch,step,train_loss,val_loss\n";
+  for (int s = 1; s <= 100; ++s) {
+    wide += "0," + std::to_string(s) + "," + std::to_string(3.0 - 0.01 * s) + ",\n";
+    if (s == 50) wide += "0,50,,2.5\n";
+  }
+  std::ofstream(csv, std::ios::trunc) << wide;
+  const bool all = WaitRows(d.db(), "run-csv", 100);
+  INFO(ReadFile(dir.File("follow.log")));
+  REQUIRE(all);
+  ::kill(follow.pid(), SIGTERM);
+  const int rc = follow.Wait(20);
+  const std::string out = ReadFile(dir.File("follow.log"));
+  INFO(out);
+  CHECK(rc == 0);
+  CHECK(out.find("rewritten") != std::string::npos);
+  CHECK(out.find("attempts 1,") != std::string::npos);
+  std::vector<Row> expected = Replayed(wide, MetricsFormat::kGenericCsv);
+  for (Row& r : expected) r.grad_norm = 0;  // no grad norm column: stored as NULL
+  RequireSame(Stored(d.db(), "run-csv"), expected);
+}
+
 TEST_CASE("follow: a malformed line is named and read past and the exit says so", "[cli][follow]") {
   TempDir dir;
   Trainwatchd d(dir, "", "");

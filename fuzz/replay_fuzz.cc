@@ -1,5 +1,6 @@
 // twctl replay's readers: the first byte picks the format (as --format
-// would, kAuto included, so detection is fuzzed too), the rest is the file.
+// would, kAuto included, so detection is fuzzed too) and whether
+// --logging-steps is given, the rest is the file.
 // A trace the reader accepts is replayed through the rule engine with the
 // default rules, as `twctl replay` does.
 
@@ -19,6 +20,8 @@ constexpr MetricsFormat kFormats[] = {
     MetricsFormat::kMegatron, MetricsFormat::kTensorBoard,
     // Appended, so that the seeds' first bytes keep naming the formats above.
     MetricsFormat::kNanoGpt,  MetricsFormat::kDeepSpeed,
+    MetricsFormat::kHfTrainer, MetricsFormat::kHfTrainerState, MetricsFormat::kTorchTitan,
+    MetricsFormat::kComposer, MetricsFormat::kNemo,
 };
 
 }  // namespace
@@ -27,6 +30,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   trainwatch::cli::ReadOptions options;
   options.format = kFormats[data[0] % (sizeof(kFormats) / sizeof(kFormats[0]))];
+  // The first byte's high bit: a Hugging Face log's --logging-steps (its
+  // step without progress bars).
+  options.logging_steps = (data[0] & 0x80) != 0 ? 10 : 0;
   absl::StatusOr<trainwatch::cli::Trace> trace = trainwatch::cli::ParseMetrics(
       trainwatch::fuzz::Bytes(data + 1, size - 1), "fuzz-input", options);
   if (!trace.ok()) {

@@ -150,6 +150,15 @@ class DeepSpeedLayer : public LineParser {
     return Commit(b);
   }
 
+  absl::Status Idle(TraceBuilder& b) override {
+    if (trainer_ == nullptr) return absl::OkStatus();
+    if (absl::Status s = trainer_->Idle(scratch_); !s.ok()) {
+      scratch_.Drop();
+      return s;
+    }
+    return TakeTrainerRows(b);
+  }
+
   absl::Status End(const TraceBuilder& b) override {
     if (trainer_ != nullptr) return trainer_->End(b);
     if (b.rows() > 0) return absl::OkStatus();

@@ -72,6 +72,17 @@ class Follower {
     }
     return SendDrained();
   }
+  // The source has nothing new and no partial line: what the reader holds
+  // for a line that may still come is sent (LineParser::Idle).
+  absl::Status Idle() {
+    if (parser_ == nullptr) return absl::OkStatus();
+    if (absl::Status s = parser_->Idle(*builder_); !s.ok()) {
+      builder_->Drop();
+      ++progress_.rejected;
+      std::fprintf(stderr, "twctl follow: %s (read past)\n", std::string(s.message()).c_str());
+    }
+    return SendDrained();
+  }
   // A rotation or truncation: the next bytes are a new file (a CSV header
   // again, line numbers from 1). `rewritten`: the same file written again
   // whole with more in it (a CSV with a new column): its steps up to the
@@ -446,6 +457,9 @@ class FollowCommand : public Command {
           }
         }
         idle = *ev == TailEvent::kIdle;
+        if (idle && lines.pending() == 0) {
+          if (absl::Status s = f->Idle(); !s.ok()) return s;
+        }
       }
       status_if_due();
       if (idle) {

@@ -500,6 +500,9 @@ class ComposerParser : public LineParser {
   }
 
   absl::Status Flush(TraceBuilder& b) override { return Finish(b); }
+  // Composer prints a block with one print(): a source gone quiet after
+  // one has given all of it.
+  absl::Status Idle(TraceBuilder& b) override { return Finish(b); }
 
   absl::Status End(const TraceBuilder& b) override {
     return NoRecords(b, source_, "Composer \"[batch=N/M]:\" blocks with Train");

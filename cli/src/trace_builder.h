@@ -122,6 +122,11 @@ class LineParser {
   // at the end of a whole file before End(), and by twctl follow when its
   // source ends or restarts.
   virtual absl::Status Flush(TraceBuilder& b) { return absl::OkStatus(); }
+  // Called by twctl follow when its source has nothing new and no partial
+  // line: adds a record held only because a later line might still belong
+  // to it (Composer's block, printed at once). Unlike Flush(), what waits
+  // for another line to say where it belongs (a DeepSpeed overflow) waits on.
+  virtual absl::Status Idle(TraceBuilder& b) { return absl::OkStatus(); }
   // The last step the log named, on a line that is a record or not (a
   // progress bar); -1 when none or when the format does not say.
   virtual int64_t Position() const { return -1; }

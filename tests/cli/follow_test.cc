@@ -550,6 +550,23 @@ TEST_CASE("follow: a Lightning metrics.csv rewritten with a new column sends eac
   RequireSame(Stored(d.db(), "run-csv"), expected);
 }
 
+TEST_CASE("follow: a Composer block is sent once the log goes quiet - not at the next block",
+          "[cli][follow][composer]") {
+  TempDir dir;
+  Trainwatchd d(dir, "", "");
+  const std::string log = dir.File("train.log");
+  Child follow(FollowArgs(log, "run-composer", d), dir.File("follow.log"));
+  Append(log, Composer(1, 11));
+  REQUIRE(WaitRows(d.db(), "run-composer", 10));  // block 10 too: nothing after it
+  Append(log, Composer(11, 21));
+  REQUIRE(WaitRows(d.db(), "run-composer", 20));
+  ::kill(follow.pid(), SIGTERM);
+  const int rc = follow.Wait(20);
+  INFO(ReadFile(dir.File("follow.log")));
+  CHECK(rc == 0);
+  RequireSame(Stored(d.db(), "run-composer"), Replayed(Composer(1, 21), MetricsFormat::kComposer));
+}
+
 TEST_CASE("follow: a malformed line is named and read past and the exit says so", "[cli][follow]") {
   TempDir dir;
   Trainwatchd d(dir, "", "");

@@ -96,6 +96,7 @@ class Trace:
     make: Callable[[str, str], str]  # (bin, work folder) -> path
     incidents: Callable[[List[Rec]], List[Incident]]
     windows: List[Window] = dataclasses.field(default_factory=list)
+    args: List[str] = dataclasses.field(default_factory=list)  # for replay and follow alike
 
 
 @dataclasses.dataclass
@@ -209,6 +210,24 @@ TRACES = [
           data("formats", "deepspeed-startup-overflows.log"), none),
     Trace("hf-deepspeed-min-scale", "HF Trainer + DeepSpeed fp16, scale down to its minimum "
           "(formats/)", data("formats", "hf-deepspeed-min-scale.log"), at_minimum_scale),
+    Trace("hf-modernbert-nan", "HF Trainer dict lines, grad norm NaN, loss finite (formats/, "
+          "--logging-steps 1)", data("formats", "hf-modernbert-grad-norm-nan.log"),
+          lambda s: first_nonfinite(s, "NaN grad norm"), args=["--logging-steps", "1"]),
+    Trace("torchtitan-rank0", "torchtitan, steps 14-21 (formats/)",
+          data("formats", "torchtitan-rank0.log"), none),
+    Trace("torchtitan-every-rank", "torchtitan, a line per rank, steps 4-5 (formats/)",
+          data("formats", "torchtitan-every-rank.log"), none),
+    Trace("torchtitan-older", "torchtitan's older line, steps 200-250, no grad norm (formats/)",
+          data("formats", "torchtitan-older-no-grad-norm.log"), none),
+    Trace("nemo1-bar", "NeMo 1 progress bar, one step (formats/)",
+          data("formats", "nemo1-progress-bar.log"), none),
+    Trace("nemo1-nan", "NeMo 1 progress bar, loss NaN at global step 9,000 (formats/)",
+          data("formats", "nemo1-nan-progress-bar.log"), lambda s: first_nonfinite(s, "NaN loss")),
+    Trace("nemo2", "NeMo 2 training-epoch lines, iterations 120-125 (formats/)",
+          data("formats", "nemo2-training-epoch.log"), none),
+    # Left out: composer-llm-shearing-header.log (its loss lines are cut off in
+    # the post: nothing to replay) and the *-from-source files, which are not
+    # real runs' logs.
     Trace("llmc-gpt2", "llm.c GPT-2 124M, 19,552 steps (realdata/)",
           data("realdata", "llmc-gpt2-124m.main.log"), none,
           [Window(8715, 8715, "grad norm 15x its median, loss +0.08")]),
@@ -227,12 +246,12 @@ TRACES = [
 
 # --------------------------------------------------- the series, as parsed
 
-def parsed_series(twctl, daemon, run, path):
+def parsed_series(twctl, daemon, run, path, args):
     """The trace's steps as twctl's reader makes them: followed into a
     trainwatchd and read back from its database."""
     with open(path, "rb") as f:
         p = subprocess.run([twctl, "follow", "-", "--run", run, "--server", daemon.address,
-                            "--status-interval", "0"], stdin=f, stdout=subprocess.PIPE,
+                            "--status-interval", "0", *args], stdin=f, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, timeout=600)
     if p.returncode != 0:
         raise RuntimeError(f"twctl follow {path}: exit {p.returncode}\n"
@@ -257,8 +276,8 @@ def parsed_series(twctl, daemon, run, path):
 
 # -------------------------------------------------------------- detectors
 
-def run_trainwatch(twctl, path):
-    p = subprocess.run([twctl, "replay", path, "-o", "json"], stdout=subprocess.PIPE,
+def run_trainwatch(twctl, path, args):
+    p = subprocess.run([twctl, "replay", path, "-o", "json", *args], stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, text=True, timeout=600)
     if p.returncode != 0:
         raise RuntimeError(f"twctl replay {path}: exit {p.returncode}\n{p.stderr[-2000:]}")
@@ -503,9 +522,9 @@ def main():
         with tempfile.TemporaryDirectory(prefix="tw-detection.") as work:
             for t in traces:
                 path = t.make(args.bin, work)
-                series = parsed_series(twctl, daemon, t.id, path)
+                series = parsed_series(twctl, daemon, t.id, path, t.args)
                 incidents = t.incidents(series)
-                tw_alarms, notes = run_trainwatch(twctl, path)
+                tw_alarms, notes = run_trainwatch(twctl, path, t.args)
                 outcomes = {DETECTORS[0]: Outcome(len(series), episodes(tw_alarms, series),
                                                   notes)}
                 for name, run in ((DETECTORS[1], run_olmo),

@@ -280,6 +280,8 @@ class FollowCommand : public Command {
                     "waited for). The format is detected as replay does, or --format.\n"
                     "A file named trainer_state.json (or --format hf-state) is read whole\n"
                     "each time the trainer rewrites it; only steps not sent before are sent.\n"
+                    "With --format hf-state, a folder (a Trainer's output_dir) is followed\n"
+                    "through its newest trainer_state.json, its own or a checkpoint-N/'s.\n"
                     "The run is marked observed: nothing is skipped or halted in the job.\n"
                     "Steps going back (a restart) open a new attempt resuming after the step\n"
                     "before. Checkpoints: Megatron's 'saving checkpoint at iteration N',\n"
@@ -318,8 +320,12 @@ class FollowCommand : public Command {
     }
     std::error_code ec;
     const bool folder = source != "-" && std::filesystem::is_directory(source, ec);
-    if (folder || (format == MetricsFormat::kAuto &&
-                   IsEventFileName(std::filesystem::path(source).filename().string()))) {
+    // With hf-state, a folder is a Trainer's output folder (its newest
+    // trainer_state.json), not TensorBoard's.
+    const bool trainer_output = folder && format == MetricsFormat::kHfTrainerState;
+    if (!trainer_output &&
+        (folder || (format == MetricsFormat::kAuto &&
+                    IsEventFileName(std::filesystem::path(source).filename().string())))) {
       if (format != MetricsFormat::kAuto && format != MetricsFormat::kTensorBoard) {
         return usage(absl::StrCat(source, " is followed as TensorBoard event files, not as ",
                                   FormatName(format)));
@@ -407,7 +413,7 @@ class FollowCommand : public Command {
     } else if (source == "-") {
       tail = std::make_unique<StdinTail>();
     } else if (whole_file) {
-      tail = std::make_unique<WholeFileTail>(source);
+      tail = std::make_unique<WholeFileTail>(source, "trainer_state.json");
     } else {
       auto file = std::make_unique<FileTail>(source);
       file_tail = file.get();

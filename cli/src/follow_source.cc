@@ -132,6 +132,27 @@ bool FileTail::FirstLineChanged() {
   return n == static_cast<ssize_t>(now.size()) && now != first_line_;
 }
 
+std::string WholeFileTail::Resolve() const {
+  std::error_code ec;
+  if (file_name_.empty() || !std::filesystem::is_directory(path_, ec)) return path_;
+  // The newest of FOLDER/NAME and FOLDER/*/NAME (a Trainer's output folder:
+  // checkpoint-N/trainer_state.json at each save, its own at the end).
+  std::string newest = (std::filesystem::path(path_) / file_name_).string();
+  std::filesystem::file_time_type newest_time = std::filesystem::last_write_time(newest, ec);
+  if (ec) newest_time = std::filesystem::file_time_type::min();
+  for (const auto& entry : std::filesystem::directory_iterator(path_, ec)) {
+    std::error_code sub;
+    if (!entry.is_directory(sub)) continue;
+    const std::filesystem::path candidate = entry.path() / file_name_;
+    const auto t = std::filesystem::last_write_time(candidate, sub);
+    if (!sub && (t > newest_time || (t == newest_time && candidate.string() > newest))) {
+      newest = candidate.string();
+      newest_time = t;
+    }
+  }
+  return newest;
+}
+
 absl::StatusOr<TailEvent> WholeFileTail::Poll(std::string* out, size_t max_bytes) {
   if (given_ < content_.size()) {
     const size_t n = std::min(max_bytes, content_.size() - given_);
@@ -141,24 +162,25 @@ absl::StatusOr<TailEvent> WholeFileTail::Poll(std::string* out, size_t max_bytes
   }
   Version now;
   struct stat st;
-  if (::stat(path_.c_str(), &st) == 0) {
+  const std::string path = Resolve();
+  if (::stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) {
-      return absl::InvalidArgumentError(absl::StrCat(path_, ": is a folder"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": is a folder"));
     }
     now.exists = true;
     now.inode = st.st_ino;
     now.size = st.st_size;
     now.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
   } else if (errno != ENOENT) {
-    return ErrnoError("cannot stat", path_);
+    return ErrnoError("cannot stat", path);
   }
   const bool settled = now == seen_;
   seen_ = now;
   if (!now.exists || !settled || (read_any_ && now == read_)) return TailEvent::kIdle;
-  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return TailEvent::kIdle;
-    return ErrnoError("cannot open", path_);
+    return ErrnoError("cannot open", path);
   }
   content_.clear();
   given_ = 0;

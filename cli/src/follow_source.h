@@ -95,9 +95,16 @@ class FileTail : public TextTail {
 // cannot tell from an append. A version is read once its size and mtime
 // have stood still between two polls (the writer is done), and each new
 // version after the first is announced with kRestart before its bytes.
+//
+// `path` may be a folder, with `file_name`: then the newest FOLDER/NAME or
+// FOLDER/*/NAME is the file (a Trainer's output folder, whose
+// checkpoint-N/trainer_state.json is written at each save). Its versions
+// are told apart by inode, size and mtime, so moving on to the next
+// checkpoint's file is a new version like a rewrite.
 class WholeFileTail : public TextTail {
  public:
-  explicit WholeFileTail(std::string path) : path_(std::move(path)) {}
+  explicit WholeFileTail(std::string path, std::string file_name = "")
+      : path_(std::move(path)), file_name_(std::move(file_name)) {}
   absl::StatusOr<TailEvent> Poll(std::string* out, size_t max_bytes) override;
   std::string RestartReason() const override { return "rewritten"; }
   int64_t restarts() const override { return restarts_; }
@@ -112,7 +119,11 @@ class WholeFileTail : public TextTail {
       return exists == o.exists && inode == o.inode && size == o.size && mtime_ns == o.mtime_ns;
     }
   };
+  // The file to read now: path_, or the newest file_name_ under it.
+  std::string Resolve() const;
+
   std::string path_;
+  std::string file_name_;
   Version seen_;  // at the last poll
   Version read_;  // the version read last
   bool read_any_ = false;

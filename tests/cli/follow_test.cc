@@ -515,6 +515,35 @@ TEST_CASE("follow: trainer_state.json rewritten at each save sends each step onc
   RequireSame(Stored(d.db(), "run-state"), Replayed(TrainerState(400), MetricsFormat::kAuto));
 }
 
+TEST_CASE("follow: a Trainer's output folder is followed through its newest trainer_state.json",
+          "[cli][follow][hf-state]") {
+  TempDir dir;
+  Trainwatchd d(dir, "", "");
+  const std::string out_dir = dir.File("output");
+  std::filesystem::create_directory(out_dir);
+  Child follow(FollowArgs(out_dir, "run-ckpt", d, {"--format", "hf-state"}),
+               dir.File("follow.log"));
+  // Each save writes checkpoint-N/trainer_state.json; the end, the
+  // folder's own.
+  auto save = [&](const std::string& folder, int64_t last) {
+    std::filesystem::create_directories(folder);
+    std::ofstream(folder + "/trainer_state.json") << TrainerState(last);
+  };
+  save(out_dir + "/checkpoint-100", 100);
+  REQUIRE(WaitRows(d.db(), "run-ckpt", 10));
+  save(out_dir + "/checkpoint-200", 200);
+  REQUIRE(WaitRows(d.db(), "run-ckpt", 20));
+  save(out_dir, 230);
+  REQUIRE(WaitRows(d.db(), "run-ckpt", 23));
+  ::kill(follow.pid(), SIGTERM);
+  const int rc = follow.Wait(20);
+  const std::string out = ReadFile(dir.File("follow.log"));
+  INFO(out);
+  CHECK(rc == 0);
+  CHECK(out.find("attempts 1,") != std::string::npos);
+  RequireSame(Stored(d.db(), "run-ckpt"), Replayed(TrainerState(230), MetricsFormat::kAuto));
+}
+
 TEST_CASE("follow: a Lightning metrics.csv rewritten with a new column sends each step once",
           "[cli][follow][lightning]") {
   TempDir dir;

@@ -10,8 +10,10 @@ detectors, with each trace's expected verdict, and what each one did.
   - Lightning's SpikeDetection callback (lightning.pytorch.callbacks), as
     installed, called as a Trainer calls it after each batch with the loss; a
     TrainingSpikeException is a halt (it writes skip_batches.json and raises).
-    After a raise the bench goes on feeding it, as a run resumed with the
-    callback's state would: each raise is one more halt.
+    After a raise the bench goes on feeding the same object (its state as it
+    was before the raising batch): each raise is one more halt. That is the
+    kindest reading: a real resume cannot restore the callback, whose
+    load_state_dict raises (measured below), and starts it afresh.
 
 The traces: the synthetic runs of examples/synthetic (trainwatch-synth: a
 benign run and the demo's bad batch, logit drift and NaN), the chapter's two
@@ -32,10 +34,13 @@ outside every window is a false alarm.
   backtest.py --bin BUILD/bin [--trace ID ...] [--md FILE] [--json FILE]
       [--no-facts] [--list]
 
-Prints Markdown: one table of traces, one of totals, and the two facts about
-SkipStepOptimizer that TRAINERS.md read from its code, measured. With
-$TW_BENCH_JSON (make bench), the totals go there as figures. Run it with the
-peers' environment's interpreter (tests/python/env/peers.txt).
+Prints Markdown: one table of traces, one of totals, and what was read from
+the peers' code and is measured here on the installed packages: that a
+SkipStepOptimizer skip multiplies NaN gradients by 0, which is NaN; how many
+steps one NaN in its window makes it skip; that SpikeDetection's state cannot
+be loaded back. With $TW_BENCH_JSON (make bench), the totals go there as
+figures. Run it with the peers' environment's interpreter
+(tests/python/env/peers.txt).
 """
 
 import argparse
@@ -187,6 +192,9 @@ def none(series):
     return []
 
 
+# The expected verdicts: the synthetic failures as examples/synthetic/
+# synthetic.cc injects them, the chapter's own diagnoses, and what the READMEs
+# of tests/data/formats and tests/data/realdata say happens in each log.
 TRACES = [
     Trace("synth-benign", "synthetic benign run, 24,000 steps (trainwatch-synth)",
           synth("--steps", "24000"), none),
@@ -250,9 +258,11 @@ def parsed_series(twctl, daemon, run, path, args):
     """The trace's steps as twctl's reader makes them: followed into a
     trainwatchd and read back from its database."""
     with open(path, "rb") as f:
+        # A long drain: on a loaded machine the daemon's durable acks of a
+        # long trace have taken more than follow's default 30 s.
         p = subprocess.run([twctl, "follow", "-", "--run", run, "--server", daemon.address,
-                            "--status-interval", "0", *args], stdin=f, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, timeout=600)
+                            "--status-interval", "0", "--drain-timeout", "600", *args],
+                           stdin=f, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
     if p.returncode != 0:
         raise RuntimeError(f"twctl follow {path}: exit {p.returncode}\n"
                            + p.stdout.decode(errors="replace")[-2000:])
@@ -426,7 +436,7 @@ def expected_text(incidents, windows):
 # --------------------------------------------------------------- the facts
 
 def skipstep_facts():
-    """The two facts TRAINERS.md read from SkipStepOptimizer's code, measured
+    """Two facts read from SkipStepOptimizer's code, measured
     on the installed package: (1) whether a step it skips with NaN gradients
     leaves the parameter and Adam's moments finite; (2) how many steps one
     NaN loss (and, apart, one NaN grad norm) in a steady series makes it
@@ -469,6 +479,19 @@ def skipstep_facts():
             "skipped_after_nan_grad_norm": skipped_after_one_nan("grad_norm")}
 
 
+def lightning_facts():
+    """What SpikeDetection.load_state_dict does with its own state_dict():
+    None when it loads, else the exception as text."""
+    from lightning.pytorch.callbacks import SpikeDetection
+    callback = SpikeDetection()
+    callback._update_stats(torch.tensor(2.0))  # one batch's loss, as after a first batch
+    try:
+        SpikeDetection().load_state_dict(callback.state_dict())
+        return {"load_state_dict_error": None}
+    except Exception as e:  # noqa: BLE001  (whatever it raises is the finding)
+        return {"load_state_dict_error": f"{type(e).__name__}: {e}"}
+
+
 def facts_text(f):
     pois = [k for k, v in f["poisoned"].items() if v]
     n_loss, contiguous_loss = f["skipped_after_nan_loss"]
@@ -486,6 +509,11 @@ def facts_text(f):
         f"{n_loss} steps{' in a row' if contiguous_loss else ''} (the NaN step and every step "
         f"while the NaN is among the {f['window']} before it); one NaN grad norm, {n_grad}"
         f"{' in a row' if contiguous_grad else ''}.",
+        "",
+        "SpikeDetection's load_state_dict, given its own state_dict(): "
+        + ("loads it." if f["load_state_dict_error"] is None else
+           f"`{f['load_state_dict_error']}`: a resumed run cannot restore the callback's "
+           "running mean, and starts it afresh."),
     ])
 
 
@@ -497,7 +525,8 @@ def main():
     ap.add_argument("--trace", action="append", help="a trace's id (repeatable); default all")
     ap.add_argument("--md", help="also write the Markdown here")
     ap.add_argument("--json", help="write every outcome here as JSON")
-    ap.add_argument("--no-facts", action="store_true", help="leave out SkipStepOptimizer's facts")
+    ap.add_argument("--no-facts", action="store_true",
+                    help="leave out what is measured on the peers' code")
     ap.add_argument("--list", action="store_true", help="list the traces' ids and exit")
     args = ap.parse_args()
     if args.list:
@@ -597,7 +626,7 @@ def main():
                             "ratio": None, "unit": "incidents" if what != "false alarms"
                             else "episodes", "median": None, "min": None, "max": None})
     if not args.no_facts:
-        facts = skipstep_facts()
+        facts = {**skipstep_facts(), **lightning_facts()}
         lines += ["", facts_text(facts)]
     md = "\n".join(lines) + "\n"
     print(md)

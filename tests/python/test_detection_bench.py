@@ -1,8 +1,9 @@
 """bench/detection/backtest.py on two short real logs, with the peers' own
-installed code: its table and its JSON say what each detector did, and the
-two facts about OLMo-core's SkipStepOptimizer that TRAINERS.md read from its
-code hold on the installed package. The scoring is checked apart, on made-up
-alarms, so that a skip on a NaN cannot pass for a catch."""
+installed code: its table and its JSON say what each detector did, and what
+was read from the peers' code holds on the installed packages (OLMo-core's
+SkipStepOptimizer: 0 x NaN, about 128 steps skipped after one NaN; Lightning's
+SpikeDetection: its state cannot be loaded back). The scoring is checked
+apart, on made-up alarms, so that a skip on a NaN cannot pass for a catch."""
 
 import json
 import os
@@ -86,6 +87,12 @@ class BacktestRunTest(unittest.TestCase):
         self.assertEqual(f["window"], 128)
         self.assertEqual(f["skipped_after_nan_loss"], [129, True])
         self.assertEqual(f["skipped_after_nan_grad_norm"], [129, True])
+
+    def test_spike_detection_cannot_load_its_own_state(self):
+        self.assertEqual(self.result["facts"]["load_state_dict_error"],
+                         "AttributeError: 'SpikeDetection' object has no attribute 'running'")
+        self.assertIn("SpikeDetection's load_state_dict, given its own state_dict(): "
+                      "`AttributeError", self.md)
 
 
 class ScoringTest(unittest.TestCase):

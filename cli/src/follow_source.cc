@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "trace_builder.h"
 
 namespace trainwatch::cli {
 
@@ -135,22 +136,7 @@ bool FileTail::FirstLineChanged() {
 std::string WholeFileTail::Resolve() const {
   std::error_code ec;
   if (file_name_.empty() || !std::filesystem::is_directory(path_, ec)) return path_;
-  // The newest of FOLDER/NAME and FOLDER/*/NAME (a Trainer's output folder:
-  // checkpoint-N/trainer_state.json at each save, its own at the end).
-  std::string newest = (std::filesystem::path(path_) / file_name_).string();
-  std::filesystem::file_time_type newest_time = std::filesystem::last_write_time(newest, ec);
-  if (ec) newest_time = std::filesystem::file_time_type::min();
-  for (const auto& entry : std::filesystem::directory_iterator(path_, ec)) {
-    std::error_code sub;
-    if (!entry.is_directory(sub)) continue;
-    const std::filesystem::path candidate = entry.path() / file_name_;
-    const auto t = std::filesystem::last_write_time(candidate, sub);
-    if (!sub && (t > newest_time || (t == newest_time && candidate.string() > newest))) {
-      newest = candidate.string();
-      newest_time = t;
-    }
-  }
-  return newest;
+  return NewestFileNamed(path_, file_name_);
 }
 
 absl::StatusOr<TailEvent> WholeFileTail::Poll(std::string* out, size_t max_bytes) {

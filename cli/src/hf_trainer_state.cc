@@ -12,6 +12,7 @@
 // already gave are read past, so each step is sent once.
 
 #include <cmath>
+#include <filesystem>
 #include <string>
 
 #include "absl/strings/ascii.h"
@@ -143,6 +144,24 @@ class HfTrainerStateParser : public LineParser {
 
 std::unique_ptr<LineParser> NewHfTrainerStateParser(absl::string_view source) {
   return std::make_unique<HfTrainerStateParser>(source);
+}
+
+std::string NewestFileNamed(const std::string& folder, const std::string& name) {
+  std::error_code ec;
+  std::string newest = (std::filesystem::path(folder) / name).string();
+  std::filesystem::file_time_type newest_time = std::filesystem::last_write_time(newest, ec);
+  if (ec) newest_time = std::filesystem::file_time_type::min();
+  for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
+    std::error_code sub;
+    if (!entry.is_directory(sub)) continue;
+    const std::filesystem::path candidate = entry.path() / name;
+    const auto t = std::filesystem::last_write_time(candidate, sub);
+    if (!sub && (t > newest_time || (t == newest_time && candidate.string() > newest))) {
+      newest = candidate.string();
+      newest_time = t;
+    }
+  }
+  return newest;
 }
 
 bool LooksLikeHfTrainerState(absl::string_view content) {

@@ -609,9 +609,16 @@ absl::StatusOr<Trace> ParseLines(absl::string_view content, absl::string_view so
   return b.Finish(format);
 }
 
-absl::StatusOr<Trace> ReadMetricsFile(const std::string& path, const ReadOptions& options) {
+absl::StatusOr<Trace> ReadMetricsFile(const std::string& folder_or_file,
+                                      const ReadOptions& options) {
   std::error_code ec;
-  const bool folder = std::filesystem::is_directory(path, ec);
+  std::string path = folder_or_file;
+  bool folder = std::filesystem::is_directory(path, ec);
+  if (folder && options.format == MetricsFormat::kHfTrainerState) {
+    // A Trainer's output folder: its newest trainer_state.json.
+    path = NewestFileNamed(path, "trainer_state.json");
+    folder = false;
+  }
   if (folder || (options.format == MetricsFormat::kAuto &&
                  IsEventFileName(std::filesystem::path(path).filename().string()))) {
     if (options.format != MetricsFormat::kAuto && options.format != MetricsFormat::kTensorBoard) {

@@ -167,6 +167,10 @@ std::unique_ptr<LineParser> NewHfTrainerStateParser(absl::string_view source);
 // True when `content` looks like a trainer_state.json (an object with a
 // "log_history" key near its start).
 bool LooksLikeHfTrainerState(absl::string_view content);
+// The newest (by modification time) of FOLDER/NAME and FOLDER/*/NAME: a
+// Trainer's output folder holds trainer_state.json in each checkpoint-N/
+// and, at the end, its own. FOLDER/NAME when none exists.
+std::string NewestFileNamed(const std::string& folder, const std::string& name);
 // DeepSpeed's loss-scaler lines (deepspeed_lines.cc) read around `trainer`,
 // the reader of the log's own lines (nullptr: DeepSpeed's lines alone). The
 // trainer's records pass through, each carrying the overflow DeepSpeed

@@ -1,17 +1,22 @@
 // The Python frameworks' console logs and exports (Hugging Face Trainer's
-// stdout and trainer_state.json, torchtitan, Composer, NeMo 2, Lightning's
+// stdout and trainer_state.json, torchtitan, Composer, NeMo 1 and 2, Lightning's
 // metrics.csv): each reader on an excerpt (tests/data/formats, see its
 // README: real where one was found, else written from the framework's
 // source and marked so), its detection, its malformed lines, and damaged
 // input, which must give a clear error or a trace, never a crash.
 
+#include <unistd.h>
+
 #include <algorithm>
-#include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "trainwatch/cli/metrics_file.h"
 #include "trainwatch/cli/replay.h"
@@ -164,6 +169,30 @@ TEST_CASE("Hugging Face trainer_state.json: log_history's train entries",
   CHECK(ErrorOf("{\n  \"log_history\": [\n    {\"loss\": 1.0, \"step\": 1}\n",
                 MetricsFormat::kHfTrainerState)
             .find("run.log:") == 0);
+}
+
+TEST_CASE("Hugging Face trainer_state.json: an output folder is read through its newest",
+          "[cli][formats][hf-state]") {
+  namespace fs = std::filesystem;
+  const fs::path out = fs::temp_directory_path() / ("tw-hf-output-" + std::to_string(::getpid()));
+  fs::remove_all(out);
+  fs::create_directories(out / "checkpoint-10");
+  fs::create_directories(out / "checkpoint-30");
+  const std::string full = Slurp("hf-trainer-state-from-source.json");
+  std::ofstream(out / "checkpoint-30" / "trainer_state.json") << full;
+  std::ofstream(out / "checkpoint-10" / "trainer_state.json") << "{\"log_history\": []}\n";
+  // checkpoint-10's is older, whatever the order the writes landed in.
+  fs::last_write_time(
+      out / "checkpoint-10" / "trainer_state.json",
+      fs::last_write_time(out / "checkpoint-30" / "trainer_state.json") - std::chrono::seconds(60));
+  ReadOptions o;
+  o.format = MetricsFormat::kHfTrainerState;
+  auto t = ReadMetricsFile(out.string(), o);
+  REQUIRE(t.ok());
+  CHECK(t->size() == 3);
+  // Without the format a folder is TensorBoard's.
+  CHECK_FALSE(ReadMetricsFile(out.string()).ok());
+  fs::remove_all(out);
 }
 
 TEST_CASE("torchtitan: rank 0's step lines, colours and other ranks read past",

@@ -175,7 +175,9 @@ absl::StatusOr<Trace> ParseMetrics(absl::string_view content, absl::string_view 
                                    const ReadOptions& options = ReadOptions());
 
 // Reads and parses a file; a folder is read as TensorBoard event files, as is
-// a file named events.out.tfevents.* when the format is kAuto.
+// a file named events.out.tfevents.* when the format is kAuto, except with
+// kHfTrainerState: a Trainer's output folder, read through its newest
+// trainer_state.json (its own or a checkpoint-N/'s).
 absl::StatusOr<Trace> ReadMetricsFile(const std::string& path,
                                       const ReadOptions& options = ReadOptions());
 

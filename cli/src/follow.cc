@@ -139,9 +139,10 @@ class Follower {
       f = DetectFormat(held_);
       // A CSV is told by its header, the first line; a log by a metric line
       // among the first kDetectLines.
-      if (held_lines_ == 1 && stripped == "{" && held_lines_ < kDetectLines) {
-        // A JSON document on many lines (trainer_state.json), or JSON
-        // lines: the next lines tell.
+      if (f == MetricsFormat::kJsonLines && held_lines_ < kDetectLines &&
+          absl::StartsWith(absl::StripLeadingAsciiWhitespace(held_), "{\n")) {
+        // A JSON document on many lines: trainer_state.json once its
+        // "log_history" key comes (DetectFormat then says so).
         return false;
       }
       if (f == MetricsFormat::kCsv) {
@@ -336,8 +337,6 @@ class FollowCommand : public Command {
     } else if (format == MetricsFormat::kAuto && source != "-" &&
                std::filesystem::path(source).filename() == "trainer_state.json") {
       format = MetricsFormat::kHfTrainerState;
-    } else if (format == MetricsFormat::kHfTrainerState && source == "-") {
-      return usage("--format hf-state follows a file the trainer rewrites, not standard input");
     }
     absl::StatusOr<CheckpointMatcher> matcher =
         CheckpointMatcher::Create(args.Get("checkpoint-pattern"), true);
@@ -370,8 +369,10 @@ class FollowCommand : public Command {
     const bool events = format == MetricsFormat::kTensorBoard;
     int rc = kOk;
     const absl::Time start = absl::Now();
-    absl::Status failed = Loop(source, events, format == MetricsFormat::kHfTrainerState, &follower,
-                               &stream, *poll_ms, *interval);
+    // trainer_state.json is rewritten, not appended to: read whole at each
+    // version. On standard input its documents come one after another.
+    const bool whole_file = format == MetricsFormat::kHfTrainerState && source != "-";
+    absl::Status failed = Loop(source, events, whole_file, &follower, &stream, *poll_ms, *interval);
     const absl::Time read_done = absl::Now();
     if (!failed.ok()) {
       std::fprintf(stderr, "twctl follow: %s\n", std::string(failed.message()).c_str());

@@ -513,6 +513,17 @@ TEST_CASE("follow: trainer_state.json rewritten at each save sends each step onc
   CHECK(out.find("format hf-state") != std::string::npos);
   CHECK(out.find("attempts 1,") != std::string::npos);  // no step sent twice: no restart
   RequireSame(Stored(d.db(), "run-state"), Replayed(TrainerState(400), MetricsFormat::kAuto));
+
+  // On standard input, one version: detected by its "log_history" key.
+  std::ofstream(dir.File("state.json")) << TrainerState(100);
+  const std::string cmd = "exec '" TWCTL_PATH "' follow - --run run-state-pipe --server " +
+                          d.address() + " < '" + dir.File("state.json") + "'";
+  Child pipe({"/bin/sh", "-c", cmd}, dir.File("pipe.log"));
+  const int pipe_rc = pipe.Wait(20);
+  INFO(ReadFile(dir.File("pipe.log")));
+  CHECK(pipe_rc == 0);
+  CHECK(ReadFile(dir.File("pipe.log")).find("format hf-state") != std::string::npos);
+  CHECK(Stored(d.db(), "run-state-pipe").size() == 10);
 }
 
 TEST_CASE("follow: a Trainer's output folder is followed through its newest trainer_state.json",

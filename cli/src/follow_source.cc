@@ -115,6 +115,8 @@ absl::StatusOr<TailEvent> FileTail::Poll(std::string* out, size_t max_bytes) {
     // Truncated in place (copytruncate, `> log`): the writer starts over.
     if (::lseek(fd_, 0, SEEK_SET) < 0) return ErrnoError("seek", path_);
     offset_ = 0;
+    first_line_.clear();  // the new content's is read anew
+    first_line_whole_ = false;
     reason_ = "truncated";
     ++restarts_;
     return TailEvent::kRestart;
@@ -174,7 +176,7 @@ absl::StatusOr<TailEvent> WholeFileTail::Poll(std::string* out, size_t max_bytes
     const ssize_t n = ReadSome(fd, &content_, 1 << 20);
     if (n < 0) {
       ::close(fd);
-      return ErrnoError("read", path_);
+      return ErrnoError("read", path);
     }
     if (n == 0) break;
   }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `cmake --install` into a scratch prefix, then a separate CMake project that
-# finds it with find_package(trainwatch 0.1) and builds and runs the README's
-# C++ snippet. Also: the installed package names no path of this tree, a
-# version it is not is refused, and the installed binaries run.
+# finds it with find_package(trainwatch 0.1) and builds and runs the
+# documentation's C++ agent snippet. Also: the installed package names no path
+# of this tree, a version it is not is refused, and the installed binaries run.
 #   cmake_package_test.sh BUILD_DIR SOURCE_DIR VERSION
 set -euo pipefail
 build=$1 src=$2 version=$3
@@ -33,7 +33,7 @@ fi
 got=$("$tmp/prefix/bin/twctl" version)
 [ "$got" = "twctl $version" ] || { echo "FAIL: twctl version: $got"; exit 1; }
 
-args=(-DCMAKE_PREFIX_PATH="$tmp/prefix" -DREADME="$src/README.md"
+args=(-DCMAKE_PREFIX_PATH="$tmp/prefix" -DDOCS_ROOT="$src"
       -DREADME_TEST_DIR="$src/tests/readme" -DCMAKE_BUILD_TYPE=Release)
 cmake -S "$src/tests/install/consumer" -B "$tmp/consumer" "${args[@]}" >"$tmp/configure.log" ||
   { cat "$tmp/configure.log"; echo "FAIL: find_package(trainwatch 0.1)"; exit 1; }

@@ -51,10 +51,10 @@ $py -m venv --system-site-packages "$tmp/venv"
   >"$tmp/pip.log" 2>&1 || { tail -60 "$tmp/pip.log"; echo "FAIL: pip install"; exit 1; }
 check_import "$tmp/venv/bin/python" "$tmp/venv"
 
-echo "== the README's Python snippet, installed package, real trainwatchd"
+echo "== the README's Python quick start, installed package, real trainwatchd"
 (cd "$tmp/elsewhere" &&
   PYTHONPATH="$src/tests/readme:$src/tests/python" PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1 \
-  TRAINWATCHD="$trainwatchd" README="$src/README.md" \
+  TRAINWATCHD="$trainwatchd" DOCS_ROOT="$src" \
   "$tmp/venv/bin/python" -m unittest -v test_readme)
 
 echo "== a wheel, into a second venv"

@@ -1,19 +1,37 @@
-# Writes the first fenced block of LANG in README to OUT, so that the README's
-# snippets are compiled and run by the tests rather than copied into them.
-#   cmake -DREADME=... -DLANG=cpp -DOUT=... -P extract_snippet.cmake
-file(READ "${README}" text)
-string(FIND "${text}" "```${LANG}\n" start)
-if(start EQUAL -1)
-  message(FATAL_ERROR "${README} has no ```${LANG} block")
+# Writes the ```LANG block after `<!-- readme-test: NAME -->` to OUT, so that
+# the documentation's snippets are compiled and run by the tests rather than
+# copied into them. The pages searched are README.md and docs/*.md under ROOT
+# (tests/readme/doc_snippets.py finds the Python ones by the same rule), and
+# NAME must be on exactly one of them.
+#   cmake -DROOT=... -DNAME=cpp-agent -DLANG=cpp -DOUT=... -P extract_snippet.cmake
+file(GLOB pages "${ROOT}/docs/*.md")
+list(SORT pages)
+list(PREPEND pages "${ROOT}/README.md")
+set(marker "<!-- readme-test: ${NAME} -->\n```${LANG}\n")
+string(LENGTH "${marker}" marker_length)
+set(found "")
+foreach(page ${pages})
+  file(READ "${page}" text)
+  string(FIND "${text}" "${marker}" start)
+  if(start EQUAL -1)
+    continue()
+  endif()
+  math(EXPR start "${start} + ${marker_length}")
+  string(SUBSTRING "${text}" ${start} -1 rest)
+  string(FIND "${rest}" "${marker}" again)
+  string(FIND "${rest}" "\n```" end)
+  if(end EQUAL -1)
+    message(FATAL_ERROR "${page}: the ```${LANG} block after readme-test: ${NAME} is not closed")
+  endif()
+  if(NOT again EQUAL -1 OR NOT found STREQUAL "")
+    message(FATAL_ERROR "readme-test: ${NAME} is on more than one block (${found} ${page})")
+  endif()
+  set(found "${page}")
+  string(SUBSTRING "${rest}" 0 ${end} block)
+endforeach()
+if(found STREQUAL "")
+  message(FATAL_ERROR "no ```${LANG} block after readme-test: ${NAME} in ${pages}")
 endif()
-string(LENGTH "```${LANG}\n" fence)
-math(EXPR start "${start} + ${fence}")
-string(SUBSTRING "${text}" ${start} -1 rest)
-string(FIND "${rest}" "\n```" end)
-if(end EQUAL -1)
-  message(FATAL_ERROR "the ```${LANG} block of ${README} is not closed")
-endif()
-string(SUBSTRING "${rest}" 0 ${end} block)
 file(WRITE "${OUT}.tmp" "${block}\n")
 file(COPY_FILE "${OUT}.tmp" "${OUT}" ONLY_IF_DIFFERENT)
 file(REMOVE "${OUT}.tmp")

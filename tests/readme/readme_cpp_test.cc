@@ -1,7 +1,8 @@
-// The README's C++ snippet (taken from README.md at build time) attached to
-// a stand-in training loop on the CPU: synthetic gradients and logits, a
-// corrupted batch, then a NaN. The snippet must skip the first and halt on
-// the second, and let every healthy step through.
+// The C++ agent snippet (readme-test: cpp-agent, taken from its page of the
+// documentation at build time) attached to a stand-in training loop on the
+// CPU: synthetic gradients and logits, a corrupted batch, then a NaN. The
+// snippet must skip the first and halt on the second, and let every healthy
+// step through.
 
 #include <cmath>
 #include <cstdint>

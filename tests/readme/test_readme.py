@@ -1,28 +1,19 @@
-"""The README's Python snippet (read from README.md, not copied) inside a real
-torch loop on the CPU, streaming to a real trainwatchd: a corrupted batch is
-skipped, a NaN halts the run, and the server stored both with the batch's
-shard ids."""
+"""The README's Python quick start (readme-test: quickstart, read from the
+page, not copied) inside a real torch loop on the CPU, streaming to a real
+trainwatchd: a corrupted batch is skipped, a NaN halts the run, and the server
+stored both with the batch's shard ids."""
 
-import os
-import re
 import sqlite3
 import time
 import unittest
 
 import torch
 
+import doc_snippets
 import trainwatch
 from trainwatchd_process import Trainwatchd
 
 CORRUPT_AT, NAN_AT = 1100, 1200
-
-
-def readme_python_block():
-    text = open(os.environ["README"]).read()
-    m = re.search(r"```python\n(.*?)\n```", text, re.S)
-    if m is None:
-        raise AssertionError("README.md has no ```python block")
-    return m.group(1)
 
 
 def loader(seen):
@@ -48,9 +39,6 @@ class ReadmeSnippetTest(unittest.TestCase):
         self.daemon.stop()
 
     def test_snippet_skips_the_bad_batch_and_halts_on_the_nan(self):
-        snippet = readme_python_block()
-        self.assertIn('"127.0.0.1:7070"', snippet)
-        snippet = snippet.replace('"127.0.0.1:7070"', f'"{self.address}"')
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(),
                                     torch.nn.Linear(64, 16))
@@ -58,7 +46,7 @@ class ReadmeSnippetTest(unittest.TestCase):
         ns = {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3),
               "loss_fn": torch.nn.functional.cross_entropy, "loader": loader(seen)}
         with self.assertRaises(trainwatch.TrainingHalted) as halted:
-            exec(compile(snippet, "README.md", "exec"), ns)
+            doc_snippets.run("quickstart", ns, {'"127.0.0.1:7070"': f'"{self.address}"'})
         self.assertIn("numerical failure", str(halted.exception))
         self.assertEqual(seen[-1], NAN_AT)
         self.assertEqual(ns["guard"].skipped, 1)

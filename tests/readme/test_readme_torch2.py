@@ -1,6 +1,6 @@
-"""The README's torch 2.x snippets (read from README.md, each after its
-`<!-- readme-test: NAME -->` line), run in the torch 2.x test environments
-against a real trainwatchd:
+"""The documentation's torch 2.x snippets (each after its
+`<!-- readme-test: NAME -->` line, found by doc_snippets on whichever page holds
+it), run in the torch 2.x test environments against a real trainwatchd:
 
 - fsdp2: on 2 gloo ranks with a real fully_shard model; every stored
   grad_norm is torch's get_total_norm(grads).full_tensor() of the step's
@@ -14,7 +14,6 @@ against a real trainwatchd:
 import json
 import math
 import os
-import re
 import sqlite3
 import tempfile
 import unittest
@@ -24,21 +23,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import doc_snippets
 import trainwatch
 import trainwatch.torch as twt
 from trainwatchd_process import Trainwatchd, free_port
 
 STEPS = 8
-
-
-def readme_block(name):
-    with open(os.environ["README"]) as f:
-        text = f.read()
-    m = re.search(r"<!-- readme-test: " + re.escape(name) + r" -->\n```python\n(.*?)\n```",
-                  text, re.S)
-    if m is None:
-        raise AssertionError(f"README.md has no ```python block after readme-test: {name}")
-    return m.group(1)
 
 
 class Layers(torch.nn.Module):
@@ -82,10 +72,9 @@ def fsdp2_rank(rank, world, port, out_dir, address):
     torch.manual_seed(0)
     refs = {}
     twt.Guard.observe = recording_observe(refs)
-    snippet = readme_block("fsdp2").replace('"127.0.0.1:7070"', f'"{address}"')
     ns = {"torch": torch, "model": Layers(), "rank": rank, "world": world,
           "loader": batches(100 + rank), "loss_fn": torch.nn.functional.cross_entropy}
-    exec(compile(snippet, "README.md", "exec"), ns)
+    doc_snippets.run("fsdp2", ns, {'"127.0.0.1:7070"': f'"{address}"'})
     ns["agent"].close()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump({"refs": refs, "layout": ns["guard"].layout}, f)
@@ -127,7 +116,6 @@ class ReadmeTorch2Test(unittest.TestCase):
             self.assertEqual(verdict_norm, stored[int(step)])
 
     def test_grad_scaler_snippet_on_the_cpu(self):
-        snippet = readme_block("grad-scaler").replace('"cuda"', '"cpu"')
         torch.manual_seed(0)
         model = Layers()
         agent = trainwatch.Agent(server=self.daemon.address, run_id="my-run")
@@ -138,7 +126,7 @@ class ReadmeTorch2Test(unittest.TestCase):
             ns = {"torch": torch, "trainwatch": trainwatch, "model": model, "agent": agent,
                   "optimizer": torch.optim.SGD(model.parameters(), lr=1e-2),
                   "loader": batches(7, 30), "loss_fn": torch.nn.functional.cross_entropy}
-            exec(compile(snippet, "README.md", "exec"), ns)
+            doc_snippets.run("grad-scaler", ns, {'"cuda"': '"cpu"'})
         finally:
             twt.Guard.observe = original
         agent.close()

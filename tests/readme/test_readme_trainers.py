@@ -1,6 +1,7 @@
-"""The README's trainer snippets (each after its `<!-- readme-test: NAME -->`
-line), run as written in the trainers environment against a real
-trainwatchd, with the snippet's server address made the test daemon's:
+"""The documentation's trainer snippets (each after its
+`<!-- readme-test: NAME -->` line, found by doc_snippets on whichever page holds
+it), run as written in the trainers environment against a real trainwatchd,
+with the snippet's server address made the test daemon's:
 
 - transformers: a tiny GPT-2 in the Hugging Face Trainer, gradient
   accumulation 2; one record per optimizer step, each with the loss the
@@ -11,22 +12,19 @@ trainwatchd, with the snippet's server address made the test daemon's:
 
 import math
 import os
-import re
 import sqlite3
 import tempfile
 import unittest
 
 import torch
-from test_readme_torch2 import readme_block
+
+import doc_snippets
 from trainwatchd_process import Trainwatchd
 
 
 def run_snippet(name, daemon, namespace):
-    code = readme_block(name)
     # The address a reader would use, made the test daemon's.
-    assert '"127.0.0.1:7070"' in code, code
-    exec(compile(code.replace("127.0.0.1:7070", daemon.address), f"README:{name}", "exec"),
-         namespace)
+    doc_snippets.run(name, namespace, {"127.0.0.1:7070": daemon.address})
 
 
 def stored(daemon, run_id):

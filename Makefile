@@ -39,8 +39,8 @@ package: build
 # Every benchmark (bench/run_all.py: rule engine, replay, CPU statistics
 # against torch and a plain read, ingest side by side, agent overhead, and
 # those others add), one table in $(BUILD)/bench/summary.{md,json} with the
-# machine's cores and load average: the README's figures are copied from it
-# (about 10 minutes here).
+# machine, the date and the commit, and the same figures as the documentation's
+# page docs/benchmarks.md (about 10 minutes here).
 bench: build
 	/usr/bin/python3 bench/run_all.py --build $(BUILD)
 

@@ -2,20 +2,24 @@
 """`make bench`: runs every benchmark and writes one table of its figures.
 
   /usr/bin/python3 bench/run_all.py [--build build] [--out BUILD/bench]
-      [--smoke] [--timeout 300]
+      [--docs docs/benchmarks.md] [--smoke] [--timeout 300]
 
 Builds nothing: `make bench` depends on `make build`. Each bench is run in
 turn; a bench whose binary or script is absent is listed as "not run", one
 that fails or times out as "failed" with its exit status, so the table always
 has every row. Output, in --out (default BUILD/bench):
 
-  summary.md    the markdown table the README's figures are copied from
-  summary.json  the same rows, the machine (cores, load average at start and
-                end, date) and each bench's exit status
+  summary.md    the markdown table of every figure
+  summary.json  the same rows, the machine (cores, CPU, kernel, load average
+                at start and end, date, commit) and each bench's exit status
   <bench>.log   each bench's stdout and stderr
   detection.md  the detection backtest's tables (bench/detection/backtest.py:
                 trainwatch, OLMo-core's SkipStepOptimizer and Lightning's
-                SpikeDetection on the same traces), the README's comparison
+                SpikeDetection on the same traces)
+
+and --docs (default docs/benchmarks.md; none for --smoke unless given), the
+documentation's page of these figures (bench/benchmarks_page.py), which the
+other pages link to instead of quoting figures.
 
 The figures' schema, which every bench writes (a JSON list, or one JSON
 object per line, into the file named by $TW_BENCH_JSON, or as lines of its
@@ -44,6 +48,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from benchmarks_page import render, table, write
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
@@ -83,6 +89,30 @@ GOALS = [
 
 def load_avg():
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def describe_machine(smoke):
+    """What the figures were measured on and of: cores, CPU, kernel, date,
+    and the commit (dirty: the tree had uncommitted changes to tracked files)."""
+    def git(*args):
+        try:
+            return subprocess.run(["git", "-C", ROOT, *args], stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return None
+    cpu = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name")), None)
+    except OSError:
+        pass
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"cores": os.cpu_count(), "cpu": cpu, "kernel": os.uname().release,
+            "load_start": load_avg(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "commit": git("rev-parse", "--short=12", "HEAD"), "dirty": bool(status),
+            "smoke": smoke}
 
 
 def parse_figures(text):
@@ -233,7 +263,7 @@ def benches(build, out_dir, smoke):
     out.append(("restart", restart and [restart] + (["--smoke"] if smoke else []), None))
     # The same traces through trainwatch's engine and the peers' own code
     # (OLMo-core's SkipStepOptimizer, Lightning's SpikeDetection), in the
-    # peers' environment; its Markdown is the README's comparison table.
+    # peers' environment; its Markdown goes into docs/benchmarks.md.
     detection = script(os.path.join(ROOT, "bench", "detection", "backtest.py"))
     if smoke:
         out.append(("detection", [detection], "its peers environment takes minutes to make"))
@@ -257,18 +287,12 @@ def judge(fig, goal, smoke):
     return "pass" if ok else "FAIL"
 
 
-def fmt(x):
-    if x is None:
-        return ""
-    if isinstance(x, (int, float)):
-        return f"{x:.3g}" if abs(x) < 1000 else f"{x:,.0f}"
-    return str(x)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--out", default="")
+    ap.add_argument("--docs", default=None,
+                    help="the page of the figures (default docs/benchmarks.md; none for --smoke)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: for the ctest")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per bench")
     args = ap.parse_args()
@@ -279,9 +303,14 @@ def main():
         sys.exit("--timeout must be >= 1")
     out_dir = os.path.abspath(args.out or os.path.join(build, "bench"))
     os.makedirs(out_dir, exist_ok=True)
-    machine = {"cores": os.cpu_count(), "load_start": load_avg(),
-               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "smoke": args.smoke}
+    docs = args.docs if args.docs is not None else (
+        "" if args.smoke else os.path.join(ROOT, "docs", "benchmarks.md"))
+    # The detection bench writes its tables here; one left by an earlier run
+    # must not pass for this run's.
+    detection_md = os.path.join(out_dir, "detection.md")
+    if os.path.exists(detection_md):
+        os.remove(detection_md)
+    machine = describe_machine(args.smoke)
     status, figures = {}, []
     for name, cmd, smoke_skip in benches(build, out_dir, args.smoke):
         t0 = time.time()
@@ -340,22 +369,22 @@ def main():
 
     lines = [f"Measured {machine['date']} on {machine['cores']} cores, load average "
              f"{machine['load_start']} at start and {machine['load_end']} at end"
-             + (" (smoke sizes: not figures)" if args.smoke else "") + ".", "",
-             "| figure | value | baseline | ratio | median [min–max] | unit | goal | pass/fail |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        spread = (f"{fmt(r.get('median'))} [{fmt(r.get('min'))}–{fmt(r.get('max'))}]"
-                  if r.get("min") is not None else "")
-        lines.append(f"| {r['figure']} | {fmt(r.get('value'))} | {fmt(r.get('baseline'))} | "
-                     f"{fmt(r.get('ratio'))} | {spread} | {r.get('unit', '')} | {r['goal']} | "
-                     f"{r['result']} |")
+             + (" (smoke sizes: not figures)" if args.smoke else "") + ".", ""] + table(rows)
     lines += ["", "Benches: " + "; ".join(f"{k}: {v}" for k, v in status.items()) + "."]
     md = "\n".join(lines) + "\n"
     with open(os.path.join(out_dir, "summary.md"), "w") as f:
         f.write(md)
+    summary = {"machine": machine, "benches": status, "rows": rows}
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump({"machine": machine, "benches": status, "rows": rows}, f, indent=1)
+        json.dump(summary, f, indent=1)
     print("\n" + md + f"\nwritten: {out_dir}/summary.md, summary.json")
+    if docs:
+        detection = None
+        if os.path.exists(detection_md):
+            with open(detection_md, encoding="utf-8") as f:
+                detection = f.read()
+        write(docs, render(summary, detection))
+        print(f"written: {docs}")
     return 0
 
 

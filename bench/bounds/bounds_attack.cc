@@ -1,5 +1,5 @@
-// tw-bounds-attack: the attacks of issue 13 on a spawned trainwatchd, with
-// the figures the README's reliability section quotes.
+// tw-bounds-attack: the attacks of issue 13 on a spawned trainwatchd
+// (docs/reliability.md lists them), printing what each cost the server.
 //
 //   tw-bounds-attack --trainwatchd bin/trainwatchd --scenario runs --runs 20000
 //   tw-bounds-attack --trainwatchd bin/trainwatchd --scenario world --world 1000000

@@ -232,7 +232,7 @@ TEST_CASE("chaos: SIGKILL - restarts and a full database while agents stream los
   CHECK(delivered == static_cast<size_t>(QueryInt(db, "SELECT COUNT(*)" + of_incident)));
 }
 
-// The README's disk-full figure: one agent (default configuration and a
+// docs/reliability.md's disk-full episode: one agent (default configuration and a
 // spill folder) streams 20,000 steps, the disk is full (2 MB quota, filled by
 // another process) from step 400 to 12,000 with a NaN at 9,000, then space
 // is freed with trainwatchd still running. Prints what was acknowledged and

@@ -30,7 +30,7 @@ import sys
 import yaml
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-exporter = open(os.path.join(root, "server/src/exporter.cc")).read()
+exporter = open(os.path.join(root, "server/exporter/exporter.cc")).read()
 exported = set(re.findall(r'"(trainwatch_[a-z_]+)"', exporter))
 errors = []
 

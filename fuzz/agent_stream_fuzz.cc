@@ -10,11 +10,11 @@
 #include <memory>
 #include <string>
 
-#include "agent_message_checks.h"
+#include "admission/agent_message_checks.h"
 #include "fuzz_target.h"
 #include "google/protobuf/io/coded_stream.h"
-#include "ingest.h"
-#include "store.h"
+#include "ingest/ingest.h"
+#include "store/store.h"
 #include "testing/fake_clock.h"
 
 namespace {

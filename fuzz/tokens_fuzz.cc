@@ -1,7 +1,7 @@
 // The tokens file (trainwatchd --tokens). A file it accepts is then asked
 // about a bearer token taken from the same input, for each kind of access.
 
-#include "auth.h"
+#include "admission/auth.h"
 #include "fuzz_target.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

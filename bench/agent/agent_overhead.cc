@@ -80,7 +80,7 @@
 #include <vector>
 
 #include "trainwatch/agent/agent.h"
-#include "server.h"
+#include "daemon/server.h"
 #include "testing/temp_dir.h"
 
 namespace {

@@ -28,8 +28,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "server.h"
-#include "store.h"
+#include "daemon/server.h"
+#include "store/store.h"
 #include "testing/history_writer.h"
 #include "testing/temp_dir.h"
 

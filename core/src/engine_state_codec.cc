@@ -1,5 +1,5 @@
 // RuleEngine::SaveState / FromState: the engine's whole state as a binary
-// blob, for the server's engine snapshots (server/src/engine_snapshots.cc).
+// blob, for the server's engine snapshots (server/ingest/engine_snapshots.cc).
 //
 // Layout, every integer little-endian:
 //   "TWES" | u32 version | u64 checksum of the payload | payload

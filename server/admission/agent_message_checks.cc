@@ -1,4 +1,4 @@
-#include "agent_message_checks.h"
+#include "admission/agent_message_checks.h"
 
 #include <string>
 

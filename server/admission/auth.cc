@@ -1,4 +1,4 @@
-#include "auth.h"
+#include "admission/auth.h"
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/match.h"

@@ -1,9 +1,9 @@
-#include "agent_stream.h"
+#include "api/agent_stream.h"
 
 #include <algorithm>
 #include <string>
 
-#include "log.h"
+#include "common/log.h"
 #include "absl/strings/str_cat.h"
 
 namespace trainwatch::server {

@@ -14,9 +14,9 @@
 #include <memory>
 #include <utility>
 
-#include "agent_message_checks.h"
-#include "auth.h"
-#include "service_state.h"
+#include "admission/agent_message_checks.h"
+#include "admission/auth.h"
+#include "api/service_state.h"
 #include "trainwatch/v1/agent.grpc.pb.h"
 
 namespace trainwatch::server {

@@ -1,4 +1,4 @@
-#include "convert.h"
+#include "api/convert.h"
 
 #include "absl/strings/str_cat.h"
 #include "trainwatch/wire/step_report.h"

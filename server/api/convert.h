@@ -6,8 +6,8 @@
 
 #include <cstdint>
 
-#include "ingest.h"
-#include "store.h"
+#include "ingest/ingest.h"
+#include "store/store.h"
 #include "trainwatch/v1/common.pb.h"
 #include "trainwatch/v1/operator.pb.h"
 #include "trainwatch/wire/enums.h"

@@ -1,4 +1,4 @@
-#include "incident_summary.h"
+#include "api/incident_summary.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,9 +13,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "trainwatch/core/shard_names.h"
-#include "convert.h"
-#include "incident_tracker.h"
-#include "rollback.h"
+#include "api/convert.h"
+#include "ingest/incident_tracker.h"
+#include "ingest/rollback.h"
 #include "trainwatch/v1/agent.pb.h"
 #include "trainwatch/wire/event.h"
 #include "trainwatch/wire/step_report.h"

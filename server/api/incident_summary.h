@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "absl/types/span.h"
-#include "store.h"
+#include "store/store.h"
 #include "trainwatch/v1/operator.pb.h"
 
 namespace trainwatch::server {

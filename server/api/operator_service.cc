@@ -3,7 +3,7 @@
 // decisions on the ingest writer, so no gRPC callback thread waits on the
 // store.
 
-#include "operator_service.h"
+#include "api/operator_service.h"
 
 #include <algorithm>
 #include <deque>
@@ -16,9 +16,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "agent_message_checks.h"
-#include "convert.h"
-#include "incident_summary.h"
+#include "admission/agent_message_checks.h"
+#include "api/convert.h"
+#include "api/incident_summary.h"
 #include "trainwatch/v1/operator.grpc.pb.h"
 
 namespace trainwatch::server {

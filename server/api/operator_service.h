@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "service_state.h"
+#include "api/service_state.h"
 
 namespace trainwatch::server {
 

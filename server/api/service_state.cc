@@ -1,8 +1,8 @@
-#include "service_state.h"
+#include "api/service_state.h"
 
 #include <algorithm>
 
-#include "agent_stream.h"
+#include "api/agent_stream.h"
 
 namespace trainwatch::server {
 

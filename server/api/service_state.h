@@ -21,14 +21,14 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "ingest.h"
-#include "auth.h"
+#include "ingest/ingest.h"
+#include "admission/auth.h"
 #include "trainwatch/core/clock.h"
-#include "pager.h"
-#include "store.h"
+#include "pager/pager.h"
+#include "store/store.h"
 #include "trainwatch/v1/agent.pb.h"
 #include "trainwatch/v1/operator.pb.h"
-#include "work_queue.h"
+#include "api/work_queue.h"
 
 namespace trainwatch::server {
 

@@ -3,7 +3,7 @@
 // the exporter started; the services themselves live in agent_stream.cc,
 // operator_service.cc and exporter.cc.
 
-#include "server.h"
+#include "daemon/server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
@@ -19,15 +19,15 @@
 #include <utility>
 #include <vector>
 
-#include "agent_stream.h"
-#include "exporter.h"
-#include "log.h"
+#include "api/agent_stream.h"
+#include "exporter/exporter.h"
+#include "common/log.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "operator_service.h"
-#include "service_state.h"
-#include "auth.h"
-#include "pager.h"
+#include "api/operator_service.h"
+#include "api/service_state.h"
+#include "admission/auth.h"
+#include "pager/pager.h"
 #include "trainwatch/core/file_system.h"
 
 namespace trainwatch::server {

@@ -15,8 +15,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "trainwatch/core/clock.h"
-#include "exporter.h"
-#include "ingest.h"
+#include "exporter/exporter.h"
+#include "ingest/ingest.h"
 
 namespace trainwatch::server {
 

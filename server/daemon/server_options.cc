@@ -13,7 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "server.h"
+#include "daemon/server.h"
 #include "trainwatch/core/config.h"
 #include "trainwatch/core/json.h"
 

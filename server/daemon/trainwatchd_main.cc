@@ -24,7 +24,7 @@
 #include "trainwatch/core/config.h"
 #include "trainwatch/core/file_system.h"
 #include "trainwatch/core/version.h"
-#include "server.h"
+#include "daemon/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
           "gRPC address: host:port (port 0 to 65535; 0: pick a free one) or unix:PATH");

@@ -1,4 +1,4 @@
-#include "exporter.h"
+#include "exporter/exporter.h"
 
 #include <prometheus/client_metric.h>
 #include <prometheus/collectable.h>
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "service_state.h"
+#include "api/service_state.h"
 
 namespace trainwatch::server {
 

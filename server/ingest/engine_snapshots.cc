@@ -12,8 +12,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "ingest.h"
-#include "log.h"
+#include "ingest/ingest.h"
+#include "common/log.h"
 
 namespace trainwatch::server {
 

@@ -1,4 +1,4 @@
-#include "incident_tracker.h"
+#include "ingest/incident_tracker.h"
 
 #include <algorithm>
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "trainwatch/core/event.h"
-#include "store.h"
+#include "store/store.h"
 
 namespace trainwatch::server {
 

@@ -1,4 +1,4 @@
-#include "ingest.h"
+#include "ingest/ingest.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,10 +7,10 @@
 #include <tuple>
 #include <utility>
 
-#include "log.h"
+#include "common/log.h"
 #include "trainwatch/wire/step_report.h"
 #include "absl/strings/str_cat.h"
-#include "pager.h"
+#include "pager/pager.h"
 
 namespace trainwatch::server {
 

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 
-#include "ingest.h"
-#include "log.h"
+#include "ingest/ingest.h"
+#include "common/log.h"
 #include "absl/strings/str_cat.h"
 
 namespace trainwatch::server {

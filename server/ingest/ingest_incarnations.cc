@@ -7,8 +7,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "ingest.h"
-#include "log.h"
+#include "ingest/ingest.h"
+#include "common/log.h"
 
 namespace trainwatch::server {
 

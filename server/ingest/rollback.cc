@@ -1,4 +1,4 @@
-#include "rollback.h"
+#include "ingest/rollback.h"
 
 #include <algorithm>
 #include <cmath>

@@ -17,7 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "store.h"
+#include "store/store.h"
 #include "trainwatch/v1/agent.pb.h"
 #include "trainwatch/v1/common.pb.h"
 

@@ -1,4 +1,4 @@
-#include "step_aggregation.h"
+#include "ingest/step_aggregation.h"
 
 #include <algorithm>
 #include <cmath>

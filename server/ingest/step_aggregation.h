@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "store.h"
+#include "store/store.h"
 #include "trainwatch/core/shard_names.h"
 #include "trainwatch/wire/step_report.h"
 

@@ -1,4 +1,4 @@
-#include "http_poster.h"
+#include "pager/http_poster.h"
 
 #include <curl/curl.h>
 

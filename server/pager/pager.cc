@@ -1,4 +1,4 @@
-#include "pager.h"
+#include "pager/pager.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -8,8 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
-#include "incident_tracker.h"
-#include "log.h"
+#include "ingest/incident_tracker.h"
+#include "common/log.h"
 #include "trainwatch/core/file_system.h"
 #include "trainwatch/core/json.h"
 

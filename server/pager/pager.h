@@ -38,8 +38,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "http_poster.h"
-#include "store.h"
+#include "pager/http_poster.h"
+#include "store/store.h"
 #include "trainwatch/core/clock.h"
 
 namespace trainwatch::server {

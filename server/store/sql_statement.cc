@@ -1,4 +1,4 @@
-#include "sql_statement.h"
+#include "store/sql_statement.h"
 
 #include <sqlite3.h>
 

@@ -1,4 +1,4 @@
-#include "store.h"
+#include "store/store.h"
 
 #include <sqlite3.h>
 
@@ -8,14 +8,14 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "log.h"
-#include "sql_statement.h"
-#include "store_decision_rows.h"
-#include "store_incident_rows.h"
-#include "store_migrations.h"
-#include "store_outbox_rows.h"
-#include "store_snapshot_rows.h"
-#include "store_step_rows.h"
+#include "common/log.h"
+#include "store/sql_statement.h"
+#include "store/store_decision_rows.h"
+#include "store/store_incident_rows.h"
+#include "store/store_migrations.h"
+#include "store/store_outbox_rows.h"
+#include "store/store_snapshot_rows.h"
+#include "store/store_step_rows.h"
 
 namespace trainwatch::server {
 

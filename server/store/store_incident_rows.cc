@@ -1,8 +1,8 @@
-#include "store_incident_rows.h"
+#include "store/store_incident_rows.h"
 
 #include "absl/strings/str_cat.h"
 #include "trainwatch/core/json.h"
-#include "sql_statement.h"
+#include "store/sql_statement.h"
 
 namespace trainwatch::server::rows {
 

@@ -1,8 +1,8 @@
-#include "store_migrations.h"
+#include "store/store_migrations.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "sql_statement.h"
+#include "store/sql_statement.h"
 
 namespace trainwatch::server {
 
@@ -225,7 +225,7 @@ ALTER TABLE incidents ADD COLUMN observed INTEGER NOT NULL DEFAULT 0;
 )sql",
     // 8: rule-engine snapshots, so that a restart, an eviction's rebuild or a
     // new attempt replays only the steps after the latest snapshot instead
-    // of the run's whole history (server/src/engine_snapshots.cc). `state`
+    // of the run's whole history (server/ingest/engine_snapshots.cc). `state`
     // is RuleEngine::SaveState()'s blob, which names the rule config it was
     // built under; skipped and overflows are the attempt's counts up to and
     // including `step`, which a rebuild would otherwise count by a scan.

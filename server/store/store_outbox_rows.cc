@@ -1,7 +1,7 @@
-#include "store_outbox_rows.h"
+#include "store/store_outbox_rows.h"
 
 #include "absl/strings/str_cat.h"
-#include "sql_statement.h"
+#include "store/sql_statement.h"
 
 namespace trainwatch::server::rows {
 

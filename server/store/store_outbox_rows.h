@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "store.h"
+#include "store/store.h"
 
 struct sqlite3;
 

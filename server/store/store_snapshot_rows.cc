@@ -1,6 +1,6 @@
-#include "store_snapshot_rows.h"
+#include "store/store_snapshot_rows.h"
 
-#include "sql_statement.h"
+#include "store/sql_statement.h"
 
 namespace trainwatch::server::rows {
 

@@ -1,5 +1,5 @@
 // Row code of the engine_snapshots table (migration 8): the rule-engine
-// snapshots a rebuild starts from (server/src/engine_snapshots.cc). Runs on
+// snapshots a rebuild starts from (server/ingest/engine_snapshots.cc). Runs on
 // the connection it is given and takes no lock, as the other row files.
 // Private to trainwatch::server.
 
@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "store.h"
+#include "store/store.h"
 
 struct sqlite3;
 

@@ -1,10 +1,10 @@
-#include "store_step_rows.h"
+#include "store/store_step_rows.h"
 
 #include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "sql_statement.h"
+#include "store/sql_statement.h"
 #include "trainwatch/core/event.h"
 
 namespace trainwatch::server::rows {

@@ -13,7 +13,7 @@
 #include "test_util.h"
 #include "testing/wait.h"
 #include "trainwatch/core/json.h"
-#include "server.h"
+#include "daemon/server.h"
 
 namespace trainwatch::server {
 namespace {

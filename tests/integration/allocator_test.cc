@@ -1,4 +1,4 @@
-// trainwatchd's allocator settings (server/src/malloc_conf.cc): jemalloc asks
+// trainwatchd's allocator settings (server/daemon/malloc_conf.cc): jemalloc asks
 // the kernel for transparent huge pages on the memory it maps, so a fresh
 // daemon under load takes a fault per 2 MiB instead of per 4 KiB page.
 

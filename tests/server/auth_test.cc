@@ -4,7 +4,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "auth.h"
+#include "admission/auth.h"
 #include "core/fake_file_system.h"
 
 namespace trainwatch::server {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "server.h"
+#include "daemon/server.h"
 #include "server_fixture.h"
 #include "test_util.h"
 #include "testing/wait.h"

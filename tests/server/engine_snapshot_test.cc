@@ -21,8 +21,8 @@
 #include <catch2/catch.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "ingest.h"
-#include "store.h"
+#include "ingest/ingest.h"
+#include "store/store.h"
 #include "test_util.h"
 #include "testing/fake_clock.h"
 #include "testing/wait.h"

@@ -12,7 +12,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "http_poster.h"
+#include "pager/http_poster.h"
 #include "test_util.h"
 
 namespace trainwatch::server {

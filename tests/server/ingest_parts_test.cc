@@ -8,9 +8,9 @@
 
 #include <catch2/catch.hpp>
 
-#include "incident_tracker.h"
-#include "rollback.h"
-#include "step_aggregation.h"
+#include "ingest/incident_tracker.h"
+#include "ingest/rollback.h"
+#include "ingest/step_aggregation.h"
 #include "trainwatch/core/json.h"
 
 namespace trainwatch::server {

@@ -24,7 +24,7 @@
 #include "absl/strings/str_split.h"
 
 #include "server_fixture.h"
-#include "store.h"
+#include "store/store.h"
 #include "test_util.h"
 #include "testing/wait.h"
 #include "trainwatch/agent/agent.h"

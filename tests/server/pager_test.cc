@@ -21,9 +21,9 @@
 
 #include <catch2/catch.hpp>
 
-#include "http_poster.h"
-#include "pager.h"
-#include "server.h"
+#include "pager/http_poster.h"
+#include "pager/pager.h"
+#include "daemon/server.h"
 #include "test_util.h"
 #include "testing/fake_clock.h"
 #include "testing/wait.h"

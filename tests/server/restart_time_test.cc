@@ -12,7 +12,7 @@
 #include <catch2/catch.hpp>
 
 #include "server_fixture.h"
-#include "store.h"
+#include "store/store.h"
 #include "test_util.h"
 #include "testing/history_writer.h"
 #include "testing/wait.h"

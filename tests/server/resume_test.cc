@@ -25,9 +25,9 @@
 #include <sstream>
 
 #include "absl/synchronization/mutex.h"
-#include "ingest.h"
+#include "ingest/ingest.h"
 #include "server_fixture.h"
-#include "store.h"
+#include "store/store.h"
 #include "test_util.h"
 #include "testing/fake_clock.h"
 #include "trainwatch/cli/operator_commands.h"

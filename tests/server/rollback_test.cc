@@ -16,7 +16,7 @@
 #include "test_util.h"
 #include "testing/wait.h"
 #include "trainwatch/cli/operator_commands.h"
-#include "server.h"
+#include "daemon/server.h"
 
 namespace trainwatch::server {
 namespace {

@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "agent_message_checks.h"
-#include "server.h"
+#include "admission/agent_message_checks.h"
+#include "daemon/server.h"
 #include "server_fixture.h"
 #include "test_util.h"
 #include "testing/wait.h"

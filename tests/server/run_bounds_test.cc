@@ -19,13 +19,13 @@
 
 #include <catch2/catch.hpp>
 
-#include "auth.h"
-#include "exporter.h"
-#include "ingest.h"
-#include "pager.h"
+#include "admission/auth.h"
+#include "exporter/exporter.h"
+#include "ingest/ingest.h"
+#include "pager/pager.h"
 #include "server_fixture.h"
-#include "service_state.h"
-#include "store.h"
+#include "api/service_state.h"
+#include "store/store.h"
 #include "test_util.h"
 #include "testing/fake_clock.h"
 #include "testing/wait.h"

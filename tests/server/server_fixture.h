@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "server.h"
+#include "daemon/server.h"
 
 namespace trainwatch::testing {
 

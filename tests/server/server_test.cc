@@ -21,7 +21,7 @@
 #include "testing/fake_clock.h"
 #include "testing/wait.h"
 #include "trainwatch/core/rule_engine.h"
-#include "server.h"
+#include "daemon/server.h"
 
 namespace trainwatch::server {
 namespace {

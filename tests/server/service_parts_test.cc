@@ -17,14 +17,14 @@
 
 #include <catch2/catch.hpp>
 
-#include "exporter.h"
-#include "incident_summary.h"
-#include "service_state.h"
+#include "exporter/exporter.h"
+#include "api/incident_summary.h"
+#include "api/service_state.h"
 #include "test_util.h"
 #include "testing/fake_clock.h"
 #include "testing/wait.h"
 #include "trainwatch/core/json.h"
-#include "work_queue.h"
+#include "api/work_queue.h"
 
 namespace trainwatch::server {
 namespace {

@@ -1,7 +1,7 @@
 // The store's statement helper alone, on an in-memory database: typed binds
 // and reads, reset and reuse, errors, and the transaction wrapper.
 
-#include "sql_statement.h"
+#include "store/sql_statement.h"
 
 #include <cmath>
 #include <optional>

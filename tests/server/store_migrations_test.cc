@@ -2,15 +2,15 @@
 // reaches the latest version, an older one is upgraded in place, a second
 // run changes nothing, and a failing migration leaves the version as it was.
 
-#include "store_migrations.h"
+#include "store/store_migrations.h"
 
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
 
 #include "memory_db.h"
-#include "store_decision_rows.h"
-#include "store_step_rows.h"
+#include "store/store_decision_rows.h"
+#include "store/store_step_rows.h"
 
 namespace trainwatch::server {
 namespace {

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "sql_statement.h"
-#include "store_migrations.h"
-#include "store_step_rows.h"
+#include "store/sql_statement.h"
+#include "store/store_migrations.h"
+#include "store/store_step_rows.h"
 #include "testing/temp_dir.h"
 
 namespace trainwatch::server {

@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "memory_db.h"
-#include "store_decision_rows.h"
-#include "store_incident_rows.h"
-#include "store_migrations.h"
-#include "store_outbox_rows.h"
-#include "store_step_rows.h"
+#include "store/store_decision_rows.h"
+#include "store/store_incident_rows.h"
+#include "store/store_migrations.h"
+#include "store/store_outbox_rows.h"
+#include "store/store_step_rows.h"
 
 namespace trainwatch::server {
 namespace {

@@ -10,7 +10,7 @@
 #include <catch2/catch.hpp>
 
 #include "test_util.h"
-#include "store.h"
+#include "store/store.h"
 
 namespace trainwatch::server {
 namespace {

@@ -18,7 +18,7 @@
 #include "testing/wait.h"
 #include "trainwatch/cli/operator_commands.h"
 #include "trainwatch/core/json.h"
-#include "server.h"
+#include "daemon/server.h"
 
 namespace trainwatch::server {
 namespace {

@@ -16,10 +16,10 @@
 
 #include <catch2/catch.hpp>
 
-#include "agent_message_checks.h"
-#include "auth.h"
-#include "rollback.h"
-#include "server.h"
+#include "admission/agent_message_checks.h"
+#include "admission/auth.h"
+#include "ingest/rollback.h"
+#include "daemon/server.h"
 #include "server_fixture.h"
 #include "test_util.h"
 

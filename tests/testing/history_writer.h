@@ -12,7 +12,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "store.h"
+#include "store/store.h"
 
 namespace trainwatch::testing {
 

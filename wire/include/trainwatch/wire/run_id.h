@@ -1,5 +1,5 @@
 // The rule for a run id, in one place for both ends of the wire: trainwatchd
-// refuses a message whose id breaks it (server/src/agent_message_checks.h),
+// refuses a message whose id breaks it (server/admission/agent_message_checks.h),
 // and the agent checks the id it was given or derived before it streams, so
 // that a bad id is an error at start-up instead of a stream refused forever.
 //

@@ -146,7 +146,9 @@ class Follower {
         return false;
       }
       if (f == MetricsFormat::kCsv) {
+        // (A Python dict, a script's printed config, is not a header.)
         const bool header = held_lines_ == 1 && absl::StrContains(stripped, ",") &&
+                            !absl::StartsWith(stripped, "{'") &&
                             absl::StrContains(absl::AsciiStrToLower(stripped), "step");
         if (!header && held_lines_ < kDetectLines) return false;
         f = MetricsFormat::kGenericCsv;

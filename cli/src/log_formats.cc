@@ -407,7 +407,9 @@ MetricsFormat DetectFormat(absl::string_view content) {
     // Before JSON lines: a Hugging Face dict starts with '{' too, but its
     // keys are quoted with '.
     if (const MetricsFormat f = FrameworkLineFormat(raw); f != MetricsFormat::kAuto) return f;
-    if (seen == 1 && line.front() == '{') {
+    // A Python dict (a script's printed config, before the Trainer's
+    // first loss dict) is not JSON: read on.
+    if (seen == 1 && line.front() == '{' && !absl::StartsWith(line, "{'")) {
       // A document on many lines, not JSON lines: trainer_state.json.
       if (line == "{" && LooksLikeHfTrainerState(content)) return MetricsFormat::kHfTrainerState;
       return MetricsFormat::kJsonLines;

@@ -440,7 +440,8 @@ TEST_CASE("follow: each framework's log piped on stdin is stored as replay reads
   TempDir dir;
   Trainwatchd d(dir, "", "");
   const std::vector<std::tuple<std::string, std::string, MetricsFormat>> cases = {
-      {"hf", "Some banner\n" + HfTrainer(1, 201), MetricsFormat::kHfTrainer},
+      {"hf", "{'output_dir': 'out', 'logging_steps': 1}\n" + HfTrainer(1, 201),
+       MetricsFormat::kHfTrainer},
       {"torchtitan", TorchTitan(1, 201), MetricsFormat::kTorchTitan},
       {"composer", "******\nConfig:\n******\n" + Composer(1, 201), MetricsFormat::kComposer},
       {"nemo", Nemo(1, 201), MetricsFormat::kNemo},

@@ -135,6 +135,15 @@ TEST_CASE("Hugging Face Trainer: bars sharing lines, strings, eval and summary d
     REQUIRE(stale->size() == 2);
     CHECK(stale->Record(1).step == 3);
   }
+  SECTION("a printed config dict first is not JSON lines") {
+    auto cfg = Parse(
+        "{'model_name_or_path': 'gpt2', 'learning_rate': 5e-05}\n 1%|  | 1/100 [00:01<00:10]\n"
+        "{'loss': 3.5, 'learning_rate': 5e-05, 'epoch': 0.01}\n");
+    REQUIRE(cfg.ok());
+    CHECK(cfg->format() == MetricsFormat::kHfTrainer);
+    REQUIRE(cfg->size() == 1);
+    CHECK(cfg->Record(0).step == 1);
+  }
   SECTION("JSON lines still start with {\"") {
     auto j =
         Parse("{\"step\": 1, \"loss\": 2.0, \"grad_norm\": 1, \"log_z\": 0, \"nan_frac\": 0}\n");

@@ -8,6 +8,9 @@ with the snippet's server address made the test daemon's:
   Trainer logs.
 - lightning: a small model in lightning.Trainer; one record per optimizer
   step with the mean of its micro-batches' losses, and log Z.
+- torchtitan: torchtitan's Trainer with llama3 "debugmodel" on the CPU, as
+  tests/python/torchtitan_trainer.py builds it, in this process; one record
+  per step with the loss torchtitan logs.
 """
 
 import math
@@ -86,6 +89,40 @@ class ReadmeTrainersTest(unittest.TestCase):
             self.assertAlmostEqual(loss, sum(losses) / 2, delta=1e-5 * loss)
             self.assertGreater(grad_norm, 0)
             self.assertAlmostEqual(log_z, math.log(64), delta=0.5)
+            self.assertEqual(decision, 0)
+
+    def test_torchtitan(self):
+        import torchtitan_trainer
+        from trainwatchd_process import free_port
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(free_port()), HF_HUB_OFFLINE="1",
+                          HF_DATASETS_OFFLINE="1", HF_HOME=os.path.join(self.work.name, "hf"))
+        logged = {}
+
+        class Config:  # what torchtitan's train.py gets from its ConfigManager
+            def build(self):
+                trainer = torchtitan_trainer.build({"work": self.work, "steps": 4}, 0)
+                log = trainer.metrics_processor.log
+
+                def record(step, loss, *args, **kwargs):
+                    logged[step] = float(loss)
+                    return log(step, loss, *args, **kwargs)
+                trainer.metrics_processor.log = record
+                return trainer
+
+        config = Config()
+        config.work = os.path.join(self.work.name, "titan")
+        try:
+            run_snippet("torchtitan", self.daemon, {"config": config})
+        finally:
+            if torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
+        rows = stored(self.daemon, "llama3-debug-1")
+        self.assertEqual([r[0] for r in rows], [1, 2, 3, 4])
+        for step, loss, grad_norm, log_z, decision in rows:
+            self.assertAlmostEqual(loss, logged[step], delta=1e-5 * loss)
+            self.assertGreater(grad_norm, 0)
+            self.assertTrue(math.isfinite(log_z))
             self.assertEqual(decision, 0)
 
 

@@ -38,6 +38,10 @@ install(FILES ${_deploy}/systemd/trainwatchd.flags ${_deploy}/systemd/tokens.jso
         DESTINATION /etc/trainwatch COMPONENT service EXCLUDE_FROM_ALL)
 install(FILES ${_deploy}/debian/copyright ${_debian}/changelog.gz ${PROJECT_SOURCE_DIR}/README.md
         DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/trainwatchd COMPONENT service EXCLUDE_FROM_ALL)
+# The README is an overview whose links lead to docs/: the pages go beside it.
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/trainwatchd/docs COMPONENT service
+        EXCLUDE_FROM_ALL FILES_MATCHING PATTERN "*.md")
 install(FILES ${_deploy}/systemd/follow-example.env
         DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/trainwatchd/examples COMPONENT service EXCLUDE_FROM_ALL)
 install(FILES ${_debian}/trainwatchd.8.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man8

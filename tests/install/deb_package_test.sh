@@ -39,6 +39,7 @@ for f in ./usr/bin/trainwatchd ./usr/bin/twctl ./lib/systemd/system/trainwatchd.
          ./etc/trainwatch/trainwatchd.flags ./etc/trainwatch/tokens.json \
          ./etc/trainwatch/rules.json ./etc/trainwatch/pager.json \
          ./usr/share/doc/trainwatchd/copyright ./usr/share/doc/trainwatchd/changelog.gz \
+         ./usr/share/doc/trainwatchd/README.md ./usr/share/doc/trainwatchd/docs/server.md \
          ./usr/share/man/man8/trainwatchd.8.gz ./usr/share/man/man1/twctl.1.gz; do
   grep -q " $f\$" "$tmp/contents" || fail "not in the package: $f"
 done

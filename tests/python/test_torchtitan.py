@@ -60,6 +60,8 @@ class TorchtitanTest(DaemonTestCase):
 
     def assert_torchtitans_numbers(self, result, upto):
         logged = {int(s): v for s, v in result["logged"].items()}
+        worst = max(abs(self.steps[s][1] / logged[s]["grad_norm"] - 1) for s in range(1, upto + 1))
+        print(f"  stored grad_norm against torchtitan's, largest relative difference: {worst:.1e}")
         for s in range(1, upto + 1):
             loss, grad_norm, _ = self.steps[s]
             self.assertAlmostEqual(loss, logged[s]["loss"], delta=1e-5 * logged[s]["loss"],

@@ -72,6 +72,8 @@ setup(
     version=cmake_version(),
     package_dir={"": "agent/python"},
     packages=["trainwatch", "trainwatch.integrations"],
+    # Typed (PEP 561): the marker and the native module's stub.
+    package_data={"trainwatch": ["py.typed", "_trainwatch.pyi"]},
     ext_modules=[CMakeExtension("trainwatch._trainwatch", target="_trainwatch")],
     cmdclass={"build_ext": CMakeBuild},
     zip_safe=False,

@@ -323,7 +323,7 @@ class PartialGradientTest(unittest.TestCase):
             w.grad = DTensor.from_local(torch.ones(12), mesh, [Partial()])
             with self.assertRaisesRegex(ValueError, "gradient of down.bias is a Partial"):
                 guard.observe(0, 1.0)
-            self.assertEqual(agent.stats()["steps"], 0)  # nothing judged
+            self.assertEqual(agent.stats().steps, 0)  # nothing judged
             w.grad = DTensor.from_local(torch.ones(12), mesh, [Replicate()])
             self.assertEqual(guard.observe(0, 1.0).decision, "continue")
             agent.close()

@@ -334,7 +334,7 @@ class LayoutArgumentsTest(unittest.TestCase):
             self.agent.step(0, loss=1.0, grads=g, grad_copies=[1, 2])
         with self.assertRaisesRegex(ValueError, r"grad_groups\[0\] has 5 nonfinite of 4"):
             self.agent.step(0, loss=1.0, grad_stats=[(1.0, 5, 4, 1)])
-        self.assertEqual(self.agent.stats()["steps"], 0)  # nothing reduced
+        self.assertEqual(self.agent.stats().steps, 0)  # nothing reduced
 
 
 if __name__ == "__main__":

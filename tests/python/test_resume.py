@@ -28,10 +28,10 @@ class ResumeTest(unittest.TestCase):
 
     def test_a_resumed_job_keeps_both_jobs_records(self):
         first = train(self.daemon.address, 0, 99, lambda s: 2.5 + 0.001 * s)
-        self.assertEqual(first["durable_step"], 99)
+        self.assertEqual(first.durable_step, 99)
         second = train(self.daemon.address, 50, 149, lambda s: 2.0 + 0.001 * s, resume_step=49)
-        self.assertEqual(second["durable_step"], 149)
-        self.assertEqual(second["records_dropped"], 0)
+        self.assertEqual(second.durable_step, 149)
+        self.assertEqual(second.records_dropped, 0)
         db = sqlite3.connect(self.daemon.db)
         q = lambda sql: db.execute(sql).fetchall()
         self.assertEqual(q("SELECT attempt FROM runs WHERE run_id='py-resume'"), [(1,)])

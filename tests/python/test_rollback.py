@@ -34,7 +34,7 @@ def command(**fields):
             "checkpoint_uri": "", "quarantine": [[5, 6]], "skip_steps": None,
             "z_loss_alpha": None, "precision": [], "lr_scale": None, "reason": ""}
     base.update(fields)
-    return trainwatch.Command(base)
+    return trainwatch.Command.from_dict(base)
 
 
 class RollbackHelperTest(unittest.TestCase):
@@ -62,15 +62,27 @@ class RollbackHelperTest(unittest.TestCase):
 
     def test_command_reads_as_attributes_and_as_the_old_dict(self):
         cmd = command(checkpoint_uri=self.path, precision=[["2", "fp32"]], skip_steps=[41, 45])
+        self.assertIs(cmd.kind, trainwatch.CommandKind.ROLLBACK)
         self.assertEqual(cmd.kind, "rollback")
-        self.assertEqual(cmd["checkpoint_uri"], self.path)
         self.assertEqual(cmd.precision, [("2", "fp32")])
         self.assertEqual(cmd.skip_steps, (41, 45))
-        self.assertEqual(cmd["quarantine"], [(5, 6)])
-        self.assertIsNone(cmd.get("lr_scale"))
-        self.assertIn("z_loss_alpha", cmd)
-        with self.assertRaises(KeyError):
-            cmd["no_such_key"]
+        self.assertEqual(cmd.quarantine, [(5, 6)])
+        self.assertEqual(cmd.quarantine_names, [])  # left out of the dict
+        # The dict reads of earlier releases, deprecated.
+        with self.assertWarnsRegex(DeprecationWarning, r"read \.checkpoint_uri"):
+            self.assertEqual(cmd["checkpoint_uri"], self.path)
+        with self.assertWarns(DeprecationWarning):
+            self.assertEqual(cmd["quarantine"], [(5, 6)])
+            self.assertIsNone(cmd.get("lr_scale"))
+            self.assertIn("z_loss_alpha", cmd)
+            self.assertEqual(cmd.keys(), list(trainwatch.Command.FIELDS))
+            with self.assertRaises(KeyError):
+                cmd["no_such_key"]
+        with self.assertWarnsRegex(DeprecationWarning, "Command.from_dict"):
+            old = trainwatch.Command({"kind": "halt", "reason": "r", "target_step": None})
+        self.assertEqual((old.kind, old.reason, old.target_step), ("halt", "r", -1))
+        self.assertEqual(trainwatch.Command(trainwatch.CommandKind.RESUME, reason="ok").kind,
+                         "resume")
 
     def test_loads_applies_resumes_and_acknowledges(self):
         agent = RecordingAgent()

@@ -58,7 +58,7 @@ class RunIdentityTest(unittest.TestCase):
                 agent = self.make()
             self.assertEqual(agent.run_id, "from-torch")
             self.assertTrue(agent.streaming)
-            self.assertTrue(agent.stats()["streaming"])
+            self.assertTrue(agent.stats().streaming)
             self.assertIn('run id "from-torch" from TORCHELASTIC_RUN_ID', err[0])
 
     def test_torchrun_none_is_no_name_and_slurm_array_tasks_differ(self):
@@ -98,7 +98,7 @@ class RunIdentityTest(unittest.TestCase):
         self.assertEqual(decisions[79], "continue")
         self.assertEqual(decisions[80], "skip_update")
         self.assertEqual(decisions[90], "halt")
-        self.assertEqual(agent.stats()["records_queued"], 0)
+        self.assertEqual(agent.stats().records_queued, 0)
 
 
 if __name__ == "__main__":

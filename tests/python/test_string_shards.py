@@ -117,9 +117,9 @@ class StringShardsTest(unittest.TestCase):
         self.assertIn(f"quarantine shard {BAD}", out)
 
         command = wait_until("the rollback command", agent.poll_command)
-        self.assertEqual(command["kind"], "rollback")
-        self.assertEqual(command["quarantine_names"], [BAD])
-        target = command["target_step"]
+        self.assertEqual(command.kind, "rollback")
+        self.assertEqual(command.quarantine_names, [BAD])
+        target = command.target_step
         self.assertEqual(target, 100)
         model.load_state_dict(checkpoints[target][0])
         opt.load_state_dict(checkpoints[target][1])
@@ -128,7 +128,7 @@ class StringShardsTest(unittest.TestCase):
         self.assertEqual(agent.quarantined_shard_names(), [BAD])
         self.assertFalse(agent.is_quarantined("shard-00150:1"))
         self.assertFalse(agent.is_quarantined(NAN_AT))  # a name is not an id
-        agent.acknowledge(command["command_id"], "applied", resumed_step=target)
+        agent.acknowledge(command.command_id, trainwatch.AckStatus.APPLIED, resumed_step=target)
 
         # Trained on past the failing step: the loader skipped the shard.
         self.assertIsNone(train(target + 1, STEPS))

@@ -62,9 +62,9 @@ class TorchLoopTest(unittest.TestCase):
                     self.assertTrue(torch.equal(b, p))
         self.assertEqual(verdicts[250].decision, "skip_update")
         self.assertEqual(verdicts[250].tier, 1)
-        anomaly = [e for e in verdicts[250].events if e["kind"] == "data_anomaly"]
+        anomaly = [e for e in verdicts[250].events if e.kind == "data_anomaly"]
         self.assertEqual(len(anomaly), 1)
-        self.assertEqual(anomaly[0]["shards"], [10_250])
+        self.assertEqual(anomaly[0].shards, [10_250])
         self.assertEqual(guard.skipped, 1)
         self.assertEqual(halted_at, 350)
         self.assertEqual(verdicts[350].decision, "halt")

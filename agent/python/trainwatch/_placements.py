@@ -21,20 +21,38 @@ before they reach p.grad, and plain tensor parallel leaves them only where
 the trainer reduces them itself.
 """
 
-try:
-    from torch.distributed.tensor import DTensor
-except ImportError:  # torch < 2.5 (torch.distributed._tensor) or no distributed
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable, Optional
+
+import torch as _torch
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor as _DTensorType
+    from typing_extensions import TypeGuard
+
+
+def _dtensor_class() -> Optional[type]:
     try:
-        from torch.distributed._tensor import DTensor
+        from torch.distributed.tensor import DTensor
+        return DTensor
+    except ImportError:  # torch < 2.5 (torch.distributed._tensor) or no distributed
+        pass
+    try:
+        from torch.distributed._tensor import DTensor as OlderDTensor  # type: ignore[attr-defined]
+        return OlderDTensor
     except ImportError:
-        DTensor = None
+        return None
 
 
-def is_dtensor(t):
+DTensor = _dtensor_class()
+
+
+def is_dtensor(t: object) -> TypeGuard[_DTensorType]:
     return DTensor is not None and isinstance(t, DTensor)
 
 
-def local(t):
+def local(t: _torch.Tensor) -> _torch.Tensor:
     """This rank's own elements of t: a DTensor's local tensor (the same
     storage, so an in-place scale of it scales the DTensor), else t."""
     return t.to_local() if is_dtensor(t) else t
@@ -46,8 +64,9 @@ class DTensorLayout:
     DTensors; checks once that the meshes and `replicas` account for every
     rank."""
 
-    def __init__(self, named_params, world_size, replicas=None):
-        meshes = {}
+    def __init__(self, named_params: Iterable[tuple[Optional[str], _torch.Tensor]],
+                 world_size: int, replicas: Optional[int] = None) -> None:
+        meshes: dict[int, Optional[str]] = {}
         for name, p in named_params:
             if is_dtensor(p):
                 meshes.setdefault(p.device_mesh.size(), name)
@@ -75,7 +94,7 @@ class DTensorLayout:
         # mesh (a module left unsharded), and on its replicas.
         self.plain = mesh_size * outer
 
-    def __call__(self, param, name=None):
+    def __call__(self, param: _torch.Tensor, name: Optional[str] = None) -> int:
         g = param.grad
         if not is_dtensor(g):
             return self.plain

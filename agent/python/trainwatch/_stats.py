@@ -3,26 +3,36 @@ reads a step's tensors (kernels/ on the host or on CUDA, or torch's own
 operations as the fallback) and the torch-operation versions themselves.
 Apart from torch.py so that the guard's file is the attach alone."""
 
+from __future__ import annotations
+
 import math as _math
 import warnings as _warnings
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import torch as _torch
 
+from . import _trainwatch
 from ._trainwatch import has_cuda as _HAS_CUDA
 
-_DeviceStats = None
-if _HAS_CUDA:
-    from ._trainwatch import DeviceStats as _DeviceStats
+# (name, sum of squares, nonfinite, elements) of one gradient.
+TensorRow = Tuple[str, float, int, int]
+# agent.step()'s gradient keywords, as Guard.observe() passes them.
+GradKw = dict[str, Any]
+
+
+def _DeviceStats() -> _trainwatch.DeviceStats:
+    """kernels/' CUDA path (only in a CUDA build: has_cuda)."""
+    return _trainwatch.DeviceStats()
 
 
 # The dtypes kernels/ reads; any other takes torch operations.
 _KERNEL_DTYPES = (_torch.float32, _torch.bfloat16, _torch.float16)
 # Whether DeviceStats runs in this process: decided at its first use (a CUDA
 # build can meet a driver older than its CUDA runtime, or no device).
-_CUDA_KERNELS = None
+_CUDA_KERNELS: Optional[bool] = None
 
 
-def _cuda_kernels_usable():
+def _cuda_kernels_usable() -> bool:
     global _CUDA_KERNELS
     if _CUDA_KERNELS is None:
         try:
@@ -35,7 +45,7 @@ def _cuda_kernels_usable():
     return _CUDA_KERNELS
 
 
-def _fused_cuda(tensors):
+def _fused_cuda(tensors: Sequence[_torch.Tensor]) -> bool:
     """Whether kernels/' CUDA path takes these tensors: a CUDA build, and
     every tensor on the current CUDA device in a dtype the kernels read."""
     if not _HAS_CUDA or not tensors:
@@ -46,7 +56,8 @@ def _fused_cuda(tensors):
     return all(t.device.index == current for t in tensors) and _cuda_kernels_usable()
 
 
-def grad_stats(grads, names=None):
+def grad_stats(grads: Sequence[Optional[_torch.Tensor]], names: Optional[Sequence[str]] = None
+               ) -> tuple[float, int, int, Optional[list[TensorRow]]]:
     """Gradient statistics with torch operations, on the tensors' own device.
 
     Returns (sum of squares over finite elements, nonfinite count, elements,
@@ -56,7 +67,9 @@ def grad_stats(grads, names=None):
     (in float64) runs only when the fused norm is not finite, which a NaN, an
     inf or a square beyond float range makes it.
     """
-    pairs = [(n, g) for n, g in zip(names or [None] * len(grads), grads) if g is not None]
+    named: Sequence[Optional[str]] = names if names is not None else [None] * len(grads)
+    pairs = [(n, g) for n, g in zip(named, grads) if g is not None]
+    per_tensor: list[TensorRow]
     elements = sum(g.numel() for _, g in pairs)
     if not pairs:
         return 0.0, 0, 0, None
@@ -82,10 +95,13 @@ def grad_stats(grads, names=None):
     return total, nonfinite, elements, per_tensor
 
 
-def _grouped_grad_stats(grads, names, copies):
+def _grouped_grad_stats(grads: Sequence[_torch.Tensor], names: Optional[Sequence[str]],
+                        copies: Sequence[int]
+                        ) -> tuple[list[tuple[float, int, int, int]], Optional[list[TensorRow]]]:
     """grad_stats() per group of equal copies: ([(ss, nonfinite, elements,
     copies), ...], per_tensor or None), for the binding's grad_stats."""
-    groups, per_tensor = [], None
+    groups: list[tuple[float, int, int, int]] = []
+    per_tensor: Optional[list[TensorRow]] = None
     for c in sorted(set(copies)):
         idx = [i for i, k in enumerate(copies) if k == c]
         ss, bad, n, pt = grad_stats([grads[i] for i in idx],
@@ -96,17 +112,18 @@ def _grouped_grad_stats(grads, names, copies):
     return groups, per_tensor
 
 
-def _kernel_grad_kw(r, names, copies):
+def _kernel_grad_kw(r: _trainwatch.DeviceStatsResult, names: Optional[Sequence[str]],
+                    copies: Union[int, Sequence[int], None]) -> GradKw:
     """agent.step()'s grad_stats (and grad_tensors) from DeviceStats.finish()'s
     result r, in the forms grad_stats() and _grouped_grad_stats() give."""
     ss, bad, n = r["sum_squares"], r["nonfinite"], r["elements"]
-    kw = {}
+    kw: GradKw = {}
     if copies is None:
         kw["grad_stats"] = (ss, bad, n)
     elif isinstance(copies, int):
         kw["grad_stats"] = [(ss, bad, n, copies)]
     else:
-        groups = {}
+        groups: dict[int, list[Any]] = {}
         for c, t_ss, t_bad, t_n in zip(copies, r["tensor_sum_squares"], r["tensor_nonfinite"],
                                        r["tensor_elements"]):
             g = groups.setdefault(c, [0.0, 0, 0])
@@ -120,7 +137,8 @@ def _kernel_grad_kw(r, names, copies):
     return kw
 
 
-def _device_log_z_sum(logits, labels=None, ignore_index=-100):
+def _device_log_z_sum(logits: _torch.Tensor, labels: Optional[_torch.Tensor] = None,
+                      ignore_index: int = -100) -> tuple[_torch.Tensor, int]:
     """(sum of log Z over counted rows, rows) as tensors on the logits'
     device, log Z in float32 and the sum in float64: no host sync, so
     micro-batches add up on the device and cross to the host once."""
@@ -130,7 +148,8 @@ def _device_log_z_sum(logits, labels=None, ignore_index=-100):
     return lz.double().sum(), lz.numel()
 
 
-def log_z_stats(logits, labels=None, ignore_index=-100):
+def log_z_stats(logits: _torch.Tensor, labels: Optional[_torch.Tensor] = None,
+                ignore_index: int = -100) -> Optional[float]:
     """Mean log partition function over the rows of [..., vocab] logits (rows
     whose label is ignore_index left out), computed on the logits' device in
     float32; NaN when any counted row's log Z is not finite, None without
@@ -143,7 +162,7 @@ def log_z_stats(logits, labels=None, ignore_index=-100):
 
 
 
-def _nonfinite_norm(grads):
+def _nonfinite_norm(grads: Sequence[_torch.Tensor]) -> float:
     """This rank's total 2-norm as torch.nn.utils.clip_grad_norm_ computes
     it (inf, or NaN where a NaN is), for a step whose global count found a
     nonfinite element; NaN where this rank's own gradients are all finite

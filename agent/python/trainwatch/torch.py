@@ -102,49 +102,98 @@ bench/agent/clip_overhead.py)::
     optimizer.step()               # or scaler.step(optimizer)
 """
 
+from __future__ import annotations
+
+import enum as _enum
 import math as _math
 import weakref as _weakref
+from typing import (TYPE_CHECKING, Any, Callable, Iterable, Literal, Optional, Tuple, Union,
+                    cast as _cast)
 
 import torch as _torch
 
-from . import TrainingHalted
+from . import Agent, Reduce, Shard, TrainingHalted, Verdict
 from . import exit_on_halt  # noqa: F401  (trainwatch.torch.exit_on_halt, for trainers)
 from ._trainwatch import log_z_sum as _host_log_z_sum
 from ._placements import DTensorLayout as _DTensorLayout, is_dtensor as _is_dtensor, \
     local as _local
 # The statistics themselves, by kernels/ or by torch operations (_stats.py).
-from ._stats import (grad_stats, log_z_stats, _DeviceStats, _device_log_z_sum,  # noqa: F401
-                     _fused_cuda, _grouped_grad_stats, _kernel_grad_kw, _nonfinite_norm)
+from ._stats import (GradKw as _GradKw, grad_stats, log_z_stats, _DeviceStats,  # noqa: F401
+                     _device_log_z_sum, _fused_cuda, _grouped_grad_stats, _kernel_grad_kw,
+                     _nonfinite_norm)
 
-__all__ = ["watch", "Guard", "distributed_reduce", "grad_stats", "log_z_stats",
-           "mark_tensor_parallel", "LAYOUTS", "exit_on_halt"]
+if TYPE_CHECKING:
+    from torch.amp import GradScaler
 
-LAYOUTS = ("replicated", "sharded", "hybrid")
+    from . import _trainwatch
+
+__all__ = ["watch", "Guard", "Layout", "StatsPath", "distributed_reduce", "grad_stats",
+           "log_z_stats", "mark_tensor_parallel", "LAYOUTS", "exit_on_halt"]
 
 
-def mark_tensor_parallel(*params):
+class Layout(str, _enum.Enum):
+    """How the ranks hold the gradients (the module's docstring says more).
+    A str enum: watch(layout="hybrid") and guard.layout == "hybrid" hold.
+    DTENSOR is guard.layout for DTensor parameters, never given."""
+
+    REPLICATED = "replicated"
+    SHARDED = "sharded"
+    HYBRID = "hybrid"
+    DTENSOR = "dtensor"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# The layouts watch(layout=) takes.
+LAYOUTS = (Layout.REPLICATED, Layout.SHARDED, Layout.HYBRID)
+
+# Which statistics path read the last step: kernels/ on the host or on CUDA,
+# or torch operations.
+StatsPath = Literal["host", "cuda", "torch"]
+
+# watch()'s params: tensors, or (name, tensor) pairs that name a NaN's tensor.
+Params = Union[Iterable[_torch.Tensor], Iterable[Tuple[str, _torch.Tensor]]]
+# How many ranks hold each gradient: None (each rank its own shard), an int
+# for all, or a function of the parameter (and its name).
+_Copies = Union[None, int, Callable[[_torch.Tensor, Optional[str]], int]]
+# A watched parameter: (its name, or None when unnamed; the parameter).
+_Watched = list[tuple[Optional[str], _torch.Tensor]]
+# (parameter, its gradient, the gradient's version) at observe().
+_Observed = list[tuple[_torch.Tensor, "_weakref.ReferenceType[_torch.Tensor]", int]]
+
+
+def mark_tensor_parallel(*params: _torch.Tensor) -> None:
     """Marks parameters as tensor-parallel shards (each tensor-parallel rank
     holds a different slice), as Megatron-LM's tensor_model_parallel
     attribute does, for watch(layout="hybrid")."""
     for p in params:
-        p.tensor_model_parallel = True
+        setattr(p, "tensor_model_parallel", True)
 
 
 class Guard:
     """Holds the latest verdict and gates the wrapped optimizer's step()."""
 
-    def __init__(self, optimizer, agent, params=None, on_device=False, model=None, layout=None,
-                 data_parallel_size=None, tensor_parallel_size=None, scaler=None, replicas=None,
-                 gate=True):
+    def __init__(self, optimizer: _torch.optim.Optimizer, agent: Agent,
+                 params: Optional[Params] = None, on_device: bool = False,
+                 model: Optional[_torch.nn.Module] = None,
+                 layout: Union[Layout, str, None] = None,
+                 data_parallel_size: Optional[int] = None,
+                 tensor_parallel_size: Optional[int] = None,
+                 scaler: Optional[GradScaler] = None, replicas: Optional[int] = None,
+                 gate: bool = True) -> None:
         self.optimizer = optimizer
         self.agent = agent
         self.scaler = scaler
         if params is None and model is not None:
             params = model.named_parameters()
-        self.params = list(params) if params is not None else None
+        given: Optional[list[Any]] = list(params) if params is not None else None
+        self.params = given
         # Named when the parameters are (watch(..., params=model.named_parameters())):
         # a NaN is then reported with the tensor that holds it.
-        self._named = bool(self.params) and isinstance(self.params[0], tuple)
+        self._named = given is not None and len(given) > 0 and isinstance(given[0], tuple)
+        self._copies: _Copies
+        self.layout: Layout
         watched = self._watched()
         if any(_is_dtensor(p) for _, p in watched):
             # FSDP2, tensor parallel, HSDP: each gradient's placements say
@@ -154,7 +203,7 @@ class Guard:
                 raise ValueError("watch(): the parameters are DTensors, whose placements give "
                                  "the layout: leave layout, data_parallel_size and "
                                  "tensor_parallel_size out (replicas= for copies outside the mesh)")
-            self.layout = "dtensor"
+            self.layout = Layout.DTENSOR
             self._copies = _DTensorLayout(watched, agent.world_size, replicas)
         else:
             if replicas is not None:
@@ -166,62 +215,72 @@ class Guard:
         # Statistics with torch operations even for host tensors (CUDA
         # tensors take the CUDA kernels where the build has them).
         self.on_device = on_device
-        self._grads_on_device = None
-        self._device_stats = None  # kernels/' CUDA path, made at first use
-        self.stats_path = None  # "host", "cuda" or "torch": the last step's
-        self.verdict = None
+        self._grads_on_device: Optional[bool] = None
+        # kernels/' CUDA path, made at first use
+        self._device_stats: Optional[_trainwatch.DeviceStats] = None
+        self.stats_path: Optional[StatsPath] = None  # the last step's
+        self.verdict: Optional[Verdict] = None
         self.skipped = 0
         # The gradients the verdict's norm is of (set by observe(), emptied
         # once clipped or stepped): clip_grad_norm_()'s guard against misuse.
-        self._observed = None
-        self._clear_micro_batches()
+        self._observed: Optional[_Observed] = None
+        self._losses = 0
+        self._loss_sum: Union[float, _torch.Tensor] = 0.0
+        self._log_z_sum: Union[float, _torch.Tensor] = 0.0
+        self._log_z_rows = 0
+        self._shards: list[Shard] = []
         # gate=False: the caller acts on the verdict itself (the trainer
         # integrations, which decide inside the trainer's own step, where
         # wrapping optimizer.step would come after the trainer's clip).
         self._step = optimizer.step
         if gate:
-            optimizer.step = self._gated_step
+            setattr(optimizer, "step", self._gated_step)
 
-    def _clear_micro_batches(self):
+    def _clear_micro_batches(self) -> None:
         # The optimizer step being accumulated: the losses' sum (a float, or
         # a device tensor until observe()), log Z's sum and rows, the shards.
         self._losses, self._loss_sum = 0, 0.0
         self._log_z_sum, self._log_z_rows = 0.0, 0
         self._shards = []
 
-    def _watched(self):
+    def _watched(self) -> _Watched:
         """(name or None, parameter) for each parameter whose gradient counts:
         watch()'s params, else the optimizer's (read each step: a param group
         may be added while training)."""
         if self._named:
-            return self.params
+            return _cast(_Watched, self.params)
         params = self.params
         if params is None:
             params = [p for g in self.optimizer.param_groups for p in g["params"]]
         return [(None, p) for p in params]
 
-    def _grads(self):
+    def _grads(self) -> tuple[Union[list[_torch.Tensor], dict[str, _torch.Tensor]],
+                              Union[None, int, list[int]], _Observed]:
         """The gradients (a dict when named), the copies of each (a list, an
         int for all, or None: sharded), and what clip_grad_norm_() checks.
         DTensor gradients are given as this rank's local tensors."""
         watched = [(n, p) for n, p in self._watched() if p.grad is not None]
         params = [p for _, p in watched]
-        grads = [_local(p.grad.detach()).contiguous() for p in params]
-        if self._named:
-            grads = {n: g for (n, _), g in zip(watched, grads)}
+        grads = [_local(_grad(p).detach()).contiguous() for p in params]
         # What clip_grad_norm_() may scale: these very gradients, unchanged.
         # Weak references, so that a zero_grad(set_to_none=True) still frees
         # them; the version counter moves with every in-place change (of the
         # local tensor, for a DTensor: the one clip_grad_norm_ scales; read
         # from p.grad itself, as a detached FSDP2 gradient's counter is not it).
-        observed = [(p, _weakref.ref(p.grad), _local(p.grad)._version) for p in params]
+        observed: _Observed = [(p, _weakref.ref(_grad(p)), _local(_grad(p))._version)
+                               for p in params]
+        given: Union[list[_torch.Tensor], dict[str, _torch.Tensor]] = grads
+        if self._named:
+            given = {str(n): g for (n, _), g in zip(watched, grads)}
         copies = self._copies
         if callable(copies):
-            copies = [copies(p, n) for n, p in watched]
-        return grads, copies, observed
+            return given, [copies(p, n) for n, p in watched], observed
+        return given, copies, observed
 
     @_torch.no_grad()
-    def accumulate(self, loss=None, logits=None, labels=None, shards=None, ignore_index=-100):
+    def accumulate(self, loss: Union[_torch.Tensor, float, None] = None,
+                   logits: Optional[_torch.Tensor] = None, labels: Optional[_torch.Tensor] = None,
+                   shards: Optional[Iterable[Shard]] = None, ignore_index: int = -100) -> None:
         """One micro-batch of the optimizer step observe() will judge.
 
         loss: the micro-batch's own loss (not divided by the accumulation
@@ -247,7 +306,8 @@ class Guard:
                 self._cuda_stats().add_logits(
                     logits.reshape(-1, logits.shape[-1]).contiguous(), lab, int(ignore_index),
                     _torch.cuda.current_stream().cuda_stream)
-                total, rows = 0.0, 0
+                total: Union[float, _torch.Tensor] = 0.0
+                rows = 0
             elif self.on_device or logits.device.type != "cpu":
                 total, rows = _device_log_z_sum(logits, labels, ignore_index)
             else:
@@ -263,7 +323,9 @@ class Guard:
             self._shards.extend(s if isinstance(s, str) else int(s) for s in shards)
 
     @_torch.no_grad()
-    def observe(self, step, loss=None, logits=None, labels=None, shards=None, ignore_index=-100):
+    def observe(self, step: int, loss: Union[_torch.Tensor, float, None] = None,
+                logits: Optional[_torch.Tensor] = None, labels: Optional[_torch.Tensor] = None,
+                shards: Optional[Iterable[Shard]] = None, ignore_index: int = -100) -> Verdict:
         """Statistics of this optimizer step (grads before clipping), and the
         verdict. With loss, logits, labels or shards given, they are one more
         micro-batch (see accumulate()); a loop without accumulation gives
@@ -290,15 +352,15 @@ class Guard:
         if fused or (dev is not None and dev.pending_logits):
             # Gradients, the micro-batches' log Z and the loss: the step's
             # one copy to the host (DeviceStats.finish).
-            on_dev = (isinstance(loss_sum, _torch.Tensor) and loss_sum.is_cuda
+            on_dev = (loss_sum if isinstance(loss_sum, _torch.Tensor) and loss_sum.is_cuda
                       and loss_sum.dtype == _torch.float64
-                      and loss_sum.device.index == _torch.cuda.current_device())
-            per_tensor = names is not None or isinstance(copies, list)
+                      and loss_sum.device.index == _torch.cuda.current_device() else None)
+            by_tensor = names is not None or isinstance(copies, list)
             r = self._cuda_stats().finish(
                 tensors if fused else [], _torch.cuda.current_stream().cuda_stream,
-                fused and per_tensor, loss_sum.reshape(1) if on_dev else None)
-            if on_dev:
-                loss_sum = r["loss"]
+                fused and by_tensor, on_dev.reshape(1) if on_dev is not None else None)
+            if on_dev is not None:
+                loss_sum = _cast(float, r["loss"])  # given, so returned
             if r["log_z_rows"]:
                 # A counted row whose log Z is not finite makes the sum NaN.
                 log_z_sum = log_z_sum + (r["log_z_sum"] if r["log_z_nonfinite_rows"] == 0
@@ -339,7 +401,8 @@ class Guard:
         return self.verdict
 
     @_torch.no_grad()
-    def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False):
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
+                        error_if_nonfinite: bool = False) -> _torch.Tensor:
         """torch.nn.utils.clip_grad_norm_ on the gradients observe() just
         judged, without a second norm pass: the verdict's grad_norm is their
         global norm before clipping, so this only scales them, by torch's
@@ -419,12 +482,12 @@ class Guard:
             _torch._foreach_mul_(grads, coef)
         return total
 
-    def _cuda_stats(self):
+    def _cuda_stats(self) -> _trainwatch.DeviceStats:
         if self._device_stats is None:
             self._device_stats = _DeviceStats()
         return self._device_stats
 
-    def _loss_scale(self):
+    def _loss_scale(self) -> _GradKw:
         """Unscales the gradients (once per step) and reads the scaler's state:
         {} without an enabled scaler (bf16, fp32), else the scale and whether
         this step overflowed."""
@@ -443,7 +506,7 @@ class Guard:
         overflow = any(float(v) != 0.0 for v in found_inf.values())
         return {"loss_scale": float(scaler.get_scale()), "loss_scale_overflow": overflow}
 
-    def _gated_step(self, *args, **kwargs):
+    def _gated_step(self, *args: Any, **kwargs: Any) -> Any:
         v = self.verdict
         self.verdict = None
         self._observed = None
@@ -456,7 +519,7 @@ class Guard:
             return None
         return self._step(*args, **kwargs)
 
-    def resume_from(self, step):
+    def resume_from(self, step: int) -> None:
         """After loading the checkpoint of `step` in a rollback."""
         self.verdict = None
         self._observed = None
@@ -465,51 +528,66 @@ class Guard:
             self._device_stats.discard()
         self.agent.resume_from(int(step))
 
-    def detach(self):
+    def detach(self) -> None:
         """Gives the optimizer its own step() back."""
         if self.optimizer.step == self._gated_step:
-            self.optimizer.step = self._step
+            setattr(self.optimizer, "step", self._step)
 
 
-def _resolve_layout(agent, model, layout):
+def _grad(p: _torch.Tensor) -> _torch.Tensor:
+    """p.grad, which the caller has seen is set."""
+    g = p.grad
+    assert g is not None
+    return g
+
+
+def _resolve_layout(agent: Agent, model: Optional[_torch.nn.Module],
+                    layout: Union[Layout, str, None]) -> Layout:
     if layout is not None:
         if layout not in LAYOUTS:
             raise ValueError(f"watch(): layout {layout!r} is not one of {', '.join(LAYOUTS)}")
-        return layout
+        return Layout(layout)
     if isinstance(model, _torch.nn.parallel.DistributedDataParallel):
-        return "replicated"
+        return Layout.REPLICATED
     # By name: torch 1.13's FSDP module does not import on every Python.
     if type(model).__name__ == "FullyShardedDataParallel":
-        return "sharded"
+        return Layout.SHARDED
     if agent.world_size == 1:
-        return "sharded"  # one rank: every layout is the same
+        return Layout.SHARDED  # one rank: every layout is the same
     raise ValueError(
         f"watch(): with world_size {agent.world_size} the gradient layout is needed: pass "
         "model= a DistributedDataParallel or FullyShardedDataParallel, or layout="
         "'replicated' (DDP), 'sharded' (FSDP/ZeRO) or 'hybrid' (tensor x data parallel)")
 
 
-def _layout_copies(layout, world, dp, tp):
+def _layout_copies(layout: Layout, world: int, dp: Optional[int], tp: Optional[int]) -> _Copies:
     """How many ranks hold each gradient: None (sharded: 1, the binding's
     default), an int for all, or a function of the parameter."""
-    if layout != "hybrid":
+    if layout is not Layout.HYBRID:
         if dp is not None or tp is not None:
             raise ValueError("watch(): data_parallel_size and tensor_parallel_size are for "
                              "layout='hybrid'")
-        return None if layout == "sharded" else world
+        return None if layout is Layout.SHARDED else world
     for name, v in (("data_parallel_size", dp), ("tensor_parallel_size", tp)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"watch(): layout='hybrid' needs {name}, an int >= 1 (got {v!r})")
+    assert dp is not None and tp is not None  # checked just above
     if world % (dp * tp) != 0:
         raise ValueError(f"watch(): data_parallel_size {dp} x tensor_parallel_size {tp} does "
                          f"not divide world_size {world}")
+
     # A tensor-parallel shard is held by its data-parallel replicas; an
     # unmarked parameter also by every tensor-parallel rank of the group.
-    return lambda p, name=None: dp if getattr(p, "tensor_model_parallel", False) else dp * tp
+    def copies(p: _torch.Tensor, name: Optional[str] = None) -> int:
+        return dp if getattr(p, "tensor_model_parallel", False) else dp * tp
+    return copies
 
 
-def watch(optimizer, agent, params=None, on_device=False, model=None, layout=None,
-          data_parallel_size=None, tensor_parallel_size=None, scaler=None, replicas=None):
+def watch(optimizer: _torch.optim.Optimizer, agent: Agent, params: Optional[Params] = None,
+          on_device: bool = False, model: Optional[_torch.nn.Module] = None,
+          layout: Union[Layout, str, None] = None, data_parallel_size: Optional[int] = None,
+          tensor_parallel_size: Optional[int] = None, scaler: Optional[GradScaler] = None,
+          replicas: Optional[int] = None) -> Guard:
     """Wraps `optimizer` so that its step() obeys the agent's verdicts.
 
     params: the parameters whose gradients count (default: model's named
@@ -536,7 +614,7 @@ def watch(optimizer, agent, params=None, on_device=False, model=None, layout=Non
                  tensor_parallel_size, scaler, replicas)
 
 
-def distributed_reduce(group=None):
+def distributed_reduce(group: Any = None) -> Reduce:
     """A reduce callable for trainwatch.Agent over torch.distributed.
 
     group: every rank of the job (default: the whole world), whatever the
@@ -545,9 +623,9 @@ def distributed_reduce(group=None):
     world_size must be this group's size."""
     import torch.distributed as dist
 
-    def reduce(sums, maxes):
+    def reduce(sums: list[float], maxes: list[float]) -> tuple[list[float], list[float]]:
         # NCCL reduces device tensors only; gloo and MPI host ones.
-        device = "cpu"
+        device: Union[str, _torch.device] = "cpu"
         if dist.get_backend(group) == "nccl":
             device = _torch.device("cuda", _torch.cuda.current_device())
         s = _torch.tensor(sums, dtype=_torch.float64, device=device)

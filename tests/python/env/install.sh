@@ -23,6 +23,9 @@ cd "$out"
 import importlib.metadata as md, os, sys
 import torch, trainwatch
 assert os.path.realpath(trainwatch.__file__).startswith(os.path.realpath(sys.prefix)), trainwatch.__file__
+# Typed (PEP 561): the marker and the binding's stub are installed with it.
+for typed in ("py.typed", "_trainwatch.pyi"):
+    assert os.path.isfile(os.path.join(os.path.dirname(trainwatch.__file__), typed)), typed
 # The libraries under test, where the lock file has them.
 libs = []
 for dist in ("torch", "transformers", "lightning", "torchtitan", "tensorboard", "ai2-olmo-core"):

@@ -1,10 +1,18 @@
 """What the trainer integrations share: the agent they make, and acting on a
 verdict inside the trainer's step."""
 
-from .. import Agent, TrainingHalted
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
+
+from .. import Agent, Shard, TrainingHalted, Verdict
+
+if TYPE_CHECKING:
+    import torch as _torch
 
 
-def make_agent(agent, options, rank, world_size, where):
+def make_agent(agent: Optional[Agent], options: Mapping[str, Any], rank: int, world_size: int,
+               where: str) -> tuple[Agent, bool]:
     """(agent, owned): the given agent, or one made from options (trainwatch.Agent's
     keyword arguments) for this rank, reducing over torch.distributed's world
     when there are several ranks. An owned agent is closed by the integration."""
@@ -26,7 +34,7 @@ def make_agent(agent, options, rank, world_size, where):
     return Agent(rank=rank, world_size=world_size, reduce=reduce, **options), True
 
 
-def act(verdict, params):
+def act(verdict: Verdict, params: Iterable[_torch.Tensor]) -> bool:
     """Halt: raises TrainingHalted. Skip: drops every gradient, so that the
     optimizer step the trainer runs next leaves the weights and the
     optimizer's state untouched (torch optimizers pass over parameters
@@ -40,15 +48,15 @@ def act(verdict, params):
     return False
 
 
-def shard_list(value):
+def shard_list(value: Any) -> Optional[list[Shard]]:
     """A batch's shard ids or names as a list (a tensor, a list, one value)."""
     if value is None:
         return None
     if hasattr(value, "tolist"):
         value = value.tolist()
     if isinstance(value, (list, tuple)):
-        out = []
+        out: list[Shard] = []
         for v in value:
-            out.extend(shard_list(v) if isinstance(v, (list, tuple)) else [v])
+            out.extend(shard_list(v) or [] if isinstance(v, (list, tuple)) else [v])
         return out
     return [value]

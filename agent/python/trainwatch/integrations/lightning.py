@@ -38,10 +38,15 @@ its logits before the update. So setup() wraps this LightningModule's
 training_step, on the instance only, and teardown() restores it.
 """
 
+from __future__ import annotations
+
 import functools as _functools
+from typing import Any, Optional
 
 import lightning.pytorch as _pl
+import torch as _torch
 
+from .. import Agent, Verdict
 from ..torch import Guard as _Guard
 from ._common import act as _act, make_agent as _make_agent, shard_list as _shard_list
 
@@ -61,20 +66,21 @@ class TrainwatchCallback(_pl.Callback):
     callback.guard: the trainwatch.torch.Guard while fitting; callback.verdict:
     the last step's."""
 
-    def __init__(self, agent=None, *, shard_key=SHARD_KEY, replicas=None, **agent_options):
+    def __init__(self, agent: Optional[Agent] = None, *, shard_key: str = SHARD_KEY,
+                 replicas: Optional[int] = None, **agent_options: Any) -> None:
         self._given_agent = agent
         self._agent_options = agent_options
         self.shard_key = shard_key
         self.replicas = replicas
-        self.agent = None
+        self.agent: Optional[Agent] = None
         self._owned = False
-        self.guard = None
-        self.verdict = None
-        self._module = None
+        self.guard: Optional[_Guard] = None
+        self.verdict: Optional[Verdict] = None
+        self._module: Optional[_pl.LightningModule] = None
 
     # -- Lightning's hooks ------------------------------------------------------
 
-    def setup(self, trainer, pl_module, stage):
+    def setup(self, trainer: _pl.Trainer, pl_module: _pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
         self.agent, self._owned = _make_agent(self._given_agent, self._agent_options,
@@ -83,38 +89,42 @@ class TrainwatchCallback(_pl.Callback):
         orig = pl_module.training_step
 
         @_functools.wraps(orig)
-        def training_step(*args, **kwargs):
+        def training_step(*args: Any, **kwargs: Any) -> Any:
             out = orig(*args, **kwargs)
             self._micro_batch(args[0] if args else kwargs.get("batch"), out)
             return out
 
-        pl_module.training_step = training_step
+        setattr(pl_module, "training_step", training_step)
         self._module = pl_module
 
-    def on_train_start(self, trainer, pl_module):
+    def on_train_start(self, trainer: _pl.Trainer, pl_module: _pl.LightningModule) -> None:
         # The optimizer exists and the strategy has wrapped the model (DDP, FSDP).
         if len(trainer.optimizers) != 1:
             raise ValueError(f"TrainwatchCallback: {len(trainer.optimizers)} optimizers; "
                              "automatic optimization has one")
         scaler = getattr(trainer.precision_plugin, "scaler", None)
+        assert self.agent is not None
         self.guard = _Guard(trainer.optimizers[0], self.agent,
                             params=list(pl_module.named_parameters()), model=trainer.strategy.model,
                             scaler=scaler, replicas=self.replicas, gate=False)
 
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+    def on_before_optimizer_step(self, trainer: _pl.Trainer, pl_module: _pl.LightningModule,
+                                 optimizer: _torch.optim.Optimizer) -> None:
+        assert self.guard is not None
         v = self.verdict = self.guard.observe(trainer.global_step)
         _act(v, pl_module.parameters())
 
-    def on_exception(self, trainer, pl_module, exception):
+    def on_exception(self, trainer: _pl.Trainer, pl_module: _pl.LightningModule,
+                     exception: BaseException) -> None:
         self._close()
 
-    def teardown(self, trainer, pl_module, stage):
+    def teardown(self, trainer: _pl.Trainer, pl_module: _pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             self._close()
 
     # -- the step ---------------------------------------------------------------
 
-    def _micro_batch(self, batch, out):
+    def _micro_batch(self, batch: Any, out: Any) -> None:
         loss = out.get("loss") if isinstance(out, dict) else out
         if loss is None:  # training_step returned None: Lightning skips it too
             return
@@ -127,7 +137,7 @@ class TrainwatchCallback(_pl.Callback):
             self.guard.accumulate(loss=loss, logits=logits, labels=labels,
                                   shards=_shard_list(shards))
 
-    def _close(self):
+    def _close(self) -> None:
         if self._module is not None:
             self._module.__dict__.pop("training_step", None)  # the class's method again
             self._module = None

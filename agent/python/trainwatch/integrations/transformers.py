@@ -40,12 +40,19 @@ are Trainer methods of transformers 5; watch() checks that they exist.
 DeepSpeed is refused: its engine keeps the gradients and clips them itself.
 """
 
+from __future__ import annotations
+
 import functools as _functools
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch as _torch
 
+from .. import Agent, Verdict
 from ..torch import Guard as _Guard
 from ._common import act as _act, make_agent as _make_agent, shard_list as _shard_list
+
+if TYPE_CHECKING:
+    import transformers
 
 __all__ = ["watch", "SHARD_KEY"]
 
@@ -53,7 +60,9 @@ SHARD_KEY = "trainwatch_shards"
 _HOOKED = ("training_step", "compute_loss", "_clip_grad_norm", "_get_grad_norm")
 
 
-def watch(trainer, agent=None, *, shard_key=SHARD_KEY, replicas=None, **agent_options):
+def watch(trainer: transformers.Trainer, agent: Optional[Agent] = None, *,
+          shard_key: str = SHARD_KEY, replicas: Optional[int] = None,
+          **agent_options: Any) -> TrainerHook:
     """Attaches trainwatch to `trainer` (a transformers.Trainer, or a subclass
     such as TRL's) and returns the hook (hook.guard: the trainwatch.torch.Guard
     once training started; hook.verdict: the last step's).
@@ -74,39 +83,50 @@ def watch(trainer, agent=None, *, shard_key=SHARD_KEY, replicas=None, **agent_op
         raise ValueError("trainwatch: the DeepSpeed engine keeps the gradients and clips them "
                          "itself, so a Trainer under DeepSpeed cannot be watched here; "
                          "`twctl follow` reads its log")
-    return _Hook(trainer, agent, agent_options, shard_key, replicas)
+    return TrainerHook(trainer, agent, agent_options, shard_key, replicas)
 
 
-class _Hook:
-    def __init__(self, trainer, agent, agent_options, shard_key, replicas):
+class TrainerHook:
+    """What watch() returns: guard, the trainwatch.torch.Guard once training
+    started; verdict, the last step's; agent, the agent (None between two
+    train() calls when watch() made it)."""
+
+    def __init__(self, trainer: transformers.Trainer, agent: Optional[Agent],
+                 agent_options: dict[str, Any], shard_key: str,
+                 replicas: Optional[int]) -> None:
         self.trainer = trainer
         self.shard_key = shard_key
         self.replicas = replicas
         args = trainer.args
         self._agent_options = agent_options
+        self.agent: Optional[Agent]
         self.agent, self._owned = _make_agent(agent, agent_options, args.process_index,
                                               args.world_size, "watch(trainer)")
-        self.guard = None
-        self.verdict = None
-        self._loss = None  # the step's loss so far: training_step()'s sum
+        self.guard: Optional[_Guard] = None
+        self.verdict: Optional[Verdict] = None
+        # The step's loss so far: training_step()'s sum.
+        self._loss: Optional[_torch.Tensor] = None
         self._causal = _is_causal_lm(trainer)
         if args.remove_unused_columns:
             # The shard field is not an argument of the model's forward, so the
             # Trainer would drop it from the dataset; it leaves by compute_loss.
             trainer._set_signature_columns_if_needed()
-            if shard_key not in trainer._signature_columns:
-                trainer._signature_columns.append(shard_key)
+            # (typed None in transformers: set by the call above)
+            columns: list[str] = getattr(trainer, "_signature_columns")
+            if shard_key not in columns:
+                columns.append(shard_key)
         for name in _HOOKED + ("train",):
             setattr(trainer, name, _wrap(getattr(trainer, name), getattr(self, name.lstrip("_"))))
 
     # -- the wrapped methods (the Trainer's own run inside) --------------------
 
-    def train(self, orig, *args, **kwargs):
+    def train(self, orig: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if self._owned and self.agent is None:
             # A second train() after the first closed its agent.
             self.agent, _ = _make_agent(None, self._agent_options, self.trainer.args.process_index,
                                         self.trainer.args.world_size, "watch(trainer)")
             self.guard = None
+        assert self.agent is not None
         try:
             return orig(*args, **kwargs)
         finally:
@@ -116,7 +136,8 @@ class _Hook:
                 self.agent.close()
                 self.agent = None
 
-    def training_step(self, orig, model, inputs, *args, **kwargs):
+    def training_step(self, orig: Callable[..., Any], model: _torch.nn.Module,
+                      inputs: Any, *args: Any, **kwargs: Any) -> Any:
         loss = orig(model, inputs, *args, **kwargs)
         # The Trainer's loss for this micro-batch, already divided for the
         # accumulation window: the window's sum is the step's loss. Kept on
@@ -125,7 +146,8 @@ class _Hook:
         self._loss = part if self._loss is None else self._loss + part
         return loss
 
-    def compute_loss(self, orig, model, inputs, return_outputs=False, *args, **kwargs):
+    def compute_loss(self, orig: Callable[..., Any], model: _torch.nn.Module, inputs: Any,
+                     return_outputs: bool = False, *args: Any, **kwargs: Any) -> Any:
         shards = inputs.get(self.shard_key) if isinstance(inputs, dict) else None
         if shards is not None or (isinstance(inputs, dict) and self.shard_key in inputs):
             inputs = {k: v for k, v in inputs.items() if k != self.shard_key}
@@ -146,13 +168,14 @@ class _Hook:
             guard.accumulate(shards=_shard_list(shards))
         return (loss, outputs) if return_outputs else loss
 
-    def clip_grad_norm(self, orig, model):
+    def clip_grad_norm(self, orig: Callable[..., Any], model: _torch.nn.Module) -> _torch.Tensor:
         v = self._observe()
         if v.skip:
             return _torch.tensor(v.grad_norm)
-        return self.guard.clip_grad_norm_(self.trainer.args.max_grad_norm)
+        return self._guard().clip_grad_norm_(self.trainer.args.max_grad_norm)
 
-    def get_grad_norm(self, orig, model, grad_norm=None, *args, **kwargs):
+    def get_grad_norm(self, orig: Callable[..., Any], model: _torch.nn.Module,
+                      grad_norm: Any = None, *args: Any, **kwargs: Any) -> Any:
         if grad_norm is not None:  # the clip's: judged there
             return orig(model, grad_norm, *args, **kwargs)
         # Clipping off: the verdict's norm, instead of a norm pass of the Trainer's.
@@ -160,35 +183,39 @@ class _Hook:
 
     # -- the step ---------------------------------------------------------------
 
-    def _guard(self):
+    def _guard(self) -> _Guard:
         if self.guard is None:
             t = self.trainer
-            opt = t.optimizer
+            opt, trained = t.optimizer, t.model
+            assert opt is not None and trained is not None  # made before the first step
             inner = getattr(opt, "optimizer", opt)  # accelerate's wrapper: the torch optimizer
             scaler = getattr(t.accelerator, "scaler", None)
             model = t.model_wrapped if t.model_wrapped is not t.model else t.model
-            self.guard = _Guard(inner, self.agent, params=list(t.model.named_parameters()),
+            assert self.agent is not None
+            self.guard = _Guard(inner, self.agent, params=list(trained.named_parameters()),
                                 model=model, scaler=scaler, replicas=self.replicas, gate=False)
         return self.guard
 
-    def _observe(self):
+    def _observe(self) -> Verdict:
         guard = self._guard()
         loss, self._loss = self._loss, None
         step = self.trainer.state.global_step + 1  # the step the Trainer logs it as
         v = self.verdict = guard.observe(step, loss=loss)
-        _act(v, self.trainer.model.parameters())
+        trained = self.trainer.model
+        assert trained is not None
+        _act(v, trained.parameters())
         return v
 
 
-def _wrap(orig, hook):
+def _wrap(orig: Callable[..., Any], hook: Callable[..., Any]) -> Callable[..., Any]:
     """The Trainer's method `orig` as an instance attribute calling hook(orig, ...)."""
     @_functools.wraps(orig)
-    def method(*args, **kwargs):
+    def method(*args: Any, **kwargs: Any) -> Any:
         return hook(orig, *args, **kwargs)
     return method
 
 
-def _logits(outputs):
+def _logits(outputs: Any) -> Optional[_torch.Tensor]:
     if isinstance(outputs, dict):  # a ModelOutput is one
         return outputs.get("logits")
     if isinstance(outputs, (tuple, list)) and len(outputs) > 1 and \
@@ -197,7 +224,7 @@ def _logits(outputs):
     return None
 
 
-def _is_causal_lm(trainer):
+def _is_causal_lm(trainer: transformers.Trainer) -> bool:
     """Whether the model's logits at position t predict the label at t + 1
     (the Trainer shifts the labels of these models the same way)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES

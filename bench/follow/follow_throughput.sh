@@ -62,7 +62,7 @@ generate() {
   }' ;;
   composer) awk -v n="$LINES" 'BEGIN {
     for (i = 1; i <= n / 5; i++)
-      printf "[batch=%d/%d]:\n\t Train time/batch: %d\n\t Train loss/train/total: %.4f\n\t Train l2_norm/grad_global: %.4f\n\t Train lr-DecoupledAdamW/group0: 0.0003\n", i, n / 5, i - 1, 4 + (i % 7) / 1000.0, 1 + (i % 5) / 100.0
+      printf "[batch=%d/%d]:\n\t Train time/batch: %d\n\t Train loss/train/total: %.4f\n\t Train l2_norm/grad/global: %.4f\n\t Train lr-DecoupledAdamW/group0: 0.0003\n", i, n / 5, i - 1, 4 + (i % 7) / 1000.0, 1 + (i % 5) / 100.0
   }' ;;
   nemo) awk -v n="$LINES" 'BEGIN {
     for (i = 1; i <= n; i++)

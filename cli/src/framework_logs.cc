@@ -463,7 +463,7 @@ class ComposerParser : public LineParser {
       int i;
       if (name == "loss/train/total") {
         i = 0;
-      } else if (name == "l2_norm/grad_global") {
+      } else if (name == "l2_norm/grad/global") {  // Composer's OptimizerMonitor
         i = 1;
       } else if (absl::StartsWith(name, "lr-") && !block_.set[2]) {
         i = 2;

@@ -309,7 +309,7 @@ constexpr char kReplayUsage[] =
     "  torchtitan torchtitan: step: N  loss: L  grad_norm: G  memory: ... (colours,\n"
     "             logger prefix and other ranks' lines read past)\n"
     "  composer   Composer / llm-foundry ConsoleLogger: [batch=N/M]: then\n"
-    "             Train loss/train/total, l2_norm/grad_global, lr-* lines\n"
+    "             Train loss/train/total, l2_norm/grad/global, lr-* lines\n"
     "  nemo       NeMo 2: Training epoch E, iteration I/T | lr: X | global_step: S |\n"
     "             reduced_train_loss: L | ...; NeMo 1's progress bar with\n"
     "             reduced_train_loss=L, global_step=S\n"

@@ -8,11 +8,13 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "event_file_writer.h"
@@ -169,7 +171,7 @@ std::string Composer(int64_t from, int64_t to) {
     char block[400];
     std::snprintf(block, sizeof block,
                   "[batch=%ld/100000]:\n\t Train time/batch: %ld\n\t Train loss/train/total: "
-                  "%.4f\n\t Train l2_norm/grad_global: %.4f\n\t Train "
+                  "%.4f\n\t Train l2_norm/grad/global: %.4f\n\t Train "
                   "lr-DecoupledAdamW/group0: 0.0003\n",
                   static_cast<long>(s), static_cast<long>(s - 1), 3.0 + 0.001 * (s % 97),
                   0.5 + 0.002 * (s % 13));
@@ -465,6 +467,45 @@ TEST_CASE("follow: each framework's log piped on stdin is stored as replay reads
     }
     RequireSame(Stored(d.db(), run), expected);
     CHECK(Stored(d.db(), run).size() == 200);
+  }
+}
+
+// An excerpt in tests/data/formats (see its README), found from this file's
+// folder: the follow test's binary is not given that folder's path.
+std::string FormatsFile(const std::string& name) {
+  return (std::filesystem::path(__FILE__).parent_path().parent_path() / "data" / "formats" / name)
+      .string();
+}
+
+TEST_CASE("follow: the real excerpts piped on stdin are stored as replay reads them",
+          "[cli][follow][formats]") {
+  TempDir dir;
+  Trainwatchd d(dir, "", "");
+  const std::vector<std::pair<std::string, MetricsFormat>> files = {
+      {"hf-trainer-state-bart-samsum.json", MetricsFormat::kHfTrainerState},
+      {"hf-trainer-state-whisper-ja.json", MetricsFormat::kHfTrainerState},
+      {"lightning-arcroute-metrics.csv", MetricsFormat::kGenericCsv},
+      {"composer-dyna-console.log", MetricsFormat::kComposer},
+      {"composer-llm-foundry-readme.log", MetricsFormat::kComposer}};
+  for (const auto& [name, format] : files) {
+    INFO(name);
+    const std::string path = FormatsFile(name);
+    const std::string content = ReadFile(path);
+    REQUIRE_FALSE(content.empty());
+    const std::string run = "run-" + name.substr(0, name.find('.'));
+    const std::string cmd = "exec '" TWCTL_PATH "' follow - --run " + run + " --server " +
+                            d.address() + " --status-interval 0 < '" + path + "'";
+    Child follow({"/bin/sh", "-c", cmd}, dir.File(run + ".out"));
+    const int rc = follow.Wait(20);
+    const std::string out = ReadFile(dir.File(run + ".out"));
+    INFO(out);
+    REQUIRE(rc == 0);
+    CHECK(out.find("format " + std::string(FormatName(format))) != std::string::npos);
+    std::vector<Row> expected = Replayed(content, format);
+    for (Row& r : expected) {
+      if (std::isnan(r.grad_norm)) r.grad_norm = 0;  // not in the file: stored as NULL
+    }
+    RequireSame(Stored(d.db(), run), expected);
   }
 }
 

@@ -57,6 +57,16 @@ int64_t HaltedAt(const Trace& t) {
   return r->halted_at;
 }
 
+// The replay's event at `step` of `tier`, which must exist.
+core::Event EventAt(const Trace& t, int64_t step, int tier) {
+  auto r = Replay(t, core::RuleConfig());
+  REQUIRE(r.ok());
+  auto it = std::find_if(r->events.begin(), r->events.end(),
+                         [&](const core::Event& e) { return e.step == step && e.tier == tier; });
+  REQUIRE(it != r->events.end());
+  return *it;
+}
+
 TEST_CASE("Hugging Face Trainer: the bar before a dict gives its step, DeepSpeed's lines too",
           "[cli][formats][hf]") {
   // ymcui/Chinese-LLaMA-Alpaca#534: bars 377-382, a loss at 380, overflows.
@@ -180,6 +190,34 @@ TEST_CASE("Hugging Face trainer_state.json: log_history's train entries",
             .find("run.log:") == 0);
 }
 
+TEST_CASE("Hugging Face trainer_state.json: real files from model repositories",
+          "[cli][formats][hf-state]") {
+  // philschmid's bart-large-cnn-samsum (rnpcs/philschmid-bart-large-cnn-samsum),
+  // whole: an older Trainer's file, no grad_norm, one log and the summary.
+  auto bart = Parse(Slurp("hf-trainer-state-bart-samsum.json"));
+  REQUIRE(bart.ok());
+  CHECK(bart->format() == MetricsFormat::kHfTrainerState);
+  REQUIRE(bart->size() == 1);  // the summary entry at 693 has no loss
+  CHECK(bart->Record(0).step == 500);
+  CHECK(bart->Record(0).Get(Signal::kLoss) == 1.2342);
+  CHECK(bart->Record(0).Get(Signal::kLearningRate) == 1.3924963924963927e-05);
+  CHECK_FALSE(bart->Record(0).Has(Signal::kGradNorm));
+  CHECK(HaltedAt(*bart) == -1);
+  // P4P4N1CK/whisper-large-v2-japanese-5k-steps, trimmed: eval entries
+  // (eval_wer) at 1000 and 5000 and the summary (train_loss) read past.
+  auto whisper = Parse(Slurp("hf-trainer-state-whisper-ja.json"));
+  REQUIRE(whisper.ok());
+  CHECK(whisper->format() == MetricsFormat::kHfTrainerState);
+  REQUIRE(whisper->size() == 6);
+  const int64_t steps[] = {950, 975, 1000, 1025, 1050, 5000};
+  for (size_t i = 0; i < 6; ++i) CHECK(whisper->Record(i).step == steps[i]);
+  CHECK(whisper->Record(2).Get(Signal::kLoss) == 0.0111);
+  CHECK(whisper->Record(3).Get(Signal::kLoss) == 0.01);
+  CHECK(whisper->Record(5).Get(Signal::kLoss) == 0.0002);
+  CHECK(whisper->Record(5).Get(Signal::kLearningRate) == 8.88888888888889e-09);
+  CHECK(HaltedAt(*whisper) == -1);
+}
+
 TEST_CASE("Hugging Face trainer_state.json: an output folder is read through its newest",
           "[cli][formats][hf-state]") {
   namespace fs = std::filesystem;
@@ -274,6 +312,32 @@ TEST_CASE("Composer: a ConsoleLogger block is one record at its batch",
   const std::string real = Slurp("composer-llm-shearing-header.log");
   CHECK(ErrorOf(real) ==
         "run.log:1:1: no Composer \"[batch=N/M]:\" blocks with Train lines: nothing to replay");
+  // Helios113/dyna: tab-indented blocks of a Composer 0.31 run, W&B
+  // objects as values, per-layer norms, then the global one.
+  auto dyna = Parse(Slurp("composer-dyna-console.log"));
+  REQUIRE(dyna.ok());
+  CHECK(dyna->format() == MetricsFormat::kComposer);
+  REQUIRE(dyna->size() == 2);
+  CHECK(dyna->Record(0).step == 1);
+  CHECK(dyna->Record(0).Get(Signal::kLoss) == 0.0053);
+  CHECK(dyna->Record(0).Get(Signal::kLearningRate) == 0);
+  CHECK_FALSE(dyna->Record(0).Has(Signal::kGradNorm));  // OptimizerMonitor: not at batch 1
+  CHECK(dyna->Record(1).step == 10);
+  CHECK(dyna->Record(1).Get(Signal::kLoss) == 0.0053);
+  CHECK(dyna->Record(1).Get(Signal::kGradNorm) == 0.003);  // l2_norm/grad/global
+  CHECK(HaltedAt(*dyna) == -1);
+  // mosaicml/llm-foundry's scripts/train/README.md: an older console, its
+  // tabs shown as spaces, no grad norm.
+  auto foundry = Parse(Slurp("composer-llm-foundry-readme.log"));
+  REQUIRE(foundry.ok());
+  CHECK(foundry->format() == MetricsFormat::kComposer);
+  REQUIRE(foundry->size() == 4);
+  CHECK(foundry->Record(0).step == 1);
+  CHECK(foundry->Record(0).Get(Signal::kLoss) == 10.9736);
+  CHECK(foundry->Record(3).step == 4);
+  CHECK(foundry->Record(3).Get(Signal::kLoss) == 10.6459);
+  CHECK_FALSE(foundry->Record(3).Has(Signal::kGradNorm));
+  CHECK(HaltedAt(*foundry) == -1);
   // [epoch=E][batch=B/T]: B counts within the epoch.
   auto epochs = Parse("[epoch=2][batch=3/10]:\n\t Train loss/train/total: 1.5\n");
   REQUIRE(epochs.ok());
@@ -356,6 +420,22 @@ TEST_CASE("Lightning's metrics.csv is a wandb-csv: train rows, val rows read pas
   CHECK(t->Record(0).Get(Signal::kGradNorm) == 1.2345);
   CHECK(t->Record(0).Get(Signal::kLoss) == 0.6931);
   CHECK(HaltedAt(*t) == 199);
+  // HySonLab/ArcRoute's lightning_logs/version_0, epochs 10-12: an RL
+  // loss (train/loss) with a spike at 6249, a validation row per epoch.
+  auto real = Parse(Slurp("lightning-arcroute-metrics.csv"));
+  REQUIRE(real.ok());
+  CHECK(real->format() == MetricsFormat::kGenericCsv);
+  REQUIRE(real->size() == 30);  // 33 rows, the val/reward rows at 5378, 5867, 6356 read past
+  CHECK(real->Record(0).step == 4899);
+  CHECK(real->Record(0).Get(Signal::kLoss) == 0.09683222323656082);
+  CHECK(real->Record(23).Get(Signal::kLoss) == -0.11423496156930923);
+  CHECK(real->Record(27).step == 6249);
+  CHECK(real->Record(27).Get(Signal::kLoss) == 3668.494384765625);
+  CHECK(real->Record(29).step == 6349);
+  CHECK_FALSE(real->Record(0).Has(Signal::kGradNorm));
+  // The spike skips its update (tier 1) and the run goes on.
+  CHECK(EventAt(*real, 6249, 1).action == core::Action::kSkipUpdate);
+  CHECK(HaltedAt(*real) == -1);
   auto both = Parse("epoch,step,train_loss_epoch,train_loss_step\n0,9,,2.5\n0,9,2.6,\n");
   REQUIRE(both.ok());
   REQUIRE(both->size() == 1);
@@ -378,7 +458,9 @@ TEST_CASE("the frameworks' readers never crash on damaged input", "[cli][formats
       "hf-trainer-state-from-source.json", "torchtitan-rank0.log",
       "torchtitan-every-rank.log",         "composer-console-from-source.log",
       "composer-llm-shearing-header.log",  "nemo2-training-epoch.log",
-      "lightning-metrics-from-source.csv"};
+      "lightning-metrics-from-source.csv", "hf-trainer-state-bart-samsum.json",
+      "hf-trainer-state-whisper-ja.json",  "composer-llm-foundry-readme.log",
+      "lightning-arcroute-metrics.csv",    "composer-dyna-console.log"};
   const char kJunk[] = {'\0',   '\n', ':', ',', '|',  '[', ']',  '9',    '-', 'e',
                         '\xff', ' ',  '{', '}', '\'', '"', '\r', '\x1b', '\t'};
   int parsed = 0, refused = 0;

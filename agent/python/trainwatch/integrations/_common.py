@@ -3,7 +3,8 @@ verdict inside the trainer's step."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
+import functools
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
 
 from .. import Agent, Shard, TrainingHalted, Verdict
 
@@ -60,3 +61,12 @@ def shard_list(value: Any) -> Optional[list[Shard]]:
             out.extend(shard_list(v) or [] if isinstance(v, (list, tuple)) else [v])
         return out
     return [value]
+
+
+def wrap_method(orig: Callable[..., Any], hook: Callable[..., Any]) -> Callable[..., Any]:
+    """A trainer's method `orig`, to be set as an instance attribute, calling
+    hook(orig, ...): the trainer's own code runs inside the hook."""
+    @functools.wraps(orig)
+    def method(*args: Any, **kwargs: Any) -> Any:
+        return hook(orig, *args, **kwargs)
+    return method

@@ -46,7 +46,9 @@ that judges the step first when called from a watched trainer's train_step
 and is torchtitan's own otherwise.
 """
 
-import functools as _functools
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Optional, Union
 
 import torch as _torch
 from torch.distributed.tensor import DTensor as _DTensor
@@ -54,15 +56,18 @@ from torchtitan.components.loss import ChunkedLossWrapper as _ChunkedLossWrapper
 from torchtitan.components.loss import IGNORE_INDEX as _IGNORE_INDEX
 from torchtitan.distributed import utils as _dist_utils
 
-from ..torch import Guard as _Guard
-from ._common import act as _act, make_agent as _make_agent
+from .. import Agent, Verdict
+from ..torch import Guard as _Guard, Layout
+from ._common import act as _act, make_agent as _make_agent, wrap_method as _wrap_method
 
-__all__ = ["watch"]
+__all__ = ["watch", "TitanHook"]
 
-_active = None  # the hook whose trainer is inside train_step
+_active: Optional[TitanHook] = None  # the hook whose trainer is inside train_step
 
 
-def watch(trainer, agent=None, *, layout=None, replicas=None, **agent_options):
+def watch(trainer: Any, agent: Optional[Agent] = None, *,
+          layout: Union[Layout, str, None] = None, replicas: Optional[int] = None,
+          **agent_options: Any) -> TitanHook:
     """Attaches trainwatch to `trainer` (torchtitan.trainer.Trainer, built)
     and returns the hook (hook.guard, hook.verdict: the last step's).
 
@@ -79,11 +84,15 @@ def watch(trainer, agent=None, *, layout=None, replicas=None, **agent_options):
         raise TypeError(f"trainwatch: this torchtitan Trainer has no {', '.join(missing)}: "
                         "torchtitan 0.3 is needed")
     _install_clip()
-    return _Hook(trainer, agent, agent_options, layout, replicas)
+    return TitanHook(trainer, agent, agent_options, layout, replicas)
 
 
-class _Hook:
-    def __init__(self, trainer, agent, agent_options, layout, replicas):
+class TitanHook:
+    """What watch() returns: guard, the trainwatch.torch.Guard; verdict, the
+    last step's."""
+
+    def __init__(self, trainer: Any, agent: Optional[Agent], agent_options: dict[str, Any],
+                 layout: Union[Layout, str, None], replicas: Optional[int]) -> None:
         self.trainer = trainer
         dist = _torch.distributed
         rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
@@ -94,31 +103,31 @@ class _Hook:
                             params=[(n, p) for m in trainer.model_parts
                                     for n, p in m.named_parameters()],
                             layout=layout, replicas=replicas, gate=False)
-        self.verdict = None
-        self._loss = None
+        self.verdict: Optional[Verdict] = None
+        self._loss: Optional[_torch.Tensor] = None
         # torchtitan's micro-batch loss is a local sum over the global token
         # count: the loss mesh's ranks sum to the average (see the docstring).
         dims = trainer.parallel_dims
         mesh = dims.get_optional_mesh("loss") if dims.dp_cp_enabled else None
-        self._loss_ranks = mesh.size() if mesh is not None else 1
-        self._has_loss = not dims.pp_enabled or trainer.pp_has_last_stage
+        self._loss_ranks: int = mesh.size() if mesh is not None else 1
+        self._has_loss: bool = not dims.pp_enabled or trainer.pp_has_last_stage
         for name in ("train", "train_step", "forward_backward_step"):
-            setattr(trainer, name, _wrap(getattr(trainer, name), getattr(self, name)))
+            setattr(trainer, name, _wrap_method(getattr(trainer, name), getattr(self, name)))
         if not dims.tp_enabled:
             # The chunked wrapper gets hidden states; its inner loss the logits.
             owner = trainer
             while isinstance(owner.loss_fn, _ChunkedLossWrapper):
                 owner = owner.loss_fn
-            owner.loss_fn = _wrap(owner.loss_fn, self.logits)
+            owner.loss_fn = _wrap_method(owner.loss_fn, self.logits)
 
-    def train(self, orig, *args, **kwargs):
+    def train(self, orig: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
             return orig(*args, **kwargs)
         finally:
             if self._owned:
                 self.agent.close()  # flushes the records, a halt's included
 
-    def train_step(self, orig, *args, **kwargs):
+    def train_step(self, orig: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         global _active
         _active, self._loss = self, None
         try:
@@ -126,41 +135,40 @@ class _Hook:
         finally:
             _active = None
 
-    def forward_backward_step(self, orig, *args, **kwargs):
+    def forward_backward_step(self, orig: Callable[..., Any], *args: Any,
+                              **kwargs: Any) -> Any:
         loss = orig(*args, **kwargs)
         if self._has_loss:
             part = loss.detach().double().sum()
             self._loss = part if self._loss is None else self._loss + part
         return loss
 
-    def logits(self, orig, pred, labels, *args, **kwargs):
+    def logits(self, orig: Callable[..., Any], pred: _torch.Tensor, labels: _torch.Tensor,
+               *args: Any, **kwargs: Any) -> Any:
         if _active is self and not isinstance(pred, _DTensor):
             self.guard.accumulate(logits=pred, labels=labels, ignore_index=_IGNORE_INDEX)
         return orig(pred, labels, *args, **kwargs)
 
-    def judge(self):
+    def judge(self) -> Verdict:
         loss, self._loss = self._loss, None
         if loss is not None:
             loss = loss * self._loss_ranks
         v = self.verdict = self.guard.observe(self.trainer.step, loss=loss)
-        _act(v, (p for m in self.trainer.model_parts for p in m.parameters()))
+        _act(v, self._parameters())
         return v
 
-
-def _wrap(orig, hook):
-    @_functools.wraps(orig)
-    def method(*args, **kwargs):
-        return hook(orig, *args, **kwargs)
-    return method
+    def _parameters(self) -> Iterator[_torch.Tensor]:
+        for m in self.trainer.model_parts:
+            yield from m.parameters()
 
 
-def _install_clip():
-    orig = _dist_utils.clip_grad_norm_
+def _install_clip() -> None:
+    orig: Callable[..., _torch.Tensor] = _dist_utils.clip_grad_norm_
     if getattr(orig, "_trainwatch", False):
         return
 
-    @_functools.wraps(orig)
-    def clip_grad_norm_(parameters, max_norm, *args, **kwargs):
+    def clip_grad_norm_(parameters: Any, max_norm: float, *args: Any,
+                        **kwargs: Any) -> _torch.Tensor:
         hook = _active
         if hook is None:
             return orig(parameters, max_norm, *args, **kwargs)
@@ -169,5 +177,6 @@ def _install_clip():
             return _torch.tensor(v.grad_norm)
         return orig(parameters, max_norm, *args, **kwargs)
 
-    clip_grad_norm_._trainwatch = True
+    clip_grad_norm_.__wrapped__ = orig  # type: ignore[attr-defined]
+    clip_grad_norm_._trainwatch = True  # type: ignore[attr-defined]
     _dist_utils.clip_grad_norm_ = clip_grad_norm_

@@ -42,7 +42,6 @@ DeepSpeed is refused: its engine keeps the gradients and clips them itself.
 
 from __future__ import annotations
 
-import functools as _functools
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch as _torch
@@ -50,6 +49,7 @@ import torch as _torch
 from .. import Agent, Verdict
 from ..torch import Guard as _Guard
 from ._common import act as _act, make_agent as _make_agent, shard_list as _shard_list
+from ._common import wrap_method as _wrap_method
 
 if TYPE_CHECKING:
     import transformers
@@ -116,7 +116,8 @@ class TrainerHook:
             if shard_key not in columns:
                 columns.append(shard_key)
         for name in _HOOKED + ("train",):
-            setattr(trainer, name, _wrap(getattr(trainer, name), getattr(self, name.lstrip("_"))))
+            setattr(trainer, name, _wrap_method(getattr(trainer, name),
+                                                getattr(self, name.lstrip("_"))))
 
     # -- the wrapped methods (the Trainer's own run inside) --------------------
 
@@ -206,13 +207,6 @@ class TrainerHook:
         _act(v, trained.parameters())
         return v
 
-
-def _wrap(orig: Callable[..., Any], hook: Callable[..., Any]) -> Callable[..., Any]:
-    """The Trainer's method `orig` as an instance attribute calling hook(orig, ...)."""
-    @_functools.wraps(orig)
-    def method(*args: Any, **kwargs: Any) -> Any:
-        return hook(orig, *args, **kwargs)
-    return method
 
 
 def _logits(outputs: Any) -> Optional[_torch.Tensor]:

@@ -256,8 +256,8 @@ void AckBatcher::Submit(uint64_t stream_id, AgentMessage message) {
   queue_.push_back({stream_id, std::move(message)});
 }
 
-// Ingestor::Loop without the store: the same wake-up, the same batch bound,
-// the same wait for more (Ingestor::LingerForMore; 1,000 is its
+// IngestQueue::Take without the store: the same wake-up, the same batch bound,
+// the same wait for more (IngestQueue::LingerForMore; 1,000 is its
 // kCommitEarlyItems).
 void AckBatcher::Loop() {
   constexpr size_t kCommitEarlyItems = 1000;
@@ -300,7 +300,7 @@ void AckBatcher::Loop() {
 void AckBatcher::Process(std::vector<Item>& items) {
   if (items.empty()) return;
   counters_->batches.fetch_add(1, std::memory_order_relaxed);
-  // (stream, key) -> highest step in this batch, as Ingestor::acks_.
+  // (stream, key) -> highest step in this batch, as Batch::acks.
   absl::flat_hash_map<std::pair<uint64_t, int32_t>, int64_t> acks;
   for (const Item& item : items) {
     const auto& report = item.message.step_report();

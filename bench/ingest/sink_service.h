@@ -9,7 +9,7 @@
 //     Ingestor::Submit); the writer takes everything queued, up to
 //     max_batch_items, waking at least every 50 ms, and a batch of fewer
 //     than 1,000 waits for more until commit_interval_ms after the previous
-//     one began (Ingestor::Loop and LingerForMore); it keeps
+//     one began (IngestQueue::Take and LingerForMore); it keeps
 //     the highest step per (stream, key) of the batch, and after the batch
 //     ("commit": nothing) tells each stream, which writes one DurabilityAck
 //     naming the batch's steps (ServiceState::OnDurable,

@@ -19,7 +19,7 @@ AgentStream::AgentStream(ServiceState* state, const AgentStreamShared* shared,
     absl::MutexLock lock(&session_->mu);
     session_->reactor = this;
   }
-  id_ = state_->Register(session_);
+  id_ = state_->sessions().Register(session_);
   if (!p.ok()) {
     state_->streams_rejected++;
     FinishWhenIdle(ToGrpc(p.status()));
@@ -43,7 +43,7 @@ absl::Status AgentStream::Validate(const v1::AgentMessage& m) {
   if (m.has_hello()) {
     // Only a Hello may bring a new run (everything else needs one first).
     return shared_->run_limit->Admit(principal_, run, [this, &run] {
-      for (const RunSnapshot& r : state_->ingestor()->Snapshot()) {
+      for (const RunView& r : state_->ingestor()->views().All()) {
         if (r.row.run_id == run) return true;
       }
       return false;
@@ -183,7 +183,7 @@ void AgentStream::OnDone() {
     session_->done = true;
     session_->reactor = nullptr;
   }
-  state_->Unregister(id_);
+  state_->sessions().Unregister(id_);
   delete this;
 }
 

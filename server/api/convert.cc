@@ -52,7 +52,7 @@ void AttemptToProto(const AttemptRow& a, v1::AttemptInfo* out) {
   if (a.started_ms > 0) SetTime(a.started_ms, out->mutable_started_at());
 }
 
-void RunToProto(const RunSnapshot& s, int32_t ranks_connected, v1::RunInfo* out) {
+void RunToProto(const RunView& s, int32_t ranks_connected, v1::RunInfo* out) {
   out->set_run_id(s.row.run_id);
   out->set_world_size(s.row.world_size);
   out->set_latest_step(s.row.last_step);

@@ -131,8 +131,8 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
                                      const v1::ListRunsRequest* req,
                                      v1::ListRunsResponse* resp) override {
     return Unary(ctx, Access::kRead, [this, req, resp] {
-      const auto connected = state_->ConnectedRanks();
-      for (const RunSnapshot& s : state_->ingestor()->Snapshot()) {
+      const auto connected = state_->sessions().ConnectedRanks();
+      for (const RunView& s : state_->ingestor()->views().All()) {
         auto it = connected.find(s.row.run_id);
         const int32_t ranks = it == connected.end() ? 0 : static_cast<int32_t>(it->second.size());
         if (req->active_only() && ranks == 0) continue;
@@ -153,13 +153,13 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
                                          v1::GetRunStatusResponse* resp) override {
     return Unary(ctx, Access::kRead, [this, req, resp]() -> absl::Status {
       if (absl::Status s = CheckRunId(req->run_id()); !s.ok()) return s;
-      const RunSnapshot* run = nullptr;
-      const std::vector<RunSnapshot> snap = state_->ingestor()->Snapshot();
-      for (const RunSnapshot& s : snap) {
+      const RunView* run = nullptr;
+      const std::vector<RunView> snap = state_->ingestor()->views().All();
+      for (const RunView& s : snap) {
         if (s.row.run_id == req->run_id()) run = &s;
       }
       if (run == nullptr) return absl::NotFoundError(absl::StrCat("no run '", req->run_id(), "'"));
-      const auto connected = state_->ConnectedRanks();
+      const auto connected = state_->sessions().ConnectedRanks();
       auto it = connected.find(run->row.run_id);
       RunToProto(*run, it == connected.end() ? 0 : static_cast<int32_t>(it->second.size()),
                  resp->mutable_run());
@@ -191,7 +191,7 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
       absl::StatusOr<std::vector<IncidentRow>> open = state_->store()->ListIncidents(f);
       if (!open.ok()) return open.status();
       for (const IncidentRow& r : *open) IncidentToProto(r, resp->add_open_incidents());
-      for (const auto& s : state_->Sessions()) {
+      for (const auto& s : state_->sessions().Sessions()) {
         absl::MutexLock lock(&s->mu);
         if (s->run_id != run->row.run_id) continue;
         v1::AgentStatus* a = resp->add_agents();
@@ -409,7 +409,7 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
     absl::StatusOr<std::vector<EventRow>> events = state_->store()->EventsOfIncident(inc.id);
     if (!events.ok()) return events.status();
     int64_t current_attempt = 0;
-    for (const RunSnapshot& r : state_->ingestor()->Snapshot()) {
+    for (const RunView& r : state_->ingestor()->views().All()) {
       if (r.row.run_id == inc.run_id) current_attempt = r.row.attempt;
     }
     const int64_t attempt = IncidentAttempt(inc, current_attempt);

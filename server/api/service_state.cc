@@ -22,13 +22,8 @@ std::string AuthorizationOf(const grpc::CallbackServerContext* ctx) {
 
 void ServiceState::OnDurable(uint64_t stream_id, const std::string& run_id, int32_t rank,
                            int64_t step) {
-  std::shared_ptr<Session> s;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = sessions_.find(stream_id);
-    if (it == sessions_.end()) return;  // gone; the agent re-sends on reconnect
-    s = it->second;
-  }
+  std::shared_ptr<Session> s = sessions_.Find(stream_id);
+  if (s == nullptr) return;  // gone; the agent re-sends on reconnect
   {
     absl::MutexLock lock(&s->mu);
     auto& v = s->acks[{run_id, rank}];
@@ -55,13 +50,8 @@ void ServiceState::PostUndelivered() {
 }
 
 void ServiceState::OnStreamFailed(uint64_t stream_id, const absl::Status& status) {
-  std::shared_ptr<Session> s;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = sessions_.find(stream_id);
-    if (it == sessions_.end()) return;  // gone already: the agent reconnects anyway
-    s = it->second;
-  }
+  std::shared_ptr<Session> s = sessions_.Find(stream_id);
+  if (s == nullptr) return;  // gone already: the agent reconnects anyway
   // After the writes posted before it: what the stream was told is durable
   // reaches it before the end.
   PostUndelivered();
@@ -73,13 +63,7 @@ void ServiceState::OnStreamFailed(uint64_t stream_id, const absl::Status& status
 
 void ServiceState::OnServerMessage(const std::string& run_id, uint64_t stream_id,
                                  const std::string& serialized) {
-  std::vector<std::shared_ptr<Session>> targets;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [id, s] : sessions_) {
-      if (stream_id == 0 || id == stream_id) targets.push_back(s);
-    }
-  }
+  const std::vector<std::shared_ptr<Session>> targets = sessions_.Sessions(stream_id);
   // In the writer's order: acks gathered so far are posted before.
   PostUndelivered();
   for (const auto& s : targets) {

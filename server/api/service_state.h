@@ -1,5 +1,5 @@
 // What the gRPC services share: the ingestor, the store, the pager and the
-// authenticator, the open agent streams (sessions) and the incident
+// authenticator, the open agent streams (sessions.h) and the incident
 // watchers. It is the ingestor's listener: durable steps become acks on the
 // right stream, server messages go to every stream of their run, incident
 // changes to the watchers.
@@ -28,6 +28,7 @@
 #include "store/store.h"
 #include "trainwatch/v1/agent.pb.h"
 #include "trainwatch/v1/operator.pb.h"
+#include "api/sessions.h"
 #include "api/work_queue.h"
 
 namespace trainwatch::server {
@@ -35,30 +36,6 @@ namespace trainwatch::server {
 grpc::Status ToGrpc(const absl::Status& s);
 // The call's "authorization" metadata, empty when absent.
 std::string AuthorizationOf(const grpc::CallbackServerContext* ctx);
-
-class AgentStream;
-
-// One agent stream's state shared with the writer thread. The reactor stays
-// alive while a write is in flight (gRPC calls OnDone only after Finish, and
-// Finish waits for the write), which is what makes Deliver() safe.
-struct Session {
-  absl::Mutex mu;
-  AgentStream* reactor ABSL_GUARDED_BY(mu) = nullptr;
-  bool done ABSL_GUARDED_BY(mu) = false;
-  bool writing ABSL_GUARDED_BY(mu) = false;
-  bool finish_pending ABSL_GUARDED_BY(mu) = false;
-  grpc::Status finish_status ABSL_GUARDED_BY(mu);
-  // Highest durable step per (run, rank) not yet sent: acks coalesce.
-  std::map<std::pair<std::string, int32_t>, int64_t> acks ABSL_GUARDED_BY(mu);
-  // Commands and quarantine lists, sent before acks, in order.
-  std::deque<std::string> outgoing ABSL_GUARDED_BY(mu);
-  trainwatch::v1::ServerMessage out ABSL_GUARDED_BY(mu);
-  // For run status.
-  std::string run_id ABSL_GUARDED_BY(mu);
-  int32_t rank ABSL_GUARDED_BY(mu) = -1;
-  trainwatch::v1::Hello hello ABSL_GUARDED_BY(mu);
-  trainwatch::v1::Heartbeat heartbeat ABSL_GUARDED_BY(mu);
-};
 
 // A WatchIncidents stream, told of every incident change. Push must not
 // block: it runs on the ingest writer.
@@ -88,31 +65,8 @@ class ServiceState : public IngestListener {
   core::Clock* clock() { return clock_; }
   const std::string& grafana_url() const { return grafana_url_; }
 
-  uint64_t Register(std::shared_ptr<Session> s) {
-    absl::MutexLock lock(&mu_);
-    const uint64_t id = next_id_++;
-    sessions_[id] = std::move(s);
-    return id;
-  }
-  void Unregister(uint64_t id) {
-    absl::MutexLock lock(&mu_);
-    sessions_.erase(id);
-  }
-  std::vector<std::shared_ptr<Session>> Sessions() {
-    absl::MutexLock lock(&mu_);
-    std::vector<std::shared_ptr<Session>> out;
-    for (const auto& [id, s] : sessions_) out.push_back(s);
-    return out;
-  }
-  // Per run: connected ranks.
-  std::map<std::string, std::set<int32_t>> ConnectedRanks() {
-    std::map<std::string, std::set<int32_t>> out;
-    for (const auto& s : Sessions()) {
-      absl::MutexLock lock(&s->mu);
-      if (!s->run_id.empty() && !s->done) out[s->run_id].insert(s->rank);
-    }
-    return out;
-  }
+  // The open agent streams.
+  SessionRegistry& sessions() { return sessions_; }
 
   // IngestListener (writer thread). The writes to the streams these cause
   // (acks, server messages, ends) run on deliveries_, in the order the
@@ -130,10 +84,7 @@ class ServiceState : public IngestListener {
   void OnServerMessage(const std::string& run_id, uint64_t stream_id,
                        const std::string& serialized) override;
   void OnStreamFailed(uint64_t stream_id, const absl::Status& status) override;
-  bool IsStreamOpen(uint64_t stream_id) override {
-    absl::MutexLock lock(&mu_);
-    return sessions_.count(stream_id) > 0;
-  }
+  bool IsStreamOpen(uint64_t stream_id) override { return sessions_.IsOpen(stream_id); }
 
   // Watchers of incident changes.
   void AddWatcher(IncidentWatcher* w) {
@@ -162,9 +113,7 @@ class ServiceState : public IngestListener {
   Authenticator auth_;
   core::Clock* clock_;
   std::string grafana_url_;
-  absl::Mutex mu_;
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  SessionRegistry sessions_;
   absl::Mutex watch_mu_;
   std::set<IncidentWatcher*> watchers_ ABSL_GUARDED_BY(watch_mu_);
   WorkQueue reads_;

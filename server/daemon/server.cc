@@ -241,7 +241,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       return absl::UnavailableError(
           absl::StrCat("cannot serve metrics on ", options.metrics_listen, ": ", e.what()));
     }
-    impl->exporter = NewExporter(impl->state.get(), options.metrics);
+    impl->exporter = NewExporter(&impl->ingestor->views(), impl->state.get(), options.metrics);
     impl->exposer->RegisterCollectable(impl->exporter);
     const std::vector<int> ports = impl->exposer->GetListeningPorts();
     impl->metrics_port = ports.empty() ? 0 : ports.front();

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "api/service_state.h"
+#include "ingest/run_views.h"
 
 namespace trainwatch::server {
 
@@ -22,7 +23,8 @@ namespace {
 // Reads live state at scrape time: no shadow counters to keep in step.
 class Exporter : public prometheus::Collectable {
  public:
-  Exporter(ServiceState* state, ExporterOptions options) : state_(state), options_(options) {}
+  Exporter(const RunViews* runs, ServiceState* state, ExporterOptions options)
+      : runs_(runs), state_(state), options_(options) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     using prometheus::MetricFamily;
@@ -45,7 +47,7 @@ class Exporter : public prometheus::Collectable {
       }
       f.metric.push_back(std::move(m));
     };
-    std::vector<RunSnapshot> runs = state_->ingestor()->Snapshot();
+    std::vector<RunView> runs = runs_->All();
     const size_t omitted = KeepExported(&runs);
     struct Gauge {
       const char* name;
@@ -64,7 +66,7 @@ class Exporter : public prometheus::Collectable {
     };
     for (const Gauge& g : gauges) {
       MetricFamily& f = family(g.name, g.help, MetricType::Gauge);
-      for (const RunSnapshot& r : runs) {
+      for (const RunView& r : runs) {
         if (r.has_latest && r.latest.Has(g.signal)) {
           add(f, {{"run", r.row.run_id}}, r.latest.Get(g.signal));
         }
@@ -79,7 +81,7 @@ class Exporter : public prometheus::Collectable {
                                "Steps on which the fp16 loss scaler found inf gradients and "
                                "skipped the update (tier 0, never a halt).",
                                MetricType::Counter);
-      for (const RunSnapshot& r : runs) {
+      for (const RunView& r : runs) {
         if (r.has_latest && r.latest.HasLossScale()) {
           add(f, {{"run", r.row.run_id}}, r.latest.loss_scale());
         }
@@ -92,7 +94,7 @@ class Exporter : public prometheus::Collectable {
       MetricFamily& f = family("trainwatch_loss_ema_ratio",
                                "Loss over the EMA of the previous 1,000 steps.",
                                MetricType::Gauge);
-      for (const RunSnapshot& r : runs) {
+      for (const RunView& r : runs) {
         if (r.has_latest && !std::isnan(r.latest.loss_ema_ratio)) {
           add(f, {{"run", r.row.run_id}}, r.latest.loss_ema_ratio);
         }
@@ -101,13 +103,13 @@ class Exporter : public prometheus::Collectable {
     {
       MetricFamily& f = family("trainwatch_step", "Last evaluated step of the run.",
                                MetricType::Gauge);
-      for (const RunSnapshot& r : runs) add(f, {{"run", r.row.run_id}}, double(r.row.last_step));
+      for (const RunView& r : runs) add(f, {{"run", r.row.run_id}}, double(r.row.last_step));
     }
     {
       MetricFamily& f = family("trainwatch_run_attempt",
                                "The run's attempt: 0 at the start, one more per rollback.",
                                MetricType::Gauge);
-      for (const RunSnapshot& r : runs) add(f, {{"run", r.row.run_id}}, double(r.row.attempt));
+      for (const RunView& r : runs) add(f, {{"run", r.row.run_id}}, double(r.row.attempt));
     }
     {
       MetricFamily& f = family("trainwatch_incidents_total",
@@ -115,7 +117,7 @@ class Exporter : public prometheus::Collectable {
                                MetricType::Counter);
       MetricFamily& g = family("trainwatch_incidents_open", "Incidents not yet resolved.",
                                MetricType::Gauge);
-      for (const RunSnapshot& r : runs) {
+      for (const RunView& r : runs) {
         for (int t = 0; t < 4; ++t) {
           add(f, {{"run", r.row.run_id}, {"tier", std::to_string(t)}},
               double(r.incidents_total[t]));
@@ -149,7 +151,7 @@ class Exporter : public prometheus::Collectable {
                                "Evaluated steps where the agent's verdict differs from the "
                                "server engine's by the run's rules, since trainwatchd started.",
                                MetricType::Counter);
-      for (const RunSnapshot& r : runs) {
+      for (const RunView& r : runs) {
         add(f, {{"run", r.row.run_id}}, double(r.skipped_total));
         add(m, {{"run", r.row.run_id}}, double(r.missing_rank_steps_total));
         add(a, {{"run", r.row.run_id}}, double(r.agent_decisions_total));
@@ -161,10 +163,10 @@ class Exporter : public prometheus::Collectable {
       }
     }
     {
-      const auto connected = state_->ConnectedRanks();
+      const auto connected = state_->sessions().ConnectedRanks();
       MetricFamily& f = family("trainwatch_agents_connected", "Agent streams open, by run.",
                                MetricType::Gauge);
-      for (const RunSnapshot& r : runs) {
+      for (const RunView& r : runs) {
         auto it = connected.find(r.row.run_id);
         add(f, {{"run", r.row.run_id}}, it == connected.end() ? 0.0 : double(it->second.size()));
       }
@@ -254,27 +256,27 @@ class Exporter : public prometheus::Collectable {
  private:
   // Drops the runs not to export (stale, or beyond the most recent
   // max_runs), keeping the rest in run id order; returns how many went.
-  size_t KeepExported(std::vector<RunSnapshot>* runs) const {
+  size_t KeepExported(std::vector<RunView>* runs) const {
     const size_t before = runs->size();
     if (options_.stale_run_ms > 0) {
       const int64_t oldest = state_->clock()->NowMs() - options_.stale_run_ms;
       runs->erase(std::remove_if(runs->begin(), runs->end(),
-                                 [&](const RunSnapshot& r) { return r.row.last_seen_ms < oldest; }),
+                                 [&](const RunView& r) { return r.row.last_seen_ms < oldest; }),
                   runs->end());
     }
     if (runs->size() > options_.max_runs) {
       std::vector<int64_t> seen;
       seen.reserve(runs->size());
-      for (const RunSnapshot& r : *runs) seen.push_back(r.row.last_seen_ms);
+      for (const RunView& r : *runs) seen.push_back(r.row.last_seen_ms);
       // The max_runs-th most recent time; ties at it broken by run id order.
       std::nth_element(seen.begin(), seen.begin() + (options_.max_runs - 1), seen.end(),
                        std::greater<>());
       const int64_t cut = seen[options_.max_runs - 1];
       size_t newer = 0;
-      for (const RunSnapshot& r : *runs) newer += r.row.last_seen_ms > cut;
+      for (const RunView& r : *runs) newer += r.row.last_seen_ms > cut;
       size_t ties = options_.max_runs - newer;
       runs->erase(std::remove_if(runs->begin(), runs->end(),
-                                 [&](const RunSnapshot& r) {
+                                 [&](const RunView& r) {
                                    if (r.row.last_seen_ms > cut) return false;
                                    if (r.row.last_seen_ms == cut && ties > 0) {
                                      --ties;
@@ -287,15 +289,16 @@ class Exporter : public prometheus::Collectable {
     return before - runs->size();
   }
 
+  const RunViews* runs_;
   ServiceState* state_;
   ExporterOptions options_;
 };
 
 }  // namespace
 
-std::shared_ptr<prometheus::Collectable> NewExporter(ServiceState* state,
+std::shared_ptr<prometheus::Collectable> NewExporter(const RunViews* runs, ServiceState* state,
                                                      ExporterOptions options) {
-  return std::make_shared<Exporter>(state, options);
+  return std::make_shared<Exporter>(runs, state, options);
 }
 
 }  // namespace trainwatch::server

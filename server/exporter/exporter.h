@@ -17,6 +17,7 @@ class Collectable;
 
 namespace trainwatch::server {
 
+class RunViews;
 class ServiceState;
 
 // What keeps /metrics bounded however many run ids agents send: each run
@@ -32,7 +33,9 @@ struct ExporterOptions {
   size_t max_runs = 1000;
 };
 
-std::shared_ptr<prometheus::Collectable> NewExporter(ServiceState* state,
+// Reads the runs' views (`runs`, the run table's) and the service's own
+// figures (`state`) at scrape time. REQUIRES: both outlive the exporter.
+std::shared_ptr<prometheus::Collectable> NewExporter(const RunViews* runs, ServiceState* state,
                                                      ExporterOptions options = {});
 
 }  // namespace trainwatch::server

@@ -1,23 +1,17 @@
-// Rule-engine snapshots (IngestOptions::engine_snapshot_steps): when a run's
-// engine state is written to the store, and the replay a rebuild starts from
-// it. A rebuild that would replay a run's whole history (a restart, an
-// evicted run streaming again, a resume or rollback to a step) instead loads
-// the attempt's newest snapshot at or before its step and replays only the
-// steps after it. The engine is deterministic, so the two give the same
-// engine, decision for decision (tests/server/engine_snapshot_test.cc); a
-// snapshot that cannot be used is never half trusted: it is logged and the
-// whole attempt is replayed. Writer thread only.
+// The engine snapshots' policy (when one is written) and the replays a
+// rebuild, a rollback or a resume starts from (engine_snapshots.h).
+
+#include "ingest/engine_snapshots.h"
 
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "ingest/ingest.h"
 #include "common/log.h"
 
 namespace trainwatch::server {
 
-bool Ingestor::EngineReplay::Feed(const StepRow& s, const std::string& checkpoint_uri) {
+bool EngineReplay::Feed(const StepRow& s, const std::string& checkpoint_uri) {
   core::StepRecord rec = s.View();
   rec.checkpoint_uri = checkpoint_uri;
   if (!rebuild.Feed(rec)) return false;
@@ -26,10 +20,10 @@ bool Ingestor::EngineReplay::Feed(const StepRow& s, const std::string& checkpoin
   return true;
 }
 
-absl::StatusOr<Ingestor::EngineReplay> Ingestor::StartReplay(const std::string& run_id,
-                                                             int64_t attempt, int64_t up_to,
-                                                             const core::RuleConfig& rules) {
-  if (options_.engine_snapshot_steps > 0) {
+absl::StatusOr<EngineReplay> EngineSnapshots::StartReplay(const std::string& run_id,
+                                                          int64_t attempt, int64_t up_to,
+                                                          const core::RuleConfig& rules) {
+  if (options_->engine_snapshot_steps > 0) {
     absl::StatusOr<std::optional<EngineSnapshotRow>> snap =
         store_->LatestEngineSnapshot(run_id, attempt, up_to);
     if (!snap.ok()) return snap.status();
@@ -43,13 +37,12 @@ absl::StatusOr<Ingestor::EngineReplay> Ingestor::StartReplay(const std::string& 
         engine = absl::InvalidArgumentError(absl::StrCat(
             "engine snapshot: its state ends at step ", (*engine)->last_step()));
       }
-      absl::MutexLock lock(&snap_mu_);
       if (engine.ok()) {
-        stats_.engine_snapshots_loaded_total++;
+        views_->Count(&IngestStats::engine_snapshots_loaded_total);
         return EngineReplay{core::EngineRebuilder(*std::move(engine), up_to), row.step,
                             row.skipped, row.overflows};
       }
-      stats_.engine_snapshots_refused_total++;
+      views_->Count(&IngestStats::engine_snapshots_refused_total);
       LOG(WARNING) << "run " << run_id << " attempt " << attempt
                    << ": the engine snapshot at step " << row.step
                    << " is not used (" << engine.status()
@@ -59,19 +52,17 @@ absl::StatusOr<Ingestor::EngineReplay> Ingestor::StartReplay(const std::string& 
   return EngineReplay{core::EngineRebuilder(rules, up_to)};
 }
 
-void Ingestor::MaybeSnapshotEngine(RunState& run, bool force, int64_t now) {
-  if (options_.engine_snapshot_steps <= 0 || run.engine == nullptr) return;
+void EngineSnapshots::MaybeSave(RunState& run, bool force, int64_t now) {
+  if (options_->engine_snapshot_steps <= 0 || run.engine == nullptr) return;
   const int64_t last = run.engine->last_step();
   if (last < 0 || last <= run.snapshot_step) return;
   // A forced one (eviction, shutdown) saves its rebuild the replay of the
-  // steps since the last snapshot, and costs the whole windows, about
-  // 170 KB with the default rules however short the run: 20,000 runs of a
-  // few steps each, evicted in turn, made a 3.4 GB database of snapshots.
-  // Under a tenth of the interval (1,000 steps by default: about a
-  // millisecond, as the restart bench replays 4M steps in 3.7 s) the
-  // rebuild replays them instead.
+  // steps since the last snapshot, but costs the whole windows however short
+  // the run: runs of a few steps each, evicted in turn, would fill the
+  // database with snapshots. Under a tenth of the interval the rebuild
+  // replays the steps instead, which is cheaper (make bench: restart).
   const int64_t since = last - run.snapshot_step;
-  if (since < (force ? options_.engine_snapshot_steps / 10 : options_.engine_snapshot_steps)) {
+  if (since < (force ? options_->engine_snapshot_steps / 10 : options_->engine_snapshot_steps)) {
     return;
   }
   EngineSnapshotRow row;
@@ -84,8 +75,71 @@ void Ingestor::MaybeSnapshotEngine(RunState& run, bool force, int64_t now) {
   row.state = run.engine->SaveState();
   // Written with the steps it has seen, in the same transaction: a failed
   // commit loses both, and the rebuild after it starts from an older one.
-  batch_.engine_snapshots.push_back(std::move(row));
+  batch_->rows.engine_snapshots.push_back(std::move(row));
   run.snapshot_step = last;
+}
+
+int64_t EngineSnapshots::OpenAttempt(RunState& run, int64_t up_to_step, AttemptStart start,
+                                     int64_t incident_id, int32_t world_size, int64_t now) {
+  AttemptCopy copy;
+  copy.run_id = run.row.run_id;
+  copy.from_attempt = run.row.attempt;
+  copy.to_attempt = run.row.attempt + 1;
+  copy.up_to_step = up_to_step;
+  copy.start = start;
+  copy.incident_id = incident_id;
+  if (start == AttemptStart::kResume) copy.incarnation = run.row.incarnation;
+  copy.started_ms = now;
+  batch_->rows.attempt_copies.push_back(copy);
+  run.has_latest = false;
+  // From the old attempt's newest engine snapshot at or before the step,
+  // when one is usable.
+  absl::StatusOr<EngineReplay> started =
+      StartReplay(copy.run_id, copy.from_attempt, copy.up_to_step, run.rules);
+  if (!started.ok()) {
+    LOG(ERROR) << "run " << copy.run_id << ": reading the engine snapshots: " << started.status();
+    started = EngineReplay{core::EngineRebuilder(run.rules, copy.up_to_step)};
+  }
+  EngineReplay& replay = *started;
+  auto feed = [&](const StepRow& s, const std::string& ckpt) {
+    if (replay.Feed(s, ckpt) || s.step == replay.snapshot_step) {
+      run.latest = s;
+      run.has_latest = true;
+    }
+  };
+  absl::Status st =
+      store_->ForEachStep(copy.run_id, copy.from_attempt, feed, replay.after());
+  if (!st.ok()) LOG(ERROR) << "run " << copy.run_id << ": rebuilding the engine: " << st;
+  // The old attempt's records evaluated in this batch are not in the store
+  // yet; the copy takes them (it runs after the steps), and so must the
+  // engine. They come after the stored ones, in step order.
+  const int64_t stored_last = run.has_latest ? run.latest.step : -1;
+  for (const WriteBatch::Step& w : batch_->rows.steps) {
+    if (w.run_id == copy.run_id && w.attempt == copy.from_attempt && !w.step.late &&
+        w.step.step > stored_last) {
+      feed(w.step, "");
+    }
+  }
+  absl::StatusOr<std::vector<CheckpointRow>> cks = store_->Checkpoints(copy.run_id);
+  if (cks.ok()) {
+    for (const CheckpointRow& c : *cks) replay.rebuild.NoteCheckpoint(c.step, c.uri);
+  }
+  for (const CheckpointRow& c : batch_->rows.checkpoints) {
+    if (c.run_id == copy.run_id) replay.rebuild.NoteCheckpoint(c.step, c.uri);
+  }
+  const int64_t fed = replay.rebuild.fed();
+  run.engine = std::move(replay.rebuild).Finish();
+  // The new attempt holds copies of these steps; its first snapshot comes
+  // with its next evaluated step.
+  run.attempt_skipped = replay.skipped;
+  run.attempt_overflows = replay.overflows;
+  run.snapshot_step = -1;
+  run.row.attempt = copy.to_attempt;
+  run.row.world_size = world_size;
+  run.row.last_step = copy.up_to_step;
+  run.row_dirty = true;
+  run.pending.clear();
+  return fed;
 }
 
 }  // namespace trainwatch::server

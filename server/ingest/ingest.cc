@@ -1,98 +1,108 @@
+// The Ingestor: the writer thread's loop, each batch's commit and its
+// failure path (ingest.h); the components do the rest.
+
 #include "ingest/ingest.h"
 
 #include <algorithm>
 #include <chrono>
 #include <iterator>
-#include <string_view>
-#include <tuple>
+#include <set>
 #include <utility>
 
-#include "common/log.h"
-#include "trainwatch/wire/step_report.h"
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "pager/pager.h"
 
 namespace trainwatch::server {
 
 using trainwatch::v1::StepReport;
 
+namespace {
+
+// Every run with a row in the batch.
+std::set<std::string> RunsOf(const WriteBatch& b) {
+  std::set<std::string> runs;
+  for (const RunRow& r : b.runs) runs.insert(r.run_id);
+  for (const WriteBatch::Step& r : b.steps) runs.insert(r.run_id);
+  for (const RankStepRow& r : b.rank_steps) runs.insert(r.run_id);
+  for (const CheckpointRow& r : b.checkpoints) runs.insert(r.run_id);
+  for (const EventRow& r : b.events) runs.insert(r.run_id);
+  for (const IncidentRow& r : b.incidents) runs.insert(r.run_id);
+  for (const CommandAckRow& r : b.command_acks) runs.insert(r.run_id);
+  for (const DecisionRow& r : b.decisions) runs.insert(r.run_id);
+  for (const CommandRow& r : b.commands) runs.insert(r.run_id);
+  for (const QuarantineRow& r : b.quarantines) runs.insert(r.run_id);
+  for (const AttemptCopy& r : b.attempt_copies) runs.insert(r.run_id);
+  for (const IncarnationRow& r : b.incarnations) runs.insert(r.run_id);
+  return runs;
+}
+
+}  // namespace
+
+const std::string& RunIdOf(const trainwatch::v1::AgentMessage& m) {
+  switch (m.kind_case()) {
+    case trainwatch::v1::AgentMessage::kHello:
+      return m.hello().run_id();
+    case trainwatch::v1::AgentMessage::kStepReport:
+      return m.step_report().run_id();
+    case trainwatch::v1::AgentMessage::kCheckpoint:
+      return m.checkpoint().run_id();
+    case trainwatch::v1::AgentMessage::kCommandAck:
+      return m.command_ack().run_id();
+    default: {
+      static const std::string* const kNone = new std::string;
+      return *kNone;
+    }
+  }
+}
+
 Ingestor::Ingestor(Store* store, const IngestOptions& options, core::Clock* clock)
-    : store_(store), options_(options), clock_(clock) {}
+    : store_(store),
+      options_(options),
+      clock_(clock),
+      queue_(options.max_batch_items, options.commit_interval_ms),
+      snapshots_(store, &options_, &views_, &batch_),
+      rules_(&options_, &batch_),
+      runs_(store, &options_, clock, &views_, &rules_, &snapshots_, &batch_),
+      decisions_(store, &runs_, &snapshots_, &views_, &batch_),
+      incarnations_(&runs_, &rules_, &decisions_, &snapshots_, &views_, &batch_),
+      intake_(&options_, &views_, &batch_, &snapshots_, &rules_) {}
 
 Ingestor::~Ingestor() { Stop(); }
+
+absl::Status Ingestor::Recover() { return runs_.Recover(); }
+
+void Ingestor::SetListener(IngestListener* listener) {
+  listener_ = listener;
+  incarnations_.set_listener(listener);
+}
 
 void Ingestor::Start() {
   writer_ = std::thread([this] { Loop(); });
 }
 
 void Ingestor::Stop() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (stop_) return;
-    stop_ = true;
-  }
+  if (!queue_.Stop()) return;
   if (writer_.joinable()) writer_.join();
+  queue_.Closed();
 }
 
-void Ingestor::Submit(IngestItem item) {
-  absl::MutexLock lock(&mu_);
-  queue_.push_back(std::move(item));
-  ++submitted_;
+void Ingestor::Decide(DecisionRequest request, std::function<void(DecisionOutcome)> done) {
+  queue_.Decide({std::move(request), std::move(done)});
 }
 
-void Ingestor::Flush() {
-  absl::MutexLock lock(&mu_);
-  const uint64_t target = submitted_;
-  auto done = [this, target]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return done_ >= target || (stop_ && !writer_.joinable());
-  };
-  ++flushing_;  // the writer stops waiting for more (LingerForMore)
-  mu_.Await(absl::Condition(&done));
-  --flushing_;
-}
-
-// Every commit writes each page it dirtied whole, at least a page or two per
-// run however few its records: at 10,000 records/s (8 runs x 8 ranks) the
-// server wrote 6.8 KB per record with no wait and 4.8 KB with 5 ms, for
-// 2.6 ms more to the median ack (p99 7 -> 11 ms). A flood fills its batches
-// and never waits; Flush() and decisions do not wait.
-void Ingestor::LingerForMore() {
-  if (options_.commit_interval_ms <= 0 || queue_.empty()) return;
-  auto commit_now = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return queue_.size() >= kCommitEarlyItems || !tasks_.empty() || stop_ || flushing_ > 0;
-  };
-  // Real time, whatever clock_ is: this is about the disk, not the runs.
-  mu_.AwaitWithDeadline(absl::Condition(&commit_now),
-                        last_batch_start_ + absl::Milliseconds(options_.commit_interval_ms));
+IngestStats Ingestor::Stats() const {
+  IngestStats s = views_.Stats();
+  s.queue_depth = queue_.Depth();
+  return s;
 }
 
 void Ingestor::Loop() {
   std::vector<IngestItem> items;
-  std::vector<Task> tasks;
+  std::vector<DecisionTask> tasks;
   for (;;) {
-    bool stopping;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return !queue_.empty() || !tasks_.empty() || stop_;
-      };
-      // Wake at least every 50 ms for aggregation timeouts, at once while
-      // runs are left to rebuild after a restart.
-      mu_.AwaitWithTimeout(absl::Condition(&ready),
-                           startup_next_ < startup_order_.size() ? absl::ZeroDuration()
-                                                                 : absl::Milliseconds(50));
-      LingerForMore();
-      last_batch_start_ = absl::Now();
-      stopping = stop_;
-      tasks.swap(tasks_);
-      if (queue_.size() <= options_.max_batch_items) {
-        items.swap(queue_);
-      } else {
-        items.assign(std::make_move_iterator(queue_.begin()),
-                     std::make_move_iterator(queue_.begin() + options_.max_batch_items));
-        queue_.erase(queue_.begin(), queue_.begin() + options_.max_batch_items);
-      }
-    }
+    // At once while runs are left to rebuild after a restart.
+    const bool stopping = queue_.Take(runs_.HasStartupWork(), &items, &tasks);
     const size_t n = items.size();
     const bool idle = n == 0 && tasks.empty() && !stopping;
     ProcessInBatches(items);
@@ -100,11 +110,11 @@ void Ingestor::Loop() {
     if (!tasks.empty()) {
       // Decisions commit in a batch of their own, after the records that
       // arrived before them.
-      ++batch_seq_;
+      runs_.BeginBatch();
       const int64_t now = clock_->NowMs();
-      for (Task& t : tasks) {
-        DecisionOutcome out = RunDecision(t.request, now);
-        answers_.emplace_back(std::move(t.done), std::move(out));
+      for (DecisionTask& t : tasks) {
+        DecisionOutcome out = decisions_.Run(t.request, now);
+        batch_.answers.emplace_back(std::move(t.done), std::move(out));
       }
       tasks.clear();
       std::vector<IngestItem> none;
@@ -112,17 +122,13 @@ void Ingestor::Loop() {
     }
     // One run rebuilt after a restart per idle turn: a message waits for
     // at most one run's rebuild besides its own run's.
-    if (idle) RebuildNextAtStartup();
-    bool last;
-    {
-      absl::MutexLock lock(&mu_);
-      done_ += n;
-      last = stopping && queue_.empty() && tasks_.empty();
-    }
-    if (last) {
+    if (idle) runs_.RebuildNextAtStartup();
+    if (queue_.Done(n) && stopping) {
       // A clean shutdown: the next start replays nothing of the runs held.
-      ++batch_seq_;
-      for (auto& [id, run] : runs_) MaybeSnapshotEngine(*run, /*force=*/true, clock_->NowMs());
+      runs_.BeginBatch();
+      for (const auto& [id, run] : runs_.held()) {
+        snapshots_.MaybeSave(*run, /*force=*/true, clock_->NowMs());
+      }
       std::vector<IngestItem> none;
       ProcessBatch(none);
       break;
@@ -130,21 +136,47 @@ void Ingestor::Loop() {
   }
 }
 
+void Ingestor::ProcessInBatches(std::vector<IngestItem>& items) {
+  // A batch's runs must all stay in memory until its commit (their rows are
+  // in batch_, and a rebuild reads the store), so a batch touches at most
+  // max_runs_in_memory runs and MakeRoom always finds one to evict.
+  const size_t bound = std::max<size_t>(1, options_.max_runs_in_memory);
+  size_t begin = 0;
+  do {
+    std::unordered_set<std::string_view> touched;
+    size_t end = begin;
+    for (; end < items.size(); ++end) {
+      const std::string& id = RunIdOf(items[end].message);
+      if (touched.count(id) > 0) continue;
+      if (touched.size() >= bound) break;
+      touched.insert(id);
+    }
+    runs_.BeginBatch();
+    if (begin == 0 && end == items.size()) {
+      ProcessBatch(items);
+      return;
+    }
+    std::vector<IngestItem> part(std::make_move_iterator(items.begin() + begin),
+                                 std::make_move_iterator(items.begin() + end));
+    ProcessBatch(part);
+    begin = end;
+  } while (begin < items.size());
+}
+
 void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
   const int64_t now = clock_->NowMs();
-  batch_records_ = 0;
-  for (auto* ended : {&ended_streams_, &superseded_streams_}) {
-    for (auto it = ended->begin(); it != ended->end();) {
-      it = now - it->second > 60'000 ? ended->erase(it) : std::next(it);
-    }
+  batch_.records = 0;
+  for (auto it = ended_streams_.begin(); it != ended_streams_.end();) {
+    it = now - it->second > 60'000 ? ended_streams_.erase(it) : std::next(it);
   }
+  incarnations_.Expire(now);
   if (!carried_.empty()) {
     items.insert(items.begin(), std::make_move_iterator(carried_.begin()),
                  std::make_move_iterator(carried_.end()));
     carried_.clear();
   }
   // No run's state may be used while it could still hold a failed batch.
-  if (absl::Status st = RebuildStaleRuns(); !st.ok()) {
+  if (absl::Status st = runs_.RebuildStale(); !st.ok()) {
     FailBatch(items, st, now);
     return;
   }
@@ -153,24 +185,21 @@ void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
     // The agent re-sends these, after its last acknowledged step: taken
     // now, they would be evaluated ahead of the lost ones.
     if (item.message.has_step_report() && ended_streams_.count(item.stream_id) > 0) continue;
-    // A replaced incarnation's: its history was replaced too (ingest.h).
-    if (superseded_streams_.count(item.stream_id) > 0) continue;
+    // A replaced incarnation's: its history was replaced too.
+    if (incarnations_.IsSuperseded(item.stream_id)) continue;
     oldest_ms = std::min(oldest_ms, item.received_ms);
     Handle(item, now);
   }
-  for (auto& [id, run] : runs_) CompletePending(*run, now, /*force=*/false);
-  for (auto& [id, run] : runs_) {
+  for (const auto& [id, run] : runs_.held()) intake_.CompletePending(*run, now, /*force=*/false);
+  for (const auto& [id, run] : runs_.held()) {
     if (run->row_dirty) {
-      batch_.runs.push_back(run->row);
+      batch_.rows.runs.push_back(run->row);
       run->row_dirty = false;
     }
   }
-  if (batch_.empty() && acks_.empty() && answers_.empty() && outgoing_.empty() &&
-      ending_.empty()) {
-    return;
-  }
+  if (batch_.empty()) return;
   if (pager_ != nullptr) {
-    for (const IncidentRow& inc : batch_.incidents) {
+    for (const IncidentRow& inc : batch_.rows.incidents) {
       std::string summary = inc.title;
       if (inc.recommended_checkpoint_step >= 0) {
         absl::StrAppend(&summary, " Recommended: roll back to checkpoint step ",
@@ -178,238 +207,130 @@ void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
       }
       for (const core::RecommendedAction& a : inc.actions) absl::StrAppend(&summary, " ", a.text, ".");
       if (inc.observed) absl::StrAppend(&summary, " ", ObservedNote(inc));
-      for (OutboxRow& row : pager_->Rows(inc, summary, now)) batch_.outbox.push_back(std::move(row));
+      for (OutboxRow& row : pager_->Rows(inc, summary, now)) batch_.rows.outbox.push_back(std::move(row));
     }
   }
   const auto t0 = std::chrono::steady_clock::now();
-  absl::Status st = store_->Write(batch_);
+  absl::Status st = store_->Write(batch_.rows);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  {
-    absl::MutexLock lock(&snap_mu_);
-    stats_.batches_total++;
-    stats_.records_total += batch_records_;
-    stats_.last_commit_seconds = seconds;
-    stats_.commit_seconds_sum += seconds;
-    stats_.last_lag_ms = clock_->NowMs() - oldest_ms;
-    if (!st.ok()) stats_.store_errors_total++;
-  }
+  const int64_t lag_ms = clock_->NowMs() - oldest_ms;
+  views_.Edit([&](std::map<std::string, RunView>&, IngestStats& stats) {
+    stats.batches_total++;
+    stats.records_total += batch_.records;
+    stats.last_commit_seconds = seconds;
+    stats.commit_seconds_sum += seconds;
+    stats.last_lag_ms = lag_ms;
+    if (!st.ok()) stats.store_errors_total++;
+  });
   if (!st.ok()) {
     FailBatch(items, st, now);
     return;
   }
-  batch_.clear();
+  batch_.rows.clear();
   // What a client learns from an ack or an answer must already be visible
-  // in the snapshot (metrics, run status).
-  PublishSnapshot();
-  for (auto& [done, out] : answers_) done(out);
-  answers_.clear();
+  // in the views (metrics, run status).
+  runs_.Publish();
+  for (auto& [done, out] : batch_.answers) done(out);
   if (pager_ != nullptr) pager_->Wake();
   if (listener_ != nullptr) {
-    for (const auto& [run, stream, bytes] : outgoing_) {
+    for (const auto& [run, stream, bytes] : batch_.outgoing) {
       listener_->OnServerMessage(run, stream, bytes);
     }
   }
-  outgoing_.clear();
   if (listener_ != nullptr) {
-    for (const auto& [key, step] : acks_) {
+    for (const auto& [key, step] : batch_.acks) {
       listener_->OnDurable(std::get<0>(key), std::get<1>(key), std::get<2>(key), step);
     }
     listener_->OnAcksDone();
-    for (const auto& [incident, change] : changed_incidents_) {
+    for (const auto& [incident, change] : batch_.changed_incidents) {
       listener_->OnIncident(incident, change);
     }
     // After the acks: what a replaced incarnation sent before the newer one
     // came is durable, and it hears so.
-    for (const auto& [stream, status] : ending_) listener_->OnStreamFailed(stream, status);
+    for (const auto& [stream, status] : batch_.ending) listener_->OnStreamFailed(stream, status);
   }
-  ending_.clear();
-  acks_.clear();
-  changed_incidents_.clear();
+  batch_.Clear();
+}
+
+void Ingestor::FailBatch(std::vector<IngestItem>& items, const absl::Status& st,
+                         int64_t now) {
+  LOG(ERROR) << "store write failed; batch of " << items.size()
+             << " messages not acknowledged, its streams ended: " << st;
+  // Every run the batch may have changed in memory.
+  for (const IngestItem& item : items) {
+    if (const std::string& run = RunIdOf(item.message); !run.empty()) runs_.MarkStale(run);
+  }
+  for (const std::string& run : RunsOf(batch_.rows)) runs_.MarkStale(run);
+  // A takeover in the batch is forgotten with it: the newer incarnation's
+  // stream is ended below, and its next Hello takes over again.
+  incarnations_.ForgetTakeovers(batch_.ending);
+  for (auto& [done, out] : batch_.answers) {
+    out.status = absl::UnavailableError(
+        absl::StrCat("the decision could not be recorded: ", st.message()));
+    done(out);
+  }
+  batch_.Clear();
+  const absl::Status retry = absl::UnavailableError(absl::StrCat(
+      "trainwatchd's store failed to write your records (", st.message(),
+      "); reconnect and send everything after the last acknowledged step"));
+  for (IngestItem& item : items) {
+    const uint64_t stream = item.stream_id;
+    if (item.message.has_checkpoint() || item.message.has_command_ack()) {
+      item.stream_id = 0;
+      carried_.push_back(std::move(item));
+    }
+    if (stream == 0 || !ended_streams_.emplace(stream, now).second) continue;
+    if (listener_ != nullptr) listener_->OnStreamFailed(stream, retry);
+  }
+  if (absl::Status rs = runs_.RebuildStale(); !rs.ok()) {
+    LOG(ERROR) << "cannot rebuild " << runs_.stale_count()
+               << " runs from the store; refusing records until it can: " << rs;
+  }
+  runs_.Publish();
 }
 
 void Ingestor::Handle(IngestItem& item, int64_t now) {
   const auto& m = item.message;
   switch (m.kind_case()) {
     case trainwatch::v1::AgentMessage::kHello:
-      HandleHello(m.hello(), item.stream_id, now);
+      incarnations_.HandleHello(m.hello(), item.stream_id, now);
       break;
     case trainwatch::v1::AgentMessage::kStepReport: {
       const StepReport& r = m.step_report();
       // Null when an evicted run could not be rebuilt (logged): the record is
       // not acknowledged, so the agent sends it again.
-      RunState* run = RunFor(r.run_id(), r.world_size(), now);
+      RunState* run = runs_.Get(r.run_id(), r.world_size(), now);
       if (run == nullptr) break;
       // A new incarnation's first record says where it resumed.
-      if (AwaitsResumeStep(*run, item.stream_id)) DecideResume(*run, r.step() - 1, now);
-      HandleStep(*run, r, item.stream_id, now);
+      if (incarnations_.AwaitsResumeStep(*run, item.stream_id)) {
+        incarnations_.DecideResume(*run, r.step() - 1, now);
+      }
+      intake_.Take(*run, r, item.stream_id, now);
       break;
     }
     case trainwatch::v1::AgentMessage::kCheckpoint: {
       const auto& c = m.checkpoint();
-      RunState* run = RunFor(c.run_id(), 0, now);
+      RunState* run = runs_.Get(c.run_id(), 0, now);
       if (run == nullptr) break;
       // Sent before any step report: the checkpoint it resumed from.
-      if (AwaitsResumeStep(*run, item.stream_id)) DecideResume(*run, c.step(), now);
+      if (incarnations_.AwaitsResumeStep(*run, item.stream_id)) {
+        incarnations_.DecideResume(*run, c.step(), now);
+      }
       run->engine->NoteCheckpoint(c.step(), c.uri());
-      batch_.checkpoints.push_back({c.run_id(), c.step(), c.uri(), now});
+      batch_.rows.checkpoints.push_back({c.run_id(), c.step(), c.uri(), now});
       break;
     }
     case trainwatch::v1::AgentMessage::kCommandAck: {
       // An acknowledgement creates no run.
-      HandleCommandAck(RunFor(m.command_ack().run_id(), 0, now, /*create=*/false),
-                       m.command_ack(), now);
+      decisions_.HandleCommandAck(runs_.Get(m.command_ack().run_id(), 0, now, /*create=*/false),
+                                  m.command_ack(), now);
       break;
     }
     case trainwatch::v1::AgentMessage::kHeartbeat:
     case trainwatch::v1::AgentMessage::KIND_NOT_SET:
       break;
   }
-}
-
-void Ingestor::HandleStep(RunState& run, const StepReport& r, uint64_t stream, int64_t now) {
-  ++batch_records_;
-  auto ack = acks_.find(std::make_tuple(stream, std::string_view(r.run_id()), r.rank()));
-  if (ack == acks_.end()) {
-    acks_.emplace(std::make_tuple(stream, r.run_id(), r.rank()), r.step());
-  } else {
-    ack->second = std::max(ack->second, r.step());
-  }
-  const bool rank_scope = r.scope() == trainwatch::v1::REPORT_SCOPE_RANK;
-  if (!run.mode_known) {
-    run.mode_known = true;
-    run.rank_mode = rank_scope;
-  }
-  if (rank_scope) {
-    // Durable on its own (dedup by run, attempt, step, rank in the store).
-    batch_.rank_steps.push_back(
-        {run.row.run_id, run.row.attempt, r.rank(), r.step(), r.SerializeAsString()});
-    if (!run.rank_mode) return;  // a rank-specific extra next to the global record
-    if (r.step() <= run.row.last_step) {
-      absl::MutexLock lock(&snap_mu_);
-      stats_.duplicates_total++;
-      return;
-    }
-    if (r.rank() < 0 || r.rank() >= run.row.world_size) {
-      LOG(WARNING) << "run " << run.row.run_id << ": rank " << r.rank()
-                   << " outside world size " << run.row.world_size << "; record stored only";
-      absl::MutexLock lock(&snap_mu_);
-      stats_.rejected_total++;
-      return;
-    }
-    if (FarAhead(run, r.step(), /*rank_scope=*/true)) return;  // stored only
-    if (!run.pending.try_emplace(r.step(), now).first->second.Add(r.rank(),
-                                                                   wire::StepFromProto(r))) {
-      absl::MutexLock lock(&snap_mu_);
-      stats_.duplicates_total++;
-    }
-    return;
-  }
-  const wire::ReportedStep rep = wire::StepFromProto(r);
-  StepRow s = GlobalStep(rep);
-  s.received_ms = now;
-  if (r.step() <= run.row.last_step) {
-    // Already evaluated: a re-send after a reconnect (ignored by the store)
-    // or a record that arrived after later ones (stored, not evaluated).
-    s.late = true;
-    s.decision = rep.update_skipped ? static_cast<int>(core::Decision::kSkipUpdate) : 0;
-    batch_.steps.push_back({run.row.run_id, run.row.attempt, std::move(s)});
-    absl::MutexLock lock(&snap_mu_);
-    stats_.duplicates_total++;
-    return;
-  }
-  if (FarAhead(run, r.step(), /*rank_scope=*/false)) {
-    s.late = true;  // stored, not evaluated
-    s.decision = rep.update_skipped ? static_cast<int>(core::Decision::kSkipUpdate) : 0;
-    batch_.steps.push_back({run.row.run_id, run.row.attempt, std::move(s)});
-    return;
-  }
-  Evaluate(run, std::move(s), now, rep.tensors);
-  if (run.row.last_step == r.step()) RecordAgentVerdict(run, r, now);  // evaluated
-}
-
-bool Ingestor::FarAhead(RunState& run, int64_t step, bool rank_scope) {
-  const int64_t base = std::max<int64_t>(run.row.last_step, 0);
-  const int64_t bound = std::max<int64_t>(1, options_.max_step_jump);
-  // Both differences are of non-negative numbers: no overflow.
-  if (step - base <= bound) {
-    // The run caught up with a refused step (or, with one record a step, a
-    // normal record came after it): that step confirms nothing any more.
-    if (run.far_step && (!rank_scope || *run.far_step <= base)) run.far_step.reset();
-    return false;
-  }
-  if (run.far_step && step >= *run.far_step && step - *run.far_step <= bound &&
-      (rank_scope || step > *run.far_step)) {
-    return false;  // the run really jumped: a second record follows the first
-  }
-  LOG(WARNING) << "run " << run.row.run_id << ": step " << step << " is more than " << bound
-               << " steps past step " << run.row.last_step
-               << "; stored, not evaluated (a next record within " << bound
-               << " steps of it confirms the jump)";
-  run.far_step = step;
-  absl::MutexLock lock(&snap_mu_);
-  stats_.far_steps_total++;
-  return true;
-}
-
-void Ingestor::CompletePending(RunState& run, int64_t now, bool force) {
-  while (!run.pending.empty()) {
-    auto it = run.pending.begin();
-    const StepAggregate& p = it->second;
-    const bool complete = p.count() >= run.row.world_size;
-    const bool timed_out = now - p.first_ms() >= options_.aggregation_timeout_ms;
-    if (!complete && !timed_out && !force) break;
-    StepRow s = p.Finish(it->first, run.row.world_size);
-    s.received_ms = now;
-    if (!s.missing_ranks.empty()) {
-      ++run.missing_rank_steps_total;
-      LOG(WARNING) << "run " << run.row.run_id << " step " << it->first
-                   << " completed without ranks " << s.missing_ranks;
-    }
-    run.pending.erase(it);
-    Evaluate(run, std::move(s), now);
-  }
-}
-
-void Ingestor::Evaluate(RunState& run, StepRow s, int64_t now,
-                        absl::Span<const core::TensorStat> tensors) {
-  core::StepRecord rec = s.View();
-  rec.tensors = tensors;
-  if (absl::Status st = run.engine->Observe(rec, &run.out); !st.ok()) {
-    LOG(WARNING) << "run " << run.row.run_id << ": " << st;
-    return;
-  }
-  s.loss_ema_ratio = run.out.loss_ema_ratio;
-  s.decision = static_cast<int>(run.out.verdict.decision);
-  if (run.out.verdict.decision == core::Decision::kSkipUpdate) {
-    // A followed run's trainer skipped nothing (ingest.h); the attempt's
-    // count of tier 1 verdicts goes into its engine snapshots either way.
-    ++(run.row.observed ? run.skips_recommended_total : run.skipped_total);
-    ++run.attempt_skipped;
-  }
-  run.loss_scale_overflows_total += s.loss_scale_overflow();
-  run.attempt_overflows += s.loss_scale_overflow();
-  run.row.last_step = s.step;
-  run.row_dirty = true;
-  run.latest = s;
-  run.has_latest = true;
-  batch_.steps.push_back({run.row.run_id, run.row.attempt, std::move(s)});
-  MaybeSnapshotEngine(run, /*force=*/false, now);
-  if (!run.out.events.empty()) {
-    run.incidents.OnEvents(run.row.attempt, run.out.events, now, &ids_, sink());
-  }
-  run.incidents.OnEvaluated(run.row.last_step, now, sink());
-}
-
-IngestStats Ingestor::Stats() const {
-  IngestStats s;
-  {
-    absl::MutexLock lock(&snap_mu_);
-    s = stats_;
-  }
-  absl::MutexLock lock(&mu_);
-  s.queue_depth = static_cast<int64_t>(queue_.size());
-  return s;
 }
 
 }  // namespace trainwatch::server

@@ -82,11 +82,11 @@ void FollowStep(agent::Agent& a, int64_t step, double loss, double grad_norm) {
 }
 
 // The run's snapshot once its last evaluated step reaches `step`.
-RunSnapshot WaitStep(const Running& server, const std::string& run, int64_t step) {
-  RunSnapshot found;
+RunView WaitStep(const Running& server, const std::string& run, int64_t step) {
+  RunView found;
   const bool reached = WaitUntil(
       [&] {
-        for (const RunSnapshot& s : server.server->ingestor()->Snapshot()) {
+        for (const RunView& s : server.server->ingestor()->views().All()) {
           if (s.row.run_id == run && s.row.last_step >= step) {
             found = s;
             return true;
@@ -242,7 +242,7 @@ TEST_CASE("observed: a NaN pages as observed - the approval says restart by hand
       },
       std::chrono::seconds(30)));
   FollowStep(*followed, 1200, kNaN, 1.0);  // tier 3: a nonfinite loss
-  const RunSnapshot snap = WaitStep(r, "followed", 1200);
+  const RunView snap = WaitStep(r, "followed", 1200);
   CHECK(snap.open_incidents[3] == 1);
   // The trainer was not halted: the run is not shown as halted.
   {
@@ -309,7 +309,7 @@ TEST_CASE("observed: a NaN pages as observed - the approval says restart by hand
   for (int64_t s = 1001; s <= 1010; ++s) FollowStep(*restarted, s, Loss(s), 1.0);
   CHECK(WaitUntil(
       [&] {
-        for (const RunSnapshot& s : r.server->ingestor()->Snapshot()) {
+        for (const RunView& s : r.server->ingestor()->views().All()) {
           if (s.row.run_id == "followed") return s.row.attempt == 1 && s.row.last_step == 1010;
         }
         return false;

@@ -62,9 +62,9 @@ TEST_CASE("server: many agents stream at once and every record is durable when a
     REQUIRE(n.ok());
     CHECK(*n == kSteps);
   }
-  const auto snap = r.server->ingestor()->Snapshot();
+  const auto snap = r.server->ingestor()->views().All();
   CHECK(snap.size() == kRuns);
-  for (const RunSnapshot& s : snap) CHECK(s.row.last_step == kSteps - 1);
+  for (const RunView& s : snap) CHECK(s.row.last_step == kSteps - 1);
 }
 
 TEST_CASE("server: a re-sent range after a reconnect is deduplicated", "[server][ingest]") {
@@ -189,7 +189,7 @@ TEST_CASE("server: a restart rebuilds every run's state from the store",
     r.server->Shutdown();
   }
   Running r = StartServer(db);
-  const auto snap = r.server->ingestor()->Snapshot();
+  const auto snap = r.server->ingestor()->views().All();
   REQUIRE(snap.size() == 1);
   CHECK(snap[0].row.last_step == 2999);
   TestAgent a(r.channel);

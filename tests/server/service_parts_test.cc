@@ -148,7 +148,7 @@ TEST_CASE("exporter: a scrape reads the ingestor's live state - no gRPC server",
   ingestor.Submit(std::move(item));
   ingestor.Flush();
   const std::string text =
-      prometheus::TextSerializer().Serialize(NewExporter(&state)->Collect());
+      prometheus::TextSerializer().Serialize(NewExporter(&ingestor.views(), &state)->Collect());
   CHECK(text.find("trainwatch_loss{run=\"run-x\"} 3.25") != std::string::npos);
   CHECK(text.find("trainwatch_step{run=\"run-x\"} 5") != std::string::npos);
   CHECK(text.find("trainwatch_ingest_records_total 1") != std::string::npos);
@@ -229,7 +229,7 @@ TEST_CASE("service state: one batch's acks reach the delivery thread as one task
       absl::MutexLock lock(&s->mu);
       s->done = true;
     }
-    REQUIRE(state.Register(s) == static_cast<uint64_t>(i + 1));
+    REQUIRE(state.sessions().Register(s) == static_cast<uint64_t>(i + 1));
     sessions.push_back(std::move(s));
   }
   auto submit = [&](uint64_t stream, const std::string& run, int32_t rank, int64_t step) {
@@ -293,7 +293,7 @@ TEST_CASE("ingestor: a step missing a rank completes when the fake clock passes 
   }
   ingestor.Flush();
   auto latest_step = [&]() -> int64_t {
-    for (const RunSnapshot& s : ingestor.Snapshot()) {
+    for (const RunView& s : ingestor.views().All()) {
       if (s.row.run_id == "run-r" && s.has_latest) return s.latest.step;
     }
     return -1;
@@ -303,7 +303,7 @@ TEST_CASE("ingestor: a step missing a rank completes when the fake clock passes 
   CHECK(latest_step() == -1);
   clock.AdvanceMs(30'000);
   REQUIRE(testing::WaitUntil([&] { return latest_step() == 0; }, std::chrono::seconds(10)));
-  const std::vector<RunSnapshot> snap = ingestor.Snapshot();
+  const std::vector<RunView> snap = ingestor.views().All();
   REQUIRE(snap.size() == 1);
   CHECK(snap[0].missing_rank_steps_total == 1);
   CHECK(snap[0].latest.missing_ranks == "2");

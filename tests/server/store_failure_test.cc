@@ -227,7 +227,7 @@ void StreamThroughFailure(const std::string& db, const StoreOptions& store_optio
   REQUIRE(store.ok());
   Ingestor recovered(store->get(), IngestOptions{}, &clock);
   REQUIRE(recovered.Recover().ok());
-  const std::vector<RunSnapshot> snap = recovered.Snapshot();
+  const std::vector<RunView> snap = recovered.views().All();
   REQUIRE(snap.size() == 1);
   CHECK(snap[0].row.last_step == acked);
   RawDb raw(db);

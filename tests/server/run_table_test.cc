@@ -27,6 +27,7 @@
 #include "api/service_state.h"
 #include "store/store.h"
 #include "test_util.h"
+#include "ingest/run_views.h"
 #include "testing/fake_clock.h"
 #include "testing/wait.h"
 
@@ -112,8 +113,8 @@ class Harness {
     REQUIRE(d.ParseFromString(o.decision));
     return d.command_id();
   }
-  RunSnapshot Run(const std::string& run) {
-    for (const RunSnapshot& s : ingestor_->Snapshot()) {
+  RunView Run(const std::string& run) {
+    for (const RunView& s : ingestor_->views().All()) {
       if (s.row.run_id == run) return s;
     }
     FAIL("no run " << run);
@@ -137,7 +138,7 @@ TEST_CASE("run bounds: another run's agent cannot forge a rollback acknowledgeme
   h.Send(Ack("run-nobody", 0, "C-1"));  // and an unknown run creates nothing
   h.ingestor_->Flush();
   CHECK(h.ingestor_->Stats().refused_acks_total == 6);
-  CHECK(h.ingestor_->Snapshot().size() == 1);
+  CHECK(h.ingestor_->views().All().size() == 1);
 
   // Run a's approval creates one of those ids; run b's ack of it is refused
   // too.
@@ -176,7 +177,7 @@ TEST_CASE("run bounds: a rollback completes on the smaller world the restarted j
   h.Send(Ack("run-w", 0, h.CommandOf(approved)));
   h.Send(Ack("run-w", 1, h.CommandOf(approved)));
   h.ingestor_->Flush();
-  const RunSnapshot s = h.Run("run-w");
+  const RunView s = h.Run("run-w");
   CHECK(s.row.attempt == 1);
   CHECK(s.row.world_size == 2);  // the new attempt's world
 }
@@ -199,7 +200,7 @@ TEST_CASE("run bounds: 2000 run ids with 16 in memory - evicted runs rebuilt on 
   CHECK(st.runs_in_memory <= 16);
   CHECK(st.runs_evicted_total >= kRuns - 16);
   // Every run is still visible to the operator API, with its state.
-  std::vector<RunSnapshot> snap = h.ingestor_->Snapshot();
+  std::vector<RunView> snap = h.ingestor_->views().All();
   REQUIRE(snap.size() == kRuns);
   CHECK(h.Run("r7").row.last_step == 2);
   CHECK(h.Run("r7").latest.Get(core::Signal::kLoss) == Approx(2.5));
@@ -223,7 +224,7 @@ TEST_CASE("run bounds: 2000 run ids with 16 in memory - evicted runs rebuilt on 
                              std::chrono::seconds(30)));
   st = h.ingestor_->Stats();
   CHECK(st.runs_in_memory == 16);
-  snap = h.ingestor_->Snapshot();
+  snap = h.ingestor_->views().All();
   REQUIRE(snap.size() == kRuns);
   CHECK(h.Run("r0").row.last_step == 2);
   CHECK(h.Run("r0").has_latest);
@@ -304,7 +305,8 @@ TEST_CASE("run bounds: /metrics drops stale runs and exports at most max_runs",
   options.max_runs = 10;
   options.stale_run_ms = 60'000;
   auto scrape = [&] {
-    return prometheus::TextSerializer().Serialize(NewExporter(&state, options)->Collect());
+    return prometheus::TextSerializer().Serialize(
+        NewExporter(&ingestor.views(), &state, options)->Collect());
   };
   auto count = [](const std::string& text, const std::string& what) {
     size_t n = 0;
@@ -387,6 +389,29 @@ TEST_CASE("run bounds: one step of INT64_MAX cannot blind detection - a real jum
   h.ingestor_->Flush();
   CHECK(h.ingestor_->Stats().far_steps_total == 2);
   CHECK(h.Run("run-f").row.last_step == 500'002);
+}
+
+TEST_CASE("run views: counters and views change together - readers get copies",
+          "[server][run_views]") {
+  RunViews views;
+  RunView v;
+  v.row.run_id = "a";
+  v.skipped_total = 2;
+  views.Set("a", v);
+  views.Count(&IngestStats::duplicates_total, 3);
+  views.Edit([](std::map<std::string, RunView>& all, IngestStats& stats) {
+    all["b"].row.run_id = "b";
+    stats.runs_in_memory = 2;
+  });
+  const std::vector<RunView> all = views.All();
+  REQUIRE(all.size() == 2);
+  CHECK(all[0].row.run_id == "a");  // by run id
+  CHECK(all[0].skipped_total == 2);
+  CHECK(views.Stats().duplicates_total == 3);
+  CHECK(views.Stats().runs_in_memory == 2);
+  CHECK(views.Get("b").has_value());
+  views.Erase("b");
+  CHECK_FALSE(views.Get("b").has_value());
 }
 
 }  // namespace

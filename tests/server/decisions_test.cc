@@ -184,7 +184,7 @@ TEST_CASE("rollback: approve - command every rank - acknowledge - resolve past t
   // After a resolution nothing more can be decided.
   v1::ApproveRollbackResponse late;
   CHECK(op.Approve(id, "key-3", false, &late).error_code() == grpc::FAILED_PRECONDITION);
-  const auto snap = tw.server->ingestor()->Snapshot();
+  const auto snap = tw.server->ingestor()->views().All();
   REQUIRE(snap.size() == 1);
   CHECK(snap[0].row.attempt == 1);
   CHECK(snap[0].row.last_step == 3799);

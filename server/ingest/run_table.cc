@@ -1,7 +1,7 @@
-// The runs the ingestor holds in memory: creating a run, rebuilding one from
-// the store (at startup, or on demand after an eviction), evicting the least
-// recently used beyond max_runs_in_memory, and the snapshots every run keeps,
-// held or not. Writer thread, except Snapshot().
+// The runs the writer holds (run_table.h): creating a run, rebuilding one
+// from the store, evicting the least recently used, and every run's view.
+
+#include "ingest/run_table.h"
 
 #include <algorithm>
 #include <iterator>
@@ -11,7 +11,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "ingest/ingest.h"
 #include "common/log.h"
 
 namespace trainwatch::server {
@@ -33,52 +32,8 @@ absl::Status RestoreIncidents(Store* store, IncidentTracker* tracker, const std:
 
 }  // namespace
 
-const std::string& RunIdOf(const trainwatch::v1::AgentMessage& m) {
-  switch (m.kind_case()) {
-    case trainwatch::v1::AgentMessage::kHello:
-      return m.hello().run_id();
-    case trainwatch::v1::AgentMessage::kStepReport:
-      return m.step_report().run_id();
-    case trainwatch::v1::AgentMessage::kCheckpoint:
-      return m.checkpoint().run_id();
-    case trainwatch::v1::AgentMessage::kCommandAck:
-      return m.command_ack().run_id();
-    default: {
-      static const std::string* const kNone = new std::string;
-      return *kNone;
-    }
-  }
-}
-
-void Ingestor::ProcessInBatches(std::vector<IngestItem>& items) {
-  // A batch's runs must all stay in memory until its commit (their rows are
-  // in batch_, and a rebuild reads the store), so a batch touches at most
-  // max_runs_in_memory runs and MakeRoom always finds one to evict.
-  const size_t bound = std::max<size_t>(1, options_.max_runs_in_memory);
-  size_t begin = 0;
-  do {
-    std::unordered_set<std::string_view> touched;
-    size_t end = begin;
-    for (; end < items.size(); ++end) {
-      const std::string& id = RunIdOf(items[end].message);
-      if (touched.count(id) > 0) continue;
-      if (touched.size() >= bound) break;
-      touched.insert(id);
-    }
-    ++batch_seq_;
-    if (begin == 0 && end == items.size()) {
-      ProcessBatch(items);
-      return;
-    }
-    std::vector<IngestItem> part(std::make_move_iterator(items.begin() + begin),
-                                 std::make_move_iterator(items.begin() + end));
-    ProcessBatch(part);
-    begin = end;
-  } while (begin < items.size());
-}
-
-Ingestor::RunState* Ingestor::RunFor(const std::string& run_id, int32_t world_size,
-                                     int64_t now, bool create) {
+RunState* RunTable::Get(const std::string& run_id, int32_t world_size, int64_t now,
+                        bool create) {
   auto it = runs_.find(run_id);
   if (it == runs_.end()) {
     auto evicted = evicted_.find(run_id);
@@ -86,8 +41,7 @@ Ingestor::RunState* Ingestor::RunFor(const std::string& run_id, int32_t world_si
     MakeRoom();
     if (evicted != evicted_.end()) {
       if (RebuildEvicted(evicted) == nullptr) return nullptr;
-      absl::MutexLock lock(&snap_mu_);
-      stats_.runs_rebuilt_total++;
+      views_->Count(&IngestStats::runs_rebuilt_total);
     } else {
       RunRow row;
       row.run_id = run_id;
@@ -95,7 +49,7 @@ Ingestor::RunState* Ingestor::RunFor(const std::string& run_id, int32_t world_si
       row.created_ms = now;
       row.last_seen_ms = now;
       auto rs = std::make_unique<RunState>(row);
-      AssignRules(*rs);
+      rules_->Assign(*rs);
       rs->engine = std::make_unique<core::RuleEngine>(rs->rules);
       rs->row_dirty = true;
       runs_.emplace(run_id, std::move(rs));
@@ -112,7 +66,7 @@ Ingestor::RunState* Ingestor::RunFor(const std::string& run_id, int32_t world_si
   return &r;
 }
 
-Ingestor::RunState* Ingestor::RebuildEvicted(std::map<std::string, RunRow>::iterator it) {
+RunState* RunTable::RebuildEvicted(std::map<std::string, RunRow>::iterator it) {
   const std::string run_id = it->first;
   absl::StatusOr<RunState*> rebuilt = RecoverRun(it->second);
   if (!rebuilt.ok()) {
@@ -121,18 +75,20 @@ Ingestor::RunState* Ingestor::RebuildEvicted(std::map<std::string, RunRow>::iter
   }
   evicted_.erase(it);
   rebuilding_.erase(run_id);
-  absl::MutexLock lock(&snap_mu_);
-  // Not rebuilt from the store: carried over from the snapshot.
-  (*rebuilt)->missing_rank_steps_total = snapshot_[run_id].missing_rank_steps_total;
-  // Readers see the rebuilt run at once, not after the next batch.
-  snapshot_[run_id] = SnapshotOf(**rebuilt);
-  stats_.runs_rebuilding = static_cast<int64_t>(rebuilding_.size());
-  stats_.runs_in_memory = static_cast<int64_t>(runs_.size());
-  return *rebuilt;
+  RunState& run = **rebuilt;
+  views_->Edit([&](std::map<std::string, RunView>& views, IngestStats& stats) {
+    // Not rebuilt from the store: carried over from the view.
+    run.missing_rank_steps_total = views[run_id].missing_rank_steps_total;
+    // Readers see the rebuilt run at once, not after the next batch.
+    views[run_id] = ViewOf(run);
+    stats.runs_rebuilding = static_cast<int64_t>(rebuilding_.size());
+    stats.runs_in_memory = static_cast<int64_t>(runs_.size());
+  });
+  return &run;
 }
 
-bool Ingestor::RebuildNextAtStartup() {
-  const size_t bound = std::max<size_t>(1, options_.max_runs_in_memory);
+bool RunTable::RebuildNextAtStartup() {
+  const size_t bound = std::max<size_t>(1, options_->max_runs_in_memory);
   while (startup_next_ < startup_order_.size()) {
     const std::string& id = startup_order_[startup_next_++];
     auto it = evicted_.find(id);
@@ -142,15 +98,16 @@ bool Ingestor::RebuildNextAtStartup() {
     // failed (logged) is left the same way.
     if (runs_.size() < bound && RebuildEvicted(it) != nullptr) return true;
     rebuilding_.erase(id);
-    absl::MutexLock lock(&snap_mu_);
-    snapshot_[id].rebuilding = false;
-    stats_.runs_rebuilding = static_cast<int64_t>(rebuilding_.size());
+    views_->Edit([&](std::map<std::string, RunView>& views, IngestStats& stats) {
+      views[id].rebuilding = false;
+      stats.runs_rebuilding = static_cast<int64_t>(rebuilding_.size());
+    });
   }
   return false;
 }
 
-void Ingestor::MakeRoom() {
-  const size_t bound = std::max<size_t>(1, options_.max_runs_in_memory);
+void RunTable::MakeRoom() {
+  const size_t bound = std::max<size_t>(1, options_->max_runs_in_memory);
   while (runs_.size() >= bound) {
     // The least recently used run this batch has not touched, an idle one
     // (no step waiting for ranks, no rollback under way) before a busy one.
@@ -162,39 +119,39 @@ void Ingestor::MakeRoom() {
       if (it->second->last_batch == batch_seq_) continue;
       if (victim == runs_.end() || key(*it->second) < key(*victim->second)) victim = it;
     }
-    if (victim == runs_.end()) return;  // ProcessInBatches keeps this from happening
+    // Ingestor::ProcessInBatches keeps this from happening.
+    if (victim == runs_.end()) return;
     // Its rebuild, when it streams again, starts from here.
-    MaybeSnapshotEngine(*victim->second, /*force=*/true, clock_->NowMs());
-    {
-      absl::MutexLock lock(&snap_mu_);
-      snapshot_[victim->first] = SnapshotOf(*victim->second);
-      stats_.runs_evicted_total++;
-    }
+    snapshots_->MaybeSave(*victim->second, /*force=*/true, clock_->NowMs());
+    views_->Edit([&](std::map<std::string, RunView>& views, IngestStats& stats) {
+      views[victim->first] = ViewOf(*victim->second);
+      stats.runs_evicted_total++;
+    });
     evicted_.emplace(victim->first, victim->second->row);
     runs_.erase(victim);
   }
 }
 
-absl::Status Ingestor::Recover() {
+absl::Status RunTable::Recover() {
   absl::StatusOr<std::vector<RunRow>> runs = store_->LoadRuns();
   if (!runs.ok()) return runs.status();
   absl::StatusOr<int64_t> max_id = store_->MaxIncidentId();
   if (!max_id.ok()) return max_id.status();
-  ids_.next_incident = *max_id + 1;
+  batch_->ids.next_incident = *max_id + 1;
   absl::StatusOr<int64_t> max_decision = store_->MaxDecisionId();
   if (!max_decision.ok()) return max_decision.status();
-  ids_.next_decision = *max_decision + 1;
+  batch_->ids.next_decision = *max_decision + 1;
   // The most recently seen runs are the likeliest to stream again.
   std::stable_sort(runs->begin(), runs->end(), [](const RunRow& a, const RunRow& b) {
     return a.last_seen_ms > b.last_seen_ms;
   });
   // Nothing is replayed here, so that the port opens at once: every run
   // starts evicted with its stored figures, and the writer thread rebuilds
-  // those that fit (see "Restart" in ingest.h).
-  const size_t bound = std::max<size_t>(1, options_.max_runs_in_memory);
+  // those that fit (run_table.h).
+  const size_t bound = std::max<size_t>(1, options_->max_runs_in_memory);
   for (size_t i = 0; i < runs->size(); ++i) {
     const RunRow& row = (*runs)[i];
-    absl::StatusOr<RunSnapshot> snap = StoredSnapshot(row);
+    absl::StatusOr<RunView> snap = StoredView(row);
     if (!snap.ok()) return snap.status();
     evicted_.emplace(row.run_id, row);
     if (i < bound) {
@@ -202,29 +159,27 @@ absl::Status Ingestor::Recover() {
       startup_order_.push_back(row.run_id);
       rebuilding_.insert(row.run_id);
     }
-    absl::MutexLock lock(&snap_mu_);
-    snapshot_[row.run_id] = *std::move(snap);
+    views_->Set(row.run_id, *std::move(snap));
   }
   if (!runs->empty()) {
     LOG(INFO) << "rebuilding " << startup_order_.size() << " of " << runs->size()
               << " runs in the background"
               << (runs->size() > bound ? "; the others when they stream again" : "");
   }
-  {
-    absl::MutexLock lock(&snap_mu_);
-    stats_.runs_rebuilding = static_cast<int64_t>(rebuilding_.size());
-  }
-  PublishSnapshot();
+  views_->Edit([&](std::map<std::string, RunView>&, IngestStats& stats) {
+    stats.runs_rebuilding = static_cast<int64_t>(rebuilding_.size());
+  });
+  Publish();
   return absl::OkStatus();
 }
 
-absl::StatusOr<Ingestor::RunState*> Ingestor::RecoverRun(const RunRow& row) {
+absl::StatusOr<RunState*> RunTable::RecoverRun(const RunRow& row) {
   auto rs = std::make_unique<RunState>(row);
   RunState& r = *rs;
-  if (absl::Status st = RestoreRules(r); !st.ok()) return st;
+  if (absl::Status st = rules_->Restore(r); !st.ok()) return st;
   // From the attempt's newest engine snapshot, when one is usable.
   absl::StatusOr<EngineReplay> replay =
-      StartReplay(row.run_id, row.attempt, std::numeric_limits<int64_t>::max(), r.rules);
+      snapshots_->StartReplay(row.run_id, row.attempt, std::numeric_limits<int64_t>::max(), r.rules);
   if (!replay.ok()) return replay.status();
   absl::Status st = store_->ForEachStep(
       row.run_id, row.attempt,
@@ -302,7 +257,7 @@ absl::StatusOr<Ingestor::RunState*> Ingestor::RecoverRun(const RunRow& row) {
     r.mode_known = true;
     r.rank_mode = true;
     if (rk.rank < 0 || rk.rank >= row.world_size) continue;
-    if (rk.step - base > options_.max_step_jump) continue;
+    if (rk.step - base > options_->max_step_jump) continue;
     r.pending.try_emplace(rk.step, clock_->NowMs())
         .first->second.Add(rk.rank, wire::StepFromProto(rep));
   }
@@ -318,7 +273,7 @@ absl::StatusOr<Ingestor::RunState*> Ingestor::RecoverRun(const RunRow& row) {
   return runs_.insert_or_assign(row.run_id, std::move(rs)).first->second.get();
 }
 
-absl::StatusOr<RunSnapshot> Ingestor::StoredSnapshot(const RunRow& row) {
+absl::StatusOr<RunView> RunTable::StoredView(const RunRow& row) {
   RunState r(row);
   if (row.last_step >= 0) {
     absl::StatusOr<std::vector<StepRow>> last =
@@ -336,11 +291,11 @@ absl::StatusOr<RunSnapshot> Ingestor::StoredSnapshot(const RunRow& row) {
   if (!overflows.ok()) return overflows.status();
   r.loss_scale_overflows_total = *overflows;
   if (absl::Status st = RestoreIncidents(store_, &r.incidents, row.run_id); !st.ok()) return st;
-  return SnapshotOf(r);
+  return ViewOf(r);
 }
 
-RunSnapshot Ingestor::SnapshotOf(const RunState& r) {
-  RunSnapshot s;
+RunView RunTable::ViewOf(const RunState& r) {
+  RunView s;
   s.row = r.row;
   s.rank_mode = r.rank_mode;
   s.latest = r.latest;
@@ -358,19 +313,43 @@ RunSnapshot Ingestor::SnapshotOf(const RunState& r) {
   return s;
 }
 
-void Ingestor::PublishSnapshot() {
+void RunTable::Publish() {
   // Only the runs held can have changed; evicted ones keep theirs.
-  absl::MutexLock lock(&snap_mu_);
-  for (const auto& [id, r] : runs_) snapshot_[id] = SnapshotOf(*r);
-  stats_.runs_in_memory = static_cast<int64_t>(runs_.size());
+  views_->Edit([&](std::map<std::string, RunView>& views, IngestStats& stats) {
+    for (const auto& [id, r] : runs_) views[id] = ViewOf(*r);
+    stats.runs_in_memory = static_cast<int64_t>(runs_.size());
+  });
 }
 
-std::vector<RunSnapshot> Ingestor::Snapshot() const {
-  absl::MutexLock lock(&snap_mu_);
-  std::vector<RunSnapshot> out;
-  out.reserve(snapshot_.size());
-  for (const auto& [id, s] : snapshot_) out.push_back(s);
-  return out;
+std::pair<RunState*, IncidentRow*> RunTable::FindOpenIncident(int64_t incident_id) {
+  for (auto& [id, rs] : runs_) {
+    if (IncidentRow* found = rs->incidents.FindOpen(incident_id)) return {rs.get(), found};
+  }
+  return {nullptr, nullptr};
+}
+
+absl::Status RunTable::RebuildStale() {
+  if (stale_.empty()) return absl::OkStatus();
+  absl::StatusOr<std::vector<RunRow>> rows = store_->LoadRuns();
+  if (!rows.ok()) return rows.status();
+  for (const RunRow& row : *rows) {
+    if (stale_.count(row.run_id) == 0) continue;
+    absl::StatusOr<RunState*> rebuilt = RecoverRun(row);
+    if (!rebuilt.ok()) return rebuilt.status();
+    // Not rebuilt from the store: the last published (durable) count.
+    if (std::optional<RunView> view = views_->Get(row.run_id)) {
+      (*rebuilt)->missing_rank_steps_total = view->missing_rank_steps_total;
+    }
+    stale_.erase(row.run_id);
+  }
+  // The rest were new in the failed batch: the store never had them.
+  for (const std::string& id : stale_) {
+    runs_.erase(id);
+    evicted_.erase(id);
+    views_->Erase(id);
+  }
+  stale_.clear();
+  return absl::OkStatus();
 }
 
 }  // namespace trainwatch::server

@@ -1,21 +1,16 @@
-// The operator's decisions on incidents and the rollback commands they
-// become, on the writer thread: the store lookups and the rows written here,
-// the rules in rollback.h.
+// The operator's decisions and the commands they become (decisions.h): the
+// store lookups and the rows written here, the rules in rollback.h.
+
+#include "ingest/decisions.h"
 
 #include <algorithm>
 
-#include "ingest/ingest.h"
 #include "common/log.h"
 #include "absl/strings/str_cat.h"
 
 namespace trainwatch::server {
 
-void Ingestor::Decide(DecisionRequest request, std::function<void(DecisionOutcome)> done) {
-  absl::MutexLock lock(&mu_);
-  tasks_.push_back({std::move(request), std::move(done)});
-}
-
-DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
+DecisionOutcome Decisions::Run(const DecisionRequest& r, int64_t now) {
   namespace v1 = trainwatch::v1;
   DecisionOutcome out;
   const std::string pub = absl::StrCat("I-", r.incident_id);
@@ -40,14 +35,7 @@ DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
     }
   }
   // Find the incident: in memory while open, else in the store.
-  RunState* run = nullptr;
-  IncidentRow* live = nullptr;
-  for (auto& [id, rs] : runs_) {
-    if (IncidentRow* found = rs->incidents.FindOpen(r.incident_id)) {
-      run = rs.get();
-      live = found;
-    }
-  }
+  auto [run, live] = runs_->FindOpenIncident(r.incident_id);
   IncidentRow stored;
   if (live == nullptr) {
     absl::StatusOr<std::optional<IncidentRow>> inc = store_->GetIncident(r.incident_id);
@@ -61,8 +49,8 @@ DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
     }
     stored = **inc;
     // Open in the store, its run evicted from memory: rebuild the run.
-    if (!IsClosed(stored.state) && evicted_.count(stored.run_id) > 0) {
-      run = RunFor(stored.run_id, 0, now, /*create=*/false);
+    if (!IsClosed(stored.state) && runs_->IsEvicted(stored.run_id)) {
+      run = runs_->Get(stored.run_id, 0, now, /*create=*/false);
       if (run != nullptr) live = run->incidents.FindOpen(r.incident_id);
       if (live == nullptr) run = nullptr;
     }
@@ -78,7 +66,7 @@ DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
     out.status = absl::FailedPreconditionError(absl::StrCat(pub, " is not open"));
     return out;
   }
-  const int64_t decision_id = ids_.next_decision;
+  const int64_t decision_id = batch_->ids.next_decision;
   v1::Decision d;
   d.set_decision_id(absl::StrCat("D-", decision_id));
   d.set_incident_id(pub);
@@ -108,14 +96,14 @@ DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
     }
     *d.mutable_plan() = *std::move(plan);
     d.set_command_id(absl::StrCat("C-", decision_id));
-    // Nothing in a followed run's trainer can load a checkpoint (ingest.h).
+    // Nothing in a followed run's trainer can load a checkpoint.
     d.set_manual_restart(run->row.observed);
   }
   out.decision = d.SerializeAsString();
   if (r.dry_run) return out;  // what would happen; nothing recorded
 
-  ++ids_.next_decision;
-  batch_.decisions.push_back({decision_id, inc.id, inc.run_id, r.actor,
+  ++batch_->ids.next_decision;
+  batch_->rows.decisions.push_back({decision_id, inc.id, inc.run_id, r.actor,
                               r.approve ? "approve_rollback" : "reject_rollback", r.comment,
                               out.decision, r.idempotency_key, now});
   IncidentRow updated = inc;
@@ -128,16 +116,16 @@ DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
     c->set_run_id(inc.run_id);
     c->mutable_issued_at()->set_seconds(now / 1000);
     *c->mutable_rollback() = d.plan();
-    batch_.commands.push_back({d.command_id(), inc.run_id, inc.id,
+    batch_->rows.commands.push_back({d.command_id(), inc.run_id, inc.id,
                                d.manual_restart() ? "manual_restart" : "rollback",
                                c->SerializeAsString(), now});
     for (const auto& range : d.plan().quarantine().ranges()) {
-      batch_.quarantines.push_back(
+      batch_->rows.quarantines.push_back(
           {inc.run_id, range.first(), range.last(), inc.id, decision_id, now});
       run->quarantined.ranges.emplace_back(range.first(), range.last());
     }
     for (const std::string& name : d.plan().quarantine().names()) {
-      batch_.quarantines.push_back({inc.run_id, 0, 0, inc.id, decision_id, now, name});
+      batch_->rows.quarantines.push_back({inc.run_id, 0, 0, inc.id, decision_id, now, name});
       run->quarantined.names.push_back(name);
     }
     RollbackCommand ac;
@@ -152,24 +140,24 @@ DecisionOutcome Ingestor::RunDecision(const DecisionRequest& r, int64_t now) {
                 << "): rollback " << d.command_id() << " recorded, not sent; the trainer must be "
                 << "restarted by hand after step " << ac.target_step;
     } else {
-      outgoing_.emplace_back(inc.run_id, 0, ac.message);
+      batch_->outgoing.emplace_back(inc.run_id, 0, ac.message);
     }
     if (!d.manual_restart() &&
         (d.plan().quarantine().ranges_size() > 0 || d.plan().quarantine().names_size() > 0)) {
-      outgoing_.emplace_back(inc.run_id, 0, QuarantineMessage(inc.run_id, run->quarantined));
+      batch_->outgoing.emplace_back(inc.run_id, 0, QuarantineMessage(inc.run_id, run->quarantined));
     }
   } else {
     updated.state = IncidentState::kDismissed;
     updated.closed_ms = now;
   }
   out.state = updated.state;
-  sink().Record(updated, updated.state != inc.state ? IncidentChange::kStateChanged
+  batch_->sink().Record(updated, updated.state != inc.state ? IncidentChange::kStateChanged
                                                     : IncidentChange::kUpdated);
   if (live != nullptr) run->incidents.Update(updated);
   return out;
 }
 
-void Ingestor::HandleCommandAck(RunState* run, const trainwatch::v1::CommandAck& a,
+void Decisions::HandleCommandAck(RunState* run, const trainwatch::v1::CommandAck& a,
                                 int64_t now) {
   // Command ids stay short ("C-<decision>", typed by operators and kept in
   // the audit log) and so are guessable; what makes them safe is that an
@@ -183,11 +171,10 @@ void Ingestor::HandleCommandAck(RunState* run, const trainwatch::v1::CommandAck&
                  << (run == nullptr         ? std::string("no such run")
                      : !run->command        ? std::string("no command under way")
                                             : "the command under way is " + run->command->id);
-    absl::MutexLock lock(&snap_mu_);
-    stats_.refused_acks_total++;
+    views_->Count(&IngestStats::refused_acks_total);
     return;
   }
-  batch_.command_acks.push_back({a.command_id(), a.run_id(), a.rank(),
+  batch_->rows.command_acks.push_back({a.command_id(), a.run_id(), a.rank(),
                                  static_cast<int>(a.status()), a.message(),
                                  a.has_resumed_step() ? a.resumed_step() : -1, now});
   if (a.status() == trainwatch::v1::ACK_STATUS_FAILED) {
@@ -199,17 +186,18 @@ void Ingestor::HandleCommandAck(RunState* run, const trainwatch::v1::CommandAck&
   }
 }
 
-void Ingestor::CompleteRollback(RunState& run, int64_t now) {
+void Decisions::CompleteRollback(RunState& run, int64_t now) {
   const RollbackCommand cmd = *run.command;
   run.command.reset();
   const int64_t target = cmd.target_step;
   // A new attempt: its history is the old one's up to the checkpoint, and
   // the engine is rebuilt from exactly that.
-  const int64_t fed = StartAttempt(run, target, AttemptStart::kRollback, cmd.incident_id,
-                                   cmd.world_size, now);  // the new attempt's world
+  const int64_t fed =  // the new attempt has the command's world
+      snapshots_->OpenAttempt(run, target, AttemptStart::kRollback, cmd.incident_id,
+                              cmd.world_size, now);
   if (IncidentRow* inc = run.incidents.FindOpen(cmd.incident_id)) {
     inc->updated_ms = now;
-    sink().Record(*inc, IncidentChange::kUpdated);
+    batch_->sink().Record(*inc, IncidentChange::kUpdated);
     run.incidents.Watch(inc->id, inc->detection_step);
   }
   LOG(INFO) << "run " << run.row.run_id << ": rollback " << cmd.id << " applied by all "
@@ -217,7 +205,7 @@ void Ingestor::CompleteRollback(RunState& run, int64_t now) {
             << target << " (" << fed << " steps of history)";
 }
 
-void Ingestor::AnswerHello(RunState& run, const trainwatch::v1::Hello& hello, HelloKind kind,
+void Decisions::AnswerHello(RunState& run, const trainwatch::v1::Hello& hello, HelloKind kind,
                            int64_t now, trainwatch::v1::DurabilityAck* ack) {
   namespace v1 = trainwatch::v1;
   if (run.command && !run.row.observed && run.command->applied.count(hello.rank()) == 0) {
@@ -238,7 +226,7 @@ void Ingestor::AnswerHello(RunState& run, const trainwatch::v1::Hello& hello, He
         hello.host_name().empty() ? "an unnamed host" : hello.host_name(), ", world size ",
         hello.world_size(), ") while ", inc.public_id(),
         " awaited a decision: it trains on without a rollback");
-    const int64_t did = ids_.next_decision++;
+    const int64_t did = batch_->ids.next_decision++;
     v1::Decision d;
     d.set_decision_id(absl::StrCat("D-", did));
     d.set_incident_id(inc.public_id());
@@ -249,16 +237,16 @@ void Ingestor::AnswerHello(RunState& run, const trainwatch::v1::Hello& hello, He
     d.mutable_actor()->set_via("hello");
     d.mutable_decided_at()->set_seconds(now / 1000);
     d.set_comment(comment);
-    batch_.decisions.push_back({did, inc.id, run.row.run_id, "trainwatchd", "restarted_undecided",
+    batch_->rows.decisions.push_back({did, inc.id, run.row.run_id, "trainwatchd", "restarted_undecided",
                                 comment, d.SerializeAsString(), "", now});
     LOG(WARNING) << "run " << run.row.run_id << ": " << comment;
   }
 }
 
-void Ingestor::SendPendingCommand(RunState& run, uint64_t stream, int32_t rank) {
-  // A followed run's streams get no command (ingest.h).
+void Decisions::SendPendingCommand(RunState& run, uint64_t stream, int32_t rank) {
+  // A followed run's streams get no command (decisions.h).
   if (!run.command || run.row.observed || run.command->applied.count(rank) > 0) return;
-  outgoing_.emplace_back(run.row.run_id, stream, run.command->message);
+  batch_->outgoing.emplace_back(run.row.run_id, stream, run.command->message);
 }
 
 }  // namespace trainwatch::server

@@ -297,7 +297,7 @@ TEST_CASE(
   // Nothing rebuilt yet; the operator sees the stored runs, marked.
   CHECK(lazy.Stats().runs_rebuilding == 4);
   CHECK(lazy.Stats().runs_in_memory == 0);
-  for (const RunSnapshot& s : lazy.ingestor_->Snapshot()) {
+  for (const RunView& s : lazy.ingestor_->views().All()) {
     CHECK(s.rebuilding);
     CHECK(s.row.last_step == kHistory - 1);
   }
@@ -310,7 +310,7 @@ TEST_CASE(
   REQUIRE(testing::WaitUntil([&] { return lazy.Stats().runs_rebuilding == 0; },
                              std::chrono::seconds(30)));
   CHECK(lazy.Stats().runs_in_memory == 4);
-  for (const RunSnapshot& s : lazy.ingestor_->Snapshot()) CHECK_FALSE(s.rebuilding);
+  for (const RunView& s : lazy.ingestor_->views().All()) CHECK_FALSE(s.rebuilding);
   const std::string a = lazy.Decisions("r3", 0, kHistory);
   const std::string b = ref.Decisions("r3", 0, kHistory);
   CHECK(a.find(":1:") != std::string::npos);  // the continuation's bad batch was skipped

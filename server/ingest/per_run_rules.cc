@@ -1,13 +1,13 @@
 // The rules each run is judged by, and the agents' own decisions against the
-// server's (the rules are in ingest.h, "The run's rules"). Writer thread
-// only.
+// server's (per_run_rules.h).
+
+#include "ingest/per_run_rules.h"
 
 #include <fnmatch.h>
 
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "ingest/ingest.h"
 #include "common/log.h"
 #include "trainwatch/core/rule_config_hash.h"
 #include "trainwatch/wire/enums.h"
@@ -25,21 +25,21 @@ void SetRules(const core::RuleConfig& rules, std::string source, RunRow* row) {
 
 }  // namespace
 
-void Ingestor::AssignRules(RunState& run) const {
-  for (const RunRules& r : options_.run_rules) {
+void PerRunRules::Assign(RunState& run) const {
+  for (const RunRules& r : options_->run_rules) {
     if (fnmatch(r.pattern.c_str(), run.row.run_id.c_str(), 0) == 0) {
       run.rules = r.rules;
       SetRules(r.rules, absl::StrCat("server --run_rules ", r.pattern), &run.row);
       return;
     }
   }
-  run.rules = options_.rules;
-  SetRules(options_.rules, options_.rules_source, &run.row);
+  run.rules = options_->rules;
+  SetRules(options_->rules, options_->rules_source, &run.row);
 }
 
-absl::Status Ingestor::RestoreRules(RunState& run) const {
+absl::Status PerRunRules::Restore(RunState& run) const {
   if (run.row.rules_json.empty()) {  // stored before migration 7
-    AssignRules(run);
+    Assign(run);
     run.row_dirty = true;
     return absl::OkStatus();
   }
@@ -50,7 +50,7 @@ absl::Status Ingestor::RestoreRules(RunState& run) const {
   return absl::OkStatus();
 }
 
-void Ingestor::AdoptHelloRules(RunState& run, const v1::Hello& h) {
+void PerRunRules::AdoptHello(RunState& run, const v1::Hello& h) {
   if (h.rules_json().empty()) return;
   // Checked by CheckAgentMessage before the stream handed it over.
   absl::StatusOr<core::RuleConfig> rules = core::ParseRuleConfigJson(h.rules_json(), "hello");
@@ -75,7 +75,7 @@ void Ingestor::AdoptHelloRules(RunState& run, const v1::Hello& h) {
   LOG(INFO) << "run " << run.row.run_id << ": judged by the rules its agent announced";
 }
 
-void Ingestor::RecordAgentVerdict(RunState& run, const v1::StepReport& r, int64_t now) {
+void PerRunRules::RecordAgentVerdict(RunState& run, const v1::StepReport& r, int64_t now) {
   const v1::Verdict agent = r.verdict();
   const v1::Verdict server = wire::DecisionToProto(run.out.verdict.decision);
   // VERDICT_UNSPECIFIED: a trainer's own record without the agent's
@@ -107,7 +107,7 @@ void Ingestor::RecordAgentVerdict(RunState& run, const v1::StepReport& r, int64_
   for (const auto& [episode, inc] : run.incidents.open()) {
     if (inc.detection_step == r.step()) incident = inc.id;
   }
-  const int64_t did = ids_.next_decision++;
+  const int64_t did = batch_->ids.next_decision++;
   v1::Decision d;
   d.set_decision_id(absl::StrCat("D-", did));
   if (incident != 0) d.set_incident_id(absl::StrCat("I-", incident));
@@ -129,7 +129,7 @@ void Ingestor::RecordAgentVerdict(RunState& run, const v1::StepReport& r, int64_
                              " (", v1::Rule_Name(d.agent_rule().rule()), ": ",
                              r.verdict_reason().explanation(), ") by ", agent_rules,
                              "; the server's engine: ", v1::Verdict_Name(server)));
-  batch_.decisions.push_back({did, incident, run.row.run_id, d.actor().id(),
+  batch_->rows.decisions.push_back({did, incident, run.row.run_id, d.actor().id(),
                               agent == v1::VERDICT_SKIP ? "agent_skip" : "agent_halt",
                               d.comment(), d.SerializeAsString(), "", now});
 }

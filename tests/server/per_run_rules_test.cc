@@ -2,7 +2,9 @@
 // its run at the server too, an agent without rules takes the run's from
 // the server (every rank switching at the same step), what the agent decided
 // is on record as a decision, a divergence is counted, and a restart of
-// trainwatchd keeps the run's rules. Real server, real C++ agents.
+// trainwatchd keeps the run's rules. Real server, real C++ agents; at the
+// end, the component alone (per_run_rules.h), where a new per-run policy
+// gets its cases.
 
 #include <grpcpp/grpcpp.h>
 
@@ -19,6 +21,7 @@
 #include "daemon/server.h"
 #include "server_fixture.h"
 #include "test_util.h"
+#include "ingest/per_run_rules.h"
 #include "testing/wait.h"
 #include "trainwatch/agent/agent.h"
 #include "trainwatch/core/config.h"
@@ -59,9 +62,9 @@ agent::StepInput Input(int64_t step, std::mt19937_64& rng, bool bad) {
   return in;
 }
 
-RunSnapshot SnapshotOf(Running& tw, const std::string& run) {
+RunView SnapshotOf(Running& tw, const std::string& run) {
   tw.server->ingestor()->Flush();
-  for (const RunSnapshot& s : tw.server->ingestor()->Snapshot()) {
+  for (const RunView& s : tw.server->ingestor()->views().All()) {
     if (s.row.run_id == run) return s;
   }
   FAIL("no run " << run);
@@ -102,7 +105,7 @@ TEST_CASE("rules: an agent's own rules judge its run at a server on defaults - a
   CHECK((*a)->Stats().records_acked == kBadStep + 6);
   CHECK((*a)->Stats().server_rules_from_step == -1);  // its own rules, never the server's
 
-  const RunSnapshot snap = SnapshotOf(tw, run);
+  const RunView snap = SnapshotOf(tw, run);
   CHECK(snap.row.rules_source == "agent");
   CHECK(snap.row.rules_json == core::RuleConfigToJson(Lowered()));
   CHECK(snap.skipped_total == 1);  // the server judged by the agent's rules
@@ -142,7 +145,7 @@ TEST_CASE("rules: an agent's own rules judge its run at a server on defaults - a
   // rules and hands them to an agent that has none.
   tw.server.reset();
   tw = StartServer(db);
-  const RunSnapshot again = SnapshotOf(tw, run);
+  const RunView again = SnapshotOf(tw, run);
   CHECK(again.row.rules_source == "agent");
   CHECK(again.skipped_total == 1);
   const v1::DurabilityAck answer = HelloAnswer(tw.channel, run);
@@ -204,7 +207,7 @@ TEST_CASE("rules: agents without rules switch to the server's at the same step o
   }
   // By the server's rules the agent skips locally where the server decides.
   CHECK(decided[0][kBadStep] == Decision::kSkipUpdate);
-  const RunSnapshot snap = SnapshotOf(tw, run);
+  const RunView snap = SnapshotOf(tw, run);
   CHECK(snap.row.rules_source == "server --rules");
   CHECK(snap.skipped_total == 1);
   CHECK(snap.agent_decisions_total == 1);
@@ -232,7 +235,7 @@ TEST_CASE("rules: an agent that does not announce its rules diverges - counted a
   }
   REQUIRE(a.WaitDurable(0, 10));
   a.Close();
-  const RunSnapshot snap = SnapshotOf(tw, run);
+  const RunView snap = SnapshotOf(tw, run);
   CHECK(snap.row.rules_source == "server defaults");
   CHECK(snap.skipped_total == 0);
   CHECK(snap.decision_divergences_total == 1);
@@ -296,6 +299,67 @@ TEST_CASE("rules: a hello's rules are checked - too long or invalid is refused n
   absl::Status too_long = CheckAgentMessage(m, {}, limits);
   CHECK(too_long.code() == absl::StatusCode::kInvalidArgument);
   CHECK(too_long.message().find("hello: rules_json is") != absl::string_view::npos);
+}
+
+RunState NewRun(const std::string& id) {
+  RunRow row;
+  row.run_id = id;
+  return RunState(row);
+}
+
+TEST_CASE("per-run rules: the first matching --run_rules pattern - else --rules",
+          "[server][per_run_rules]") {
+  IngestOptions options;
+  options.rules.spike_delta_nats = 0.5;
+  options.rules_source = "server --rules";
+  core::RuleConfig big, bigger;
+  big.spike_delta_nats = 0.2;
+  bigger.spike_delta_nats = 0.3;
+  options.run_rules = {{"big-*", big}, {"big-9*", bigger}};
+  Batch batch;
+  PerRunRules rules(&options, &batch);
+
+  RunState a = NewRun("big-90");
+  rules.Assign(a);
+  CHECK(a.rules.spike_delta_nats == 0.2);  // the first match wins
+  CHECK(a.row.rules_source == "server --run_rules big-*");
+  RunState b = NewRun("small");
+  rules.Assign(b);
+  CHECK(b.rules.spike_delta_nats == 0.5);
+  CHECK(b.row.rules_source == "server --rules");
+
+  // What was recorded is what a restart restores.
+  RunState restored(a.row);
+  REQUIRE(rules.Restore(restored).ok());
+  CHECK(restored.rules.spike_delta_nats == 0.2);
+  RunState damaged = NewRun("x");
+  damaged.row.rules_json = "{not json";
+  CHECK_FALSE(rules.Restore(damaged).ok());
+}
+
+TEST_CASE("per-run rules: an agent's rules count before the first evaluated step only",
+          "[server][per_run_rules]") {
+  IngestOptions options;
+  Batch batch;
+  PerRunRules rules(&options, &batch);
+  core::RuleConfig own;
+  own.spike_delta_nats = 0.7;
+  trainwatch::v1::Hello hello;
+  hello.set_rules_json(core::RuleConfigToJson(own));
+
+  RunState fresh = NewRun("f");
+  rules.Assign(fresh);
+  rules.AdoptHello(fresh, hello);
+  CHECK(fresh.rules.spike_delta_nats == 0.7);
+  CHECK(fresh.row.rules_source == "agent");
+  CHECK(fresh.engine != nullptr);
+
+  RunState judged = NewRun("j");
+  rules.Assign(judged);
+  judged.row.last_step = 10;  // its history was judged by the rules it has
+  rules.AdoptHello(judged, hello);
+  CHECK(judged.rules.spike_delta_nats == options.rules.spike_delta_nats);
+  CHECK(judged.row.rules_source == "server defaults");
 }
 
 }  // namespace

@@ -1,0 +1,47 @@
+#include "ingest/run_views.h"
+
+#include <utility>
+
+namespace trainwatch::server {
+
+std::vector<RunView> RunViews::All() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<RunView> out;
+  out.reserve(views_.size());
+  for (const auto& [id, v] : views_) out.push_back(v);
+  return out;
+}
+
+std::optional<RunView> RunViews::Get(const std::string& run_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = views_.find(run_id);
+  if (it == views_.end()) return std::nullopt;
+  return it->second;
+}
+
+IngestStats RunViews::Stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+void RunViews::Set(const std::string& run_id, RunView view) {
+  absl::MutexLock lock(&mu_);
+  views_[run_id] = std::move(view);
+}
+
+void RunViews::Erase(const std::string& run_id) {
+  absl::MutexLock lock(&mu_);
+  views_.erase(run_id);
+}
+
+void RunViews::Count(int64_t IngestStats::*counter, int64_t n) {
+  absl::MutexLock lock(&mu_);
+  stats_.*counter += n;
+}
+
+void RunViews::Edit(const Editor& edit) {
+  absl::MutexLock lock(&mu_);
+  edit(views_, stats_);
+}
+
+}  // namespace trainwatch::server

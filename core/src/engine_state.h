@@ -241,7 +241,8 @@ bool CheckNumericalFailure(EngineState& s, const StepFacts& f, StepOutcome* out)
 // ratio past the skip threshold. True when the optimizer update must be
 // skipped (the verdict says so). The trigger is here, inline, because it
 // runs on every record (out of line, it and the spike's and tier 2's cost
-// Observe ~2% more instructions); data_anomaly_rule.cc writes the event.
+// Observe measurably more instructions); data_anomaly_rule.cc writes the
+// event.
 bool ReportDataAnomaly(EngineState& s, const StepFacts& f, bool tier1, double grad_ratio,
                        StepOutcome* out);
 inline bool CheckDataAnomaly(EngineState& s, const StepFacts& f, StepOutcome* out) {

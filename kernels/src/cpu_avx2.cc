@@ -84,10 +84,10 @@ TW_AVX2 float MaxF32(__m256 v) {
 
 // The fast passes ask for the data kPrefetchBytes ahead of where they read,
 // two cache lines per 128 bytes consumed. The hardware prefetcher alone kept
-// too few lines in flight: with it only, the 16-bit passes reached 0.88-0.94x
-// a plain read of the same bytes from memory, with the prefetch 1.1-1.3x
-// (bench/kernels/cpu_stats_bench.py). 2-8 KiB measured alike; 4 KiB is half a
-// 16-bit piece. A prefetch never faults, so reading past the end is harmless.
+// too few lines in flight: with it only, the 16-bit passes read slower than a
+// plain read of the same bytes from memory, with the prefetch faster
+// (bench/kernels/cpu_stats_bench.py; distances of 2-8 KiB alike). 4 KiB is
+// half a 16-bit piece. A prefetch never faults, so reading past the end is harmless.
 constexpr int kPrefetchBytes = 4096;
 
 TW_AVX2 inline void PrefetchAhead(const void* at) {

@@ -38,11 +38,11 @@ absl::Status InTransaction(sqlite3* db, absl::FunctionRef<absl::Status()> body);
 
 // Statements kept prepared between uses on one connection. Parsing a
 // 32-row INSERT costs more than running it, and the store's writer runs the
-// same few statements at every commit: parsing them was a sixth of its CPU
-// at 10,000 records/s on 8 runs x 8 ranks. While a cache is attached to a
-// connection, a SqlStatement on it takes a free statement of the same text
-// from the cache, and on destruction gives it back reset, its bindings
-// cleared. At most kMaxStatements are kept; one more is simply finalized.
+// same few statements at every commit, where parsing them was a large part
+// of its CPU. While a cache is attached to a connection, a SqlStatement on
+// it takes a free statement of the same text from the cache, and on
+// destruction gives it back reset, its bindings cleared. At most
+// kMaxStatements are kept; one more is simply finalized.
 // Not thread-safe: like its connection, used by one thread at a time. The
 // attachment itself is looked up under a lock, from any thread.
 class StatementCache {

@@ -44,17 +44,13 @@ absl::StatusOr<sqlite3*> OpenConnection(const std::string& path, const StoreOpti
   // page_size: 8 KiB for a new database (an existing one keeps the size it
   // was made with: WAL mode cannot change it). Two costs pull apart:
   // - a batch appends thousands of step rows, and with SQLite's 4 KiB pages
-  //   the writer paid a b-tree split and two pwrite calls for every ~30
-  //   rows: its CPU for 400k unpaced records, 152-162 ticks at 4 KiB,
-  //   116-139 at 8 KiB, 117-119 at 32 KiB;
+  //   the writer pays a b-tree split and two pwrite calls for every few
+  //   dozen rows: larger pages cost it less CPU;
   // - every commit writes each page it dirtied whole into the WAL, and at a
   //   cluster's steady rate a commit holds a few dozen records spread over
-  //   a page or two per run: at 10,000 records/s (8 runs x 8 ranks) the
-  //   server wrote 4.7 KB per record at 4 KiB, 7.0-7.4 at 8 KiB, 12 at
-  //   16 KiB and 19-21 at 32 KiB (200 MB/s, most of it rewritten pages).
-  // 8 KiB keeps the writer's CPU of the larger pages (unpaced ingest vs the
-  // batch sink, alternated over four rounds: 0.66-0.88x at 8 KiB,
-  // 0.60-0.74x at 32 KiB) at a third of their disk writes.
+  //   a page or two per run: larger pages write more bytes per record.
+  // 8 KiB keeps most of the larger pages' CPU saving at a fraction of their
+  // disk writes (make bench: ingest).
   for (const char* pragma : {"PRAGMA page_size=8192", "PRAGMA journal_mode=WAL", synchronous,
                              "PRAGMA foreign_keys=ON", "PRAGMA temp_store=MEMORY",
                              "PRAGMA cache_size=-16384"}) {
@@ -91,12 +87,12 @@ absl::StatusOr<sqlite3*> OpenConnection(const std::string& path, const StoreOpti
 // automatic checkpoint runs inside the commit that crosses 1,000 WAL pages,
 // on the committing thread: the writer's, whose commit an agent's ack waits
 // for. With --db_synchronous normal that checkpoint also fsyncs the WAL
-// first, and at 10,000 records/s (8 runs x 8 ranks) the p99 ack was 19.8-21.6
-// ms with it against 8.2-9.4 ms with no checkpoints at all. A PASSIVE
-// checkpoint runs beside the writer's commits (WAL mode allows one of each)
-// and never waits for a lock. Should the WAL still outgrow kWriterFrames
-// (the checkpoints falling behind a flood), the writer checkpoints too, as
-// SQLite would have: the file stays bounded.
+// first, which about doubled the p99 ack at a cluster's steady rate (make
+// bench: ingest, paced). A PASSIVE checkpoint runs beside the writer's
+// commits (WAL mode allows one of each) and never waits for a lock. Should
+// the WAL still outgrow kWriterFrames (the checkpoints falling behind a
+// flood), the writer checkpoints too, as SQLite would have: the file stays
+// bounded.
 class Store::Checkpointer {
  public:
   static constexpr int kFrames = 1000;        // SQLite's own threshold
@@ -261,8 +257,7 @@ absl::Status Store::Write(const WriteBatch& b) {
     // matters where tables meet: the steps go in before the attempt copies,
     // so a copy also takes the old attempt's steps still in this batch.
     // An empty table is skipped: preparing its statement anyway is paid on
-    // every commit, and commits are small and many at a steady rate
-    // (unpaced ingest: 1.07x [1.00-1.13] records/s without them).
+    // every commit, and commits are small and many at a steady rate.
     absl::Status s;
     auto write = [&](const auto& table, auto fn) {
       if (s.ok() && !table.empty()) s = fn(db_, table);

@@ -254,7 +254,7 @@ ALTER TABLE runs ADD COLUMN rules_source TEXT NOT NULL DEFAULT '';
     // 10: the two counts a restart reads for every run before its port opens
     // (skipped updates and loss-scale overflows, rows::CountSkipped and
     // rows::CountLossScaleOverflows) were a scan of the attempt's whole
-    // history, 2 s for 8 runs of 500k steps. Partial indexes hold only the
+    // history, seconds for long runs. Partial indexes hold only the
     // rare rows they count, so each count reads those rows alone, and an
     // insert of an ordinary step costs one WHERE test per index.
     // The literals are core::Decision::kSkipUpdate (1) and the flag's true.
@@ -263,9 +263,9 @@ CREATE INDEX steps_skipped ON steps (run_id, attempt) WHERE decision = 1 AND lat
 CREATE INDEX steps_overflowed ON steps (run_id, attempt) WHERE loss_scale_overflow = 1 AND late = 0;
 )sql",
     // 11: fewer pages written per commit, which is what a durable ack
-    // waits for (the WAL is written and synced a page at a time). Measured
-    // on 8 runs x 8 ranks at 10,000 records/s: a commit dirtied about 38
-    // pages for 41 records, 26 of them rank_steps' and 4 the runs rows'.
+    // waits for (the WAL is written and synced a page at a time). At a
+    // cluster's steady rate a commit dirtied about a page per record, most
+    // of them rank_steps' and the runs rows'.
     // - rank_steps was keyed by run: each commit added rows in the middle of
     //   the table, once per run, and every leaf split there rebalanced its
     //   siblings. Rows now go to the end of the table in arrival order and a

@@ -86,10 +86,9 @@ struct AgentConfig {
   // the same rules, so local decisions stay identical on every rank. The
   // step never waits for this; the switch rebuilds the engine from the kept
   // records (resume_history_records) by the new rules, as the server judged
-  // them. That replay runs inside the switching step, once per run: about
-  // a microsecond a kept record (0.5-1 ms when the server answers within
-  // the first thousand steps, tens of ms if it first answers after 20,000).
-  // An agent without a server stays on the defaults.
+  // them. That replay runs inside the switching step, once per run, and
+  // costs in proportion to the records kept: small when the server answers
+  // early. An agent without a server stays on the defaults.
   std::optional<core::RuleConfig> rules;
   // Records waiting for a durable ack, in memory; past this they spill.
   size_t memory_records = 16384;
@@ -110,14 +109,12 @@ struct AgentConfig {
   // threads run (the pump, the writer, its reader; capped at nice 19), on
   // top of SCHED_BATCH. SCHED_BATCH alone only stops a wake-up of theirs
   // from preempting the training thread at once; at the next tick they may
-  // still take its core. Nicer, they take it less often (on a loaded 2-core
-  // host, agent_overhead: 69-211 of the training thread's preemptions in
-  // 2.5 s were theirs at nice 10, 198-312 at 0, in a noisy machine), but
-  // they also get less of a contended core: at 20,000 steps/s there, nice
-  // 10 and 19 dropped 15-78% of the records (the ring filled) and took the
-  // server's rules thousands of steps late. Hence 0 by default; raise it
+  // still take its core. Nicer, they take it less often, but they also get
+  // less of a contended core: at a high step rate on a loaded host the ring
+  // fills, records are dropped and the server's rules arrive thousands of
+  // steps late (bench/agent: agent_overhead). Hence 0 by default; raise it
   // only where the sender's core share is safe (a few steps a second need
-  // far under 1% of a core). 0..19. Env: TRAINWATCH_SENDER_NICE.
+  // a tiny fraction of a core). 0..19. Env: TRAINWATCH_SENDER_NICE.
   int sender_nice = 0;
   int reconnect_initial_ms = 100;
   int reconnect_max_ms = 30'000;

@@ -67,7 +67,7 @@ core::Event EventAt(const Trace& t, int64_t step, int tier) {
   return *it;
 }
 
-TEST_CASE("Hugging Face Trainer: the bar before a dict gives its step, DeepSpeed's lines too",
+TEST_CASE("Hugging Face Trainer: the bar before a dict gives its step and DeepSpeed's lines are read too",
           "[cli][formats][hf]") {
   // ymcui/Chinese-LLaMA-Alpaca#534: bars 377-382, a loss at 380, overflows.
   auto t = Parse(Slurp("hf-deepspeed-min-scale.log"));
@@ -87,7 +87,7 @@ TEST_CASE("Hugging Face Trainer: the bar before a dict gives its step, DeepSpeed
   CHECK(HaltedAt(*t) == 384);
 }
 
-TEST_CASE("Hugging Face Trainer: without bars, --logging-steps places the dicts",
+TEST_CASE("Hugging Face Trainer: without bars --logging-steps places the dicts",
           "[cli][formats][hf]") {
   // AnswerDotAI/ModernBERT#233: 'grad_norm': nan from the first line shown.
   const std::string log = Slurp("hf-modernbert-grad-norm-nan.log");
@@ -105,7 +105,7 @@ TEST_CASE("Hugging Face Trainer: without bars, --logging-steps places the dicts"
   CHECK(HaltedAt(*t) == 10);  // a written nan is a tier 3 signal
 }
 
-TEST_CASE("Hugging Face Trainer: bars sharing lines, strings, eval and summary dicts",
+TEST_CASE("Hugging Face Trainer: bars sharing lines and string values with eval and summary dicts",
           "[cli][formats][hf]") {
   // Written from transformers' ProgressCallback: tqdm.write clears the bar
   // with '\r', prints the dict, draws the bar again; transformers 5 prints
@@ -242,7 +242,7 @@ TEST_CASE("Hugging Face trainer_state.json: an output folder is read through its
   fs::remove_all(out);
 }
 
-TEST_CASE("torchtitan: rank 0's step lines, colours and other ranks read past",
+TEST_CASE("torchtitan: rank 0's step lines with colours and other ranks read past",
           "[cli][formats][torchtitan]") {
   // pytorch/torchtitan#3393: the current shape, with torchrun's [rank0]:.
   auto t = Parse(Slurp("torchtitan-rank0.log"));
@@ -374,7 +374,7 @@ TEST_CASE("NeMo 2: Training epoch lines at their global_step", "[cli][formats][n
   CHECK(HaltedAt(*nan) == 1);
 }
 
-TEST_CASE("NeMo 1: Lightning's progress bar, one record per step it shows",
+TEST_CASE("NeMo 1: Lightning's progress bar gives one record per step it shows",
           "[cli][formats][nemo]") {
   // NVIDIA/NeMo-Framework-Launcher#55: global_step one behind the bar's N.
   auto t = Parse(Slurp("nemo1-progress-bar.log"));
@@ -410,7 +410,7 @@ TEST_CASE("NeMo 1: Lightning's progress bar, one record per step it shows",
         "run.log:1:57: reduced_train_loss \"x\" is not a number");
 }
 
-TEST_CASE("Lightning's metrics.csv is a wandb-csv: train rows, val rows read past",
+TEST_CASE("Lightning's metrics.csv is a wandb-csv: train rows read and val rows read past",
           "[cli][formats][lightning]") {
   auto t = Parse(Slurp("lightning-metrics-from-source.csv"));
   REQUIRE(t.ok());

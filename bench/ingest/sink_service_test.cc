@@ -79,22 +79,43 @@ TEST_CASE("ingest sink: the per-record sink acks without a writer batch", "[benc
 
 TEST_CASE("ingest sink: the batch sink waits for more as trainwatchd's commit interval does",
           "[bench][ingest]") {
-  // Four reports 20 ms apart for a stream nobody registered (their acks are
-  // dropped): with no interval, four batches; with a second's, the first
-  // goes at once and the other three together.
-  for (const int64_t interval_ms : {int64_t{0}, int64_t{1000}}) {
+  // Reports for a stream nobody registered (their acks are dropped). No
+  // sleeps decide the outcome, so a loaded machine cannot change it.
+  trainwatch::v1::AgentMessage m;
+  SECTION("with no interval, a lone report is committed without waiting for more") {
+    SinkCounters counters;
+    AckBatcher batcher(50'000, /*interval_ms=*/0, &counters);
+    for (uint64_t step = 1; step <= 4; ++step) {
+      m.mutable_step_report()->set_step(static_cast<int64_t>(step));
+      batcher.Submit(/*stream_id=*/7, trainwatch::v1::AgentMessage(m));
+      // Only this report is queued: a batcher that waited for another one
+      // would never commit it.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (counters.batches.load() < step && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      REQUIRE(counters.batches.load() == step);
+    }
+  }
+  SECTION("with an interval, the first goes at once and the rest wait for it") {
     SinkCounters counters;
     {
-      AckBatcher batcher(50'000, interval_ms, &counters);
-      for (int64_t step = 1; step <= 4; ++step) {
-        trainwatch::v1::AgentMessage m;
-        m.mutable_step_report()->set_step(step);
-        batcher.Submit(/*stream_id=*/7, std::move(m));
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      // An hour: nothing but the drain at the end can end the wait.
+      AckBatcher batcher(50'000, /*interval_ms=*/3'600'000, &counters);
+      m.mutable_step_report()->set_step(1);
+      batcher.Submit(/*stream_id=*/7, trainwatch::v1::AgentMessage(m));
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (counters.batches.load() < 1 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
+      REQUIRE(counters.batches.load() == 1);
+      for (int64_t step = 2; step <= 4; ++step) {
+        m.mutable_step_report()->set_step(step);
+        batcher.Submit(/*stream_id=*/7, trainwatch::v1::AgentMessage(m));
+      }
+      CHECK(counters.batches.load() == 1);  // still waiting
     }  // drains and joins
-    INFO("commit interval " << interval_ms << " ms");
-    CHECK(counters.batches.load() == (interval_ms == 0 ? 4u : 2u));
+    CHECK(counters.batches.load() == 2);
   }
 }
 

@@ -71,7 +71,7 @@ struct IngestStats {
 
 class RunViews {
  public:
-  // Every run's view, in run id order (operator reads page by id).
+  // Every run's view, in run id order (the operator API lists runs by id).
   std::vector<RunView> All() const;
   std::optional<RunView> Get(const std::string& run_id) const;
   // The counters; queue_depth is the caller's to fill.

@@ -30,8 +30,7 @@ v1::AgentMessage StepMessage(const Origin& origin, const Slot& s) {
   static_cast<core::StepValues&>(rep) = s.values;
   rep.step = s.step;
   rep.loss_ema_ratio = s.loss_ema_ratio;
-  rep.nonfinite = s.nonfinite;
-  rep.elements = s.elements;
+  static_cast<core::GradCounts&>(rep) = s;
   rep.shards = !s.gathered_shards.empty() ? absl::MakeConstSpan(s.gathered_shards)
                                           : absl::MakeConstSpan(s.shards, s.shard_count);
   rep.shard_names = s.shard_names;

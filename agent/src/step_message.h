@@ -28,7 +28,7 @@ struct Origin {
   std::string incarnation;
 };
 
-struct Slot {
+struct Slot : core::GradCounts {
   static constexpr size_t kMaxShards = 32;
 
   // A rank's own report (a nonfinite gradient) rather than the run's.
@@ -36,7 +36,6 @@ struct Slot {
   int64_t step = 0;
   core::StepValues values;
   double loss_ema_ratio = 0;  // NaN: not sent
-  uint64_t nonfinite = 0, elements = 0;
   Verdict verdict;
   // The event behind a skip or a halt (a failure path: copied only then),
   // and the hash of the rules the verdict came from.

@@ -98,8 +98,8 @@ StepRow StepAggregate::Finish(int64_t step, int32_t world_size, size_t max_text)
   }
   if (grad_seen_) s.Set(Signal::kGradNorm, grad_nonfinite_ ? kNaN : grad_max_);
   if (counts_seen_) {
-    s.nonfinite = nonfinite_;
-    s.elements = elements_;
+    s.nonfinite = static_cast<uint64_t>(nonfinite_);
+    s.elements = static_cast<uint64_t>(elements_);
     s.Set(Signal::kNanFrac, elements_ > 0 ? static_cast<double>(nonfinite_) /
                                                 static_cast<double>(elements_)
                                           : 0.0);

@@ -53,11 +53,9 @@ class StatementCache;  // sql_statement.h
 // One global step of a run as the store keeps it: the engine's numbers
 // (core::StepValues, the one representation of a step's signals), what the
 // engine derived and decided, and how the step arrived.
-struct StepRow : core::StepValues {
+struct StepRow : core::StepValues, core::GradCounts {
   int64_t step = 0;
   double loss_ema_ratio = 0.0;  // NaN when unknown
-  int64_t nonfinite = -1;       // -1: not reported
-  int64_t elements = -1;
   int decision = 0;             // core::Decision
   std::vector<uint64_t> shards;
   std::vector<std::string> shard_names;  // sorted, unique (migration 4)

@@ -20,12 +20,12 @@ constexpr char kStepColumns[] =
 // How many: a query selecting more after them reads those from this index.
 constexpr int kStepColumnCount = 21;
 
-// -1 (not reported) is stored as NULL.
-void BindCount(SqlStatement& q, int i, int64_t v) {
-  if (v >= 0) {
-    q.Bind(i, v);
+// No counts (core::GradCounts) are stored as NULL, NULL.
+void BindCounts(SqlStatement& q, int i, const core::GradCounts& c) {
+  if (c.has_counts()) {
+    q.Bind(i, static_cast<int64_t>(c.nonfinite)).Bind(i + 1, static_cast<int64_t>(c.elements));
   } else {
-    q.BindNull(i);
+    q.BindNull(i).BindNull(i + 1);
   }
 }
 
@@ -40,8 +40,10 @@ StepRow ReadStep(const SqlStatement& q) {
     if (present & core::Bit(signal)) s.Set(signal, q.Real(1 + i));
   }
   s.loss_ema_ratio = q.Real(10);
-  s.nonfinite = q.IsNull(11) ? -1 : q.Int(11);
-  s.elements = q.IsNull(12) ? -1 : q.Int(12);
+  if (!q.IsNull(12)) {  // NULL: no counts
+    s.nonfinite = static_cast<uint64_t>(q.Int(11));
+    s.elements = static_cast<uint64_t>(q.Int(12));
+  }
   s.decision = static_cast<int>(q.Int(13));
   s.shards = q.Shards(14);
   s.missing_ranks = q.Text(15);
@@ -147,8 +149,7 @@ absl::Status InsertSteps(sqlite3* db, const std::vector<WriteBatch::Step>& steps
           }
         }
         q.Bind(b + 12, int64_t{s.present()}).Bind(b + 13, s.loss_ema_ratio);
-        BindCount(q, b + 14, s.nonfinite);
-        BindCount(q, b + 15, s.elements);
+        BindCounts(q, b + 14, s);
         q.Bind(b + 16, int64_t{s.decision}).BindShards(b + 17, s.shards);
         q.BindUncopied(b + 18, s.missing_ranks).Bind(b + 19, int64_t{s.late});
         q.Bind(b + 20, s.received_ms).BindShardNames(b + 21, s.shard_names);

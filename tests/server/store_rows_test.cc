@@ -62,7 +62,7 @@ TEST_CASE("store rows: steps round-trip and the first write of a step wins", "[s
   CHECK(got.missing_ranks == "3,7");
   CHECK(got.late);
   CHECK(got.received_ms == 101);
-  CHECK((*steps)[0].nonfinite == -1);  // not reported stays not reported
+  CHECK_FALSE((*steps)[0].has_counts());  // not reported stays not reported
 
   auto recent = rows::RecentSteps(db.get(), "r", 0, 2);
   REQUIRE(recent.ok());

@@ -50,6 +50,16 @@ struct TensorStat {
   int64_t elements = 0;
 };
 
+// A step's gradient element counts: how many were nonfinite, of how many.
+// The one encoding of "no counts" wherever a step is kept (the agent's slot,
+// the wire report, the store row extend this): elements == 0, since a
+// reported count always covers at least one element.
+struct GradCounts {
+  uint64_t nonfinite = 0;
+  uint64_t elements = 0;  // 0: no counts
+  bool has_counts() const { return elements > 0; }
+};
+
 // The numbers of one step: a value per signal and which of them are
 // present. The one representation of a step's signals, wherever it is kept:
 // the engine's input, the agent's history and queue, the store's rows.

@@ -17,15 +17,13 @@ Trainer's log_history, the number of optimizer steps it ran, and around
 bad_step whether the weights and AdamW's state were bit-identical across it.
 """
 
-import json
 import os
-import sys
 
 import torch
 import transformers
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
-import trainwatch
+import trainer_job
 from trainwatch.integrations.transformers import watch
 
 VOCAB, SEQ, MICRO = 64, 16, 4
@@ -148,16 +146,8 @@ def main(cfg):
                           "step": hook.verdict.step, "decision": str(hook.verdict.decision),
                           "loss": hook.verdict.loss},
                       final_weights_sum=float(sum(p.detach().double().sum() for p in model.parameters())))
-        if rank == 0:
-            with open(cfg["out"], "w") as f:
-                json.dump(result, f)
+        trainer_job.write_results(cfg["out"], rank, result)
 
 
 if __name__ == "__main__":
-    try:
-        with trainwatch.exit_on_halt():
-            main(json.loads(sys.argv[1]))
-    finally:
-        # gloo's threads abort the process when it exits with the group alive.
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+    trainer_job.run(main)

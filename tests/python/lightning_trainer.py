@@ -21,15 +21,12 @@ micro-batch losses; whether weights and AdamW's state were bit-identical
 across bad_step.
 """
 
-import json
-import os
-import sys
 
 import lightning
 import torch
 from lightning.pytorch.plugins import MixedPrecision
 
-import trainwatch
+import trainer_job
 from trainwatch.integrations.lightning import TrainwatchCallback
 
 VOCAB, SEQ, MICRO = 64, 16, 4
@@ -150,16 +147,8 @@ def main(cfg):
     finally:
         result.update(norms=probe.norms, scales=probe.scales, losses=model.losses,
                       skip_snapshot=probe.same, global_step=trainer.global_step)
-        if trainer.global_rank == 0:
-            with open(cfg["out"], "w") as f:
-                json.dump(result, f)
+        trainer_job.write_results(cfg["out"], trainer.global_rank, result)
 
 
 if __name__ == "__main__":
-    try:
-        with trainwatch.exit_on_halt():
-            main(json.loads(sys.argv[1]))
-    finally:
-        # gloo's threads abort the process when it exits with the group alive.
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+    trainer_job.run(main)

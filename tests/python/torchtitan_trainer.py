@@ -40,6 +40,8 @@ import types
 
 import torch
 
+import trainer_job
+
 VOCAB_TEXT = 512
 NAN_PARAM = "layers.1.feed_forward.w1.weight"
 RULES = {"warmup_steps": 15, "warmup_min_records": 12, "warmup_min_grad_samples": 12,
@@ -231,19 +233,11 @@ def main(cfg):
         result.update(logged=logged, step=trainer.step,
                       verdict=None if hook is None or hook.verdict is None else
                       {"step": hook.verdict.step, "decision": str(hook.verdict.decision)})
-        if rank == 0:
-            with open(cfg["out"], "w") as f:
-                json.dump(result, f)
+        trainer_job.write_results(cfg["out"], rank, result)
 
 
 if __name__ == "__main__":
-    import trainwatch
     config = json.loads(sys.argv[1])
     os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                       HF_HOME=os.path.join(config["work"], "hf"))
-    try:
-        with trainwatch.exit_on_halt():
-            main(config)
-    finally:
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+    trainer_job.run(main, config)

@@ -63,7 +63,7 @@ record() {  # figure round side value
 
 run_engine() {  # side dir round
   local out=$work/engine.$1.$3.json
-  "$2/bin/rule_engine_bench" --benchmark_filter='^BM_ObserveBenign$' \
+  "$2/bin/rule_engine_bench" --benchmark_filter='^BM_JudgeBenign$' \
     --benchmark_min_time="$engine_min_time" --benchmark_format=json \
     >"$out" 2>/dev/null
   record "engine records/s" "$3" "$1" "$("$python" -c '

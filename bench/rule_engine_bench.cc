@@ -28,7 +28,7 @@ std::vector<StepRecord> MakeRecords(const std::vector<trainwatch::synth::Row>& r
 }
 
 // A 500k-step benign run with a slow log_z drift: the steady state.
-void BM_ObserveBenign(benchmark::State& state) {
+void BM_JudgeBenign(benchmark::State& state) {
   trainwatch::synth::Options o;
   o.steps = 500000;
   o.log_z_drift_per_1k = 0.01;
@@ -39,7 +39,7 @@ void BM_ObserveBenign(benchmark::State& state) {
     RuleEngine engine{RuleConfig()};
     StepOutcome out;
     for (const StepRecord& r : recs) {
-      if (!engine.Observe(r, &out).ok()) state.SkipWithError("rejected");
+      if (!engine.Judge(r, &out).ok()) state.SkipWithError("rejected");
     }
     benchmark::DoNotOptimize(out);
     bytes = engine.MemoryBytes();
@@ -47,11 +47,11 @@ void BM_ObserveBenign(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(recs.size()));
   state.counters["state_bytes"] = static_cast<double>(bytes);
 }
-BENCHMARK(BM_ObserveBenign)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_JudgeBenign)->Unit(benchmark::kMillisecond);
 
 // The demo run: a bad batch, a drift, a NaN — events and their formatting
 // included.
-void BM_ObserveDemo(benchmark::State& state) {
+void BM_JudgeDemo(benchmark::State& state) {
   const auto rows = trainwatch::synth::Generate(trainwatch::synth::DemoOptions());
   const auto recs = MakeRecords(rows);
   for (auto _ : state) {
@@ -59,14 +59,14 @@ void BM_ObserveDemo(benchmark::State& state) {
     StepOutcome out;
     size_t events = 0;
     for (const StepRecord& r : recs) {
-      if (!engine.Observe(r, &out).ok()) state.SkipWithError("rejected");
+      if (!engine.Judge(r, &out).ok()) state.SkipWithError("rejected");
       events += out.events.size();
     }
     benchmark::DoNotOptimize(events);
   }
   state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(recs.size()));
 }
-BENCHMARK(BM_ObserveDemo)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_JudgeDemo)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -142,7 +142,7 @@ def from_google_benchmark(doc):
     """rule_engine_bench's repetitions, as one figure in M records/s."""
     rates = [b["items_per_second"] / 1e6 for b in doc["benchmarks"]
              if b.get("run_type", "iteration") == "iteration" and "items_per_second" in b
-             and b["name"].startswith("BM_ObserveBenign")]
+             and b["name"].startswith("BM_JudgeBenign")]
     if not rates:
         return []
     med = statistics.median(rates)
@@ -224,7 +224,7 @@ def benches(build, out_dir, smoke):
     reps = "2" if smoke else "5"
     out = []
     rule = exe(b("bin", "rule_engine_bench"))
-    out.append(("rule_engine", rule and [rule, "--benchmark_filter=^BM_ObserveBenign$",
+    out.append(("rule_engine", rule and [rule, "--benchmark_filter=^BM_JudgeBenign$",
                                          f"--benchmark_repetitions={reps}",
                                          "--benchmark_format=json"]
                 + (["--benchmark_min_time=0.01"] if smoke else []), None))

@@ -6,13 +6,13 @@
 
 #include "absl/strings/match.h"
 #include "fuzz_target.h"
-#include "trainwatch/cli/metrics_file.h"
-#include "trainwatch/cli/replay.h"
+#include "trainwatch/logs/metrics_file.h"
+#include "trainwatch/logs/replay.h"
 #include "trainwatch/core/config.h"
 
 namespace {
 
-using trainwatch::cli::MetricsFormat;
+using trainwatch::logs::MetricsFormat;
 
 constexpr MetricsFormat kFormats[] = {
     MetricsFormat::kAuto,     MetricsFormat::kCsv,      MetricsFormat::kGenericCsv,
@@ -28,12 +28,12 @@ constexpr MetricsFormat kFormats[] = {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  trainwatch::cli::ReadOptions options;
+  trainwatch::logs::ReadOptions options;
   options.format = kFormats[data[0] % (sizeof(kFormats) / sizeof(kFormats[0]))];
   // The first byte's high bit: a Hugging Face log's --logging-steps (its
   // step without progress bars).
   options.logging_steps = (data[0] & 0x80) != 0 ? 10 : 0;
-  absl::StatusOr<trainwatch::cli::Trace> trace = trainwatch::cli::ParseMetrics(
+  absl::StatusOr<trainwatch::logs::Trace> trace = trainwatch::logs::ParseMetrics(
       trainwatch::fuzz::Bytes(data + 1, size - 1), "fuzz-input", options);
   if (!trace.ok()) {
     // Errors name the input, so an operator knows which file is wrong.
@@ -43,12 +43,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The reader refuses only a repeated step; a step going back opens an
   // attempt whose engine holds only earlier steps. So the engine takes every
   // record, and each belongs to one attempt: nothing is dropped.
-  absl::StatusOr<trainwatch::cli::ReplayResult> result =
-      trainwatch::cli::Replay(*trace, trainwatch::core::RuleConfig());
+  absl::StatusOr<trainwatch::logs::ReplayResult> result =
+      trainwatch::logs::Replay(*trace, trainwatch::core::RuleConfig());
   FUZZ_CHECK(result.ok());
   FUZZ_CHECK(result->records == static_cast<int64_t>(trace->size()));
   int64_t in_attempts = 0;
-  for (const trainwatch::cli::ReplayAttempt& a : result->attempts) in_attempts += a.records;
+  for (const trainwatch::logs::ReplayAttempt& a : result->attempts) in_attempts += a.records;
   FUZZ_CHECK(in_attempts == result->records);
   return 0;
 }

@@ -63,7 +63,7 @@ class Agent::Impl {
   }
 
   absl::StatusOr<Verdict> Step(const StepInput& in);
-  absl::Status Observe(const core::StepRecord& rec);
+  absl::Status StepObserved(const core::StepRecord& rec);
   void ReportCheckpoint(int64_t step, const std::string& uri);
   void Acknowledge(const std::string& command_id, AckStatus status, const std::string& message,
                    int64_t resumed_step);
@@ -118,7 +118,7 @@ class Agent::Impl {
   std::vector<std::pair<int64_t, std::string>> checkpoints_;
   core::StepOutcome outcome_;
   core::StepValues values_;  // the last reduced record, for last_values()
-  int64_t values_step_ = -1;  // its step, for Observe()'s order check
+  int64_t values_step_ = -1;  // its step, for StepObserved()'s order check
   std::atomic<int64_t> steps_{0};
   Sender sender_;
 };
@@ -136,7 +136,7 @@ absl::Status Agent::Impl::GatherShards(absl::Span<const uint64_t> mine,
 absl::StatusOr<Verdict> Agent::Impl::Step(const StepInput& in) {
   if (config_.observed) {
     return absl::FailedPreconditionError(
-        "an observed agent (a follower) reports through Observe(), not Step()");
+        "an observed agent (a follower) reports through StepObserved(), not Step()");
   }
   // Checked first, so that nothing is reduced or queued for a step refused.
   if (absl::Status s = core::CheckShardNames("step", in.shard_names); !s.ok()) return s;
@@ -169,7 +169,7 @@ absl::StatusOr<Verdict> Agent::Impl::Step(const StepInput& in) {
   rec.shards = in.shards;
   rec.shard_names = in.shard_names;
   Keep(rec);
-  if (absl::Status s = engine_->Observe(rec, &outcome_); !s.ok()) return s;
+  if (absl::Status s = engine_->Judge(rec, &outcome_); !s.ok()) return s;
   // A skipped or halted step: the bad batch may sit on any rank, so rank 0's
   // record carries every rank's shard ids. Every rank reached this same
   // verdict from the same numbers, so every rank joins this second
@@ -228,9 +228,10 @@ void Agent::Impl::Queue(const StepInput& in, const core::StepRecord& rec,
   sender_.Commit(slot);
 }
 
-absl::Status Agent::Impl::Observe(const core::StepRecord& rec) {
+absl::Status Agent::Impl::StepObserved(const core::StepRecord& rec) {
   if (!config_.observed) {
-    return absl::FailedPreconditionError("Observe() needs an agent created with observed = true");
+    return absl::FailedPreconditionError(
+        "StepObserved() needs an agent created with observed = true");
   }
   if (steps_.load() > 0 && rec.step <= values_step_) {
     return absl::InvalidArgumentError(absl::StrCat("step ", rec.step, " is not above step ",
@@ -240,7 +241,7 @@ absl::Status Agent::Impl::Observe(const core::StepRecord& rec) {
   values_step_ = rec.step;
   values_ = rec;
   Keep(rec);
-  if (absl::Status s = engine_->Observe(rec, &outcome_); !s.ok()) return s;
+  if (absl::Status s = engine_->Judge(rec, &outcome_); !s.ok()) return s;
   if (config_.server_address.empty()) return absl::OkStatus();
   Slot* slot = sender_.BeginRecord();
   if (slot == nullptr) return absl::OkStatus();  // the ring is full: dropped, and counted
@@ -500,7 +501,9 @@ Agent::~Agent() { Close(0); }
 
 absl::StatusOr<Verdict> Agent::Step(const StepInput& input) { return impl_->Step(input); }
 
-absl::Status Agent::Observe(const core::StepRecord& record) { return impl_->Observe(record); }
+absl::Status Agent::StepObserved(const core::StepRecord& record) {
+  return impl_->StepObserved(record);
+}
 
 void Agent::ReportCheckpoint(int64_t step, const std::string& uri) {
   impl_->ReportCheckpoint(step, uri);

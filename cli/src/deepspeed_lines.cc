@@ -29,7 +29,7 @@
 #include "lines.h"
 #include "trace_builder.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 namespace {
 
 using core::Signal;
@@ -269,4 +269,4 @@ std::unique_ptr<LineParser> NewDeepSpeedLayer(absl::string_view source,
   return std::make_unique<DeepSpeedLayer>(source, std::move(trainer));
 }
 
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs

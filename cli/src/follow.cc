@@ -22,6 +22,22 @@
 #include "trace_builder.h"
 
 namespace trainwatch::cli {
+
+using logs::ColumnMap;
+using logs::DetectFormat;
+using logs::FormatName;
+using logs::IsEventFileName;
+using logs::kUnmappedTag;
+using logs::LineParser;
+using logs::LineReader;
+using logs::MetricsFormat;
+using logs::NewLineParser;
+using logs::ParseColumnMap;
+using logs::ParseFormatName;
+using logs::ScalarEvent;
+using logs::SignalOfTag;
+using logs::TraceBuilder;
+
 namespace {
 
 using core::Signal;

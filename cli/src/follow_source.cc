@@ -18,6 +18,12 @@
 
 namespace trainwatch::cli {
 
+using logs::EventFileReader;
+using logs::IsEventFileName;
+using logs::NewestFileNamed;
+using logs::ReadState;
+using logs::ScalarEvent;
+
 namespace {
 
 absl::Status ErrnoError(absl::string_view what, absl::string_view path) {

@@ -33,7 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "trainwatch/cli/tensorboard.h"
+#include "trainwatch/logs/tensorboard.h"
 
 namespace trainwatch::cli {
 
@@ -166,7 +166,7 @@ class EventFolder {
   // The next event with scalars in *event and true; false when nothing
   // complete is there now (a torn final record is waited for). A bad CRC
   // or malformed event is an error naming the file and offset.
-  absl::StatusOr<bool> Next(ScalarEvent* event);
+  absl::StatusOr<bool> Next(logs::ScalarEvent* event);
   int64_t files() const { return static_cast<int64_t>(files_.size()); }
   // Bytes fed past the last complete record, over every file: a torn tail
   // not yet completed.
@@ -176,7 +176,7 @@ class EventFolder {
   struct File {
     std::string path;
     int fd = -1;
-    std::unique_ptr<EventFileReader> reader;
+    std::unique_ptr<logs::EventFileReader> reader;
   };
   absl::Status Discover();
 

@@ -70,7 +70,7 @@ absl::Status FollowStream::Send(const core::StepRecord& record) {
     }
   }
   last_step_ = record.step;
-  return agent_->Observe(record);
+  return agent_->StepObserved(record);
 }
 
 void FollowStream::Checkpoint(int64_t step, const std::string& uri) {

@@ -17,7 +17,7 @@
 #include "lines.h"
 #include "trace_builder.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 namespace {
 
 using core::Signal;
@@ -745,4 +745,4 @@ MetricsFormat FrameworkLineFormat(absl::string_view line) {
   return MetricsFormat::kAuto;
 }
 
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs

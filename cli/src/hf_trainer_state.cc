@@ -21,7 +21,7 @@
 #include "trace_builder.h"
 #include "trainwatch/core/json.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 namespace {
 
 using core::JsonValue;
@@ -169,4 +169,4 @@ bool LooksLikeHfTrainerState(absl::string_view content) {
   return !head.empty() && head[0] == '{' && absl::StrContains(head, "\"log_history\":");
 }
 
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs

@@ -14,7 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "trainwatch/core/large_allocator.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 
 // A whole metrics file read at once, on huge pages (large_allocator.h).
 using LargeString = std::basic_string<char, std::char_traits<char>, core::LargeAllocator<char>>;
@@ -135,6 +135,6 @@ class LineReader {
   int line_no_ = 0;
 };
 
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs
 
 #endif  // TRAINWATCH_CLI_LINES_H_

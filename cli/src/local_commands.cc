@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "commands.h"
-#include "trainwatch/cli/replay.h"
+#include "trainwatch/logs/replay.h"
 #include "trainwatch/core/version.h"
 
 namespace trainwatch::cli {
@@ -19,12 +19,12 @@ class ReplayEntry : public Command {
 
   std::string Help() const override {
     std::string out, err;
-    ReplayCommand({"--help"}, &out, &err);
+    logs::ReplayCommand({"--help"}, &out, &err);
     return out;
   }
 
   int Execute(const Args& args, Context& ctx) const override {
-    return ReplayCommand(args.operands, ctx.out, ctx.err);
+    return logs::ReplayCommand(args.operands, ctx.out, ctx.err);
   }
 };
 

@@ -15,7 +15,7 @@
 #include "lines.h"
 #include "trace_builder.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 
 using core::Signal;
 
@@ -433,4 +433,4 @@ MetricsFormat DetectFormat(absl::string_view content) {
   return deepspeed ? MetricsFormat::kDeepSpeed : MetricsFormat::kCsv;
 }
 
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs

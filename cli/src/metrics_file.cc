@@ -1,4 +1,4 @@
-#include "trainwatch/cli/metrics_file.h"
+#include "trainwatch/logs/metrics_file.h"
 
 #include <algorithm>
 #include <charconv>
@@ -13,12 +13,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "trainwatch/cli/tensorboard.h"
+#include "trainwatch/logs/tensorboard.h"
 #include "trainwatch/core/json.h"
 #include "lines.h"
 #include "trace_builder.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 
 using core::Signal;
 
@@ -638,4 +638,4 @@ absl::StatusOr<Trace> ReadMetricsFile(const std::string& folder_or_file,
   return ParseMetrics(absl::string_view(content.data(), content.size()), path, options);
 }
 
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs

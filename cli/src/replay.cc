@@ -1,4 +1,4 @@
-#include "trainwatch/cli/replay.h"
+#include "trainwatch/logs/replay.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -13,11 +13,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "lines.h"
-#include "trainwatch/cli/tensorboard.h"
+#include "trainwatch/logs/tensorboard.h"
 #include "trainwatch/core/json.h"
 #include "trainwatch/core/rule_engine.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 
 using core::Event;
 
@@ -57,7 +57,7 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace, const core::RuleConfig& 
       next.first_event = result.events.size();
       result.attempts.push_back(next);
     }
-    if (absl::Status s = engine->Observe(rec, &out); !s.ok()) {
+    if (absl::Status s = engine->Judge(rec, &out); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("line ", trace.line(i), ": ", s.message()));
     }
     history.push_back(i);
@@ -496,4 +496,4 @@ int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::s
   return 0;
 }
 
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs

@@ -1,4 +1,4 @@
-#include "trainwatch/cli/tensorboard.h"
+#include "trainwatch/logs/tensorboard.h"
 
 #include <algorithm>
 #include <array>
@@ -18,7 +18,7 @@
 #include "tensorboard_event.pb.h"
 #include "trace_builder.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 
 using core::Signal;
 
@@ -460,4 +460,4 @@ absl::StatusOr<Trace> ReadEventFiles(const std::string& path, const ColumnMap& m
   return ParseEventFiles(files, map, path);
 }
 
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs

@@ -12,7 +12,7 @@
 #include "lines.h"
 #include "trainwatch/core/shard_names.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 
 using core::Signal;
 
@@ -211,4 +211,4 @@ absl::StatusOr<Trace> TraceBuilder::Finish(MetricsFormat format) {
   return std::move(trace_);
 }
 
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs

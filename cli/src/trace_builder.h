@@ -13,9 +13,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "trainwatch/cli/metrics_file.h"
+#include "trainwatch/logs/metrics_file.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 
 // "<source>:<line>:<column>: <what>" as InvalidArgument.
 absl::Status At(absl::string_view source, int line, int column, absl::string_view what);
@@ -188,6 +188,6 @@ std::unique_ptr<LineParser> NewJsonLinesParser(absl::string_view source);
 // Guesses the format from the first lines; kCsv when nothing else matches.
 MetricsFormat DetectFormat(absl::string_view content);
 
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs
 
 #endif  // TRAINWATCH_CLI_SRC_TRACE_BUILDER_H_

@@ -1,10 +1,10 @@
 // The state of one run's rule engine, and the rule families that read and
-// update it. Private to core: RuleEngine::Observe (rule_engine.cc) calls the
+// update it. Private to core: RuleEngine::Judge (rule_engine.cc) calls the
 // families in a fixed order, each family has its own file (the per-record
 // triggers of the cheapest are inline below), and the unit tests drive one
 // family at a time over a hand-made state.
 //
-// The order matters and is Observe's: tier 3 first (a broken step feeds no
+// The order matters and is Judge's: tier 3 first (a broken step feeds no
 // window), then tier 1 (the skip), the spike and tier 2 (the page), the end
 // of an episode, the transient, and the early warnings last.
 
@@ -150,7 +150,7 @@ struct EngineState {
     if (r.shards.empty() || shard_steps.empty()) return;
     const size_t cap = shard_steps.size();
     // Wrapped by a compare, not %: a division on every record was a few
-    // percent of Observe.
+    // percent of Judge.
     size_t slot;
     if (shard_count == cap) {
       slot = shard_head;
@@ -163,7 +163,7 @@ struct EngineState {
     const size_t per = static_cast<size_t>(c.max_shards_per_step);
     const size_t n = std::min(per, r.shards.size());
     // The first id by hand: most steps name one shard, and a memmove call
-    // for eight bytes was a few percent of Observe.
+    // for eight bytes was a few percent of Judge.
     uint64_t* const ids = shard_ids.data() + slot * per;
     if (n > 0) ids[0] = r.shards[0];
     if (n > 1) std::copy_n(r.shards.begin() + 1, n - 1, ids + 1);
@@ -209,7 +209,7 @@ struct EngineState {
   size_t MemoryBytes() const;
 };
 
-// What the rules read about one step: the record, and what Observe derived
+// What the rules read about one step: the record, and what Judge derived
 // from it and from the baseline of the previous steps.
 struct StepFacts {
   const StepRecord& r;
@@ -228,7 +228,7 @@ struct StepFacts {
   bool sigma_ok = false;  // the noise scale has seen enough calm steps
 };
 
-// ---- the rule families, in the order Observe calls them
+// ---- the rule families, in the order Judge calls them
 
 // Tier 3, numerical failure (numerical_rule.cc): a nonfinite value, nonfinite
 // gradients, a loss explosion without a gradient explanation, or a collapsing
@@ -241,7 +241,7 @@ bool CheckNumericalFailure(EngineState& s, const StepFacts& f, StepOutcome* out)
 // ratio past the skip threshold. True when the optimizer update must be
 // skipped (the verdict says so). The trigger is here, inline, because it
 // runs on every record (out of line, it and the spike's and tier 2's cost
-// Observe measurably more instructions); data_anomaly_rule.cc writes the
+// Judge measurably more instructions); data_anomaly_rule.cc writes the
 // event.
 bool ReportDataAnomaly(EngineState& s, const StepFacts& f, bool tier1, double grad_ratio,
                        StepOutcome* out);

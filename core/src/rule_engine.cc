@@ -1,4 +1,4 @@
-// RuleEngine::Observe: one step through the rule families (engine_state.h),
+// RuleEngine::Judge: one step through the rule families (engine_state.h),
 // in their order, over the baseline of the previous steps.
 
 #include "trainwatch/core/rule_engine.h"
@@ -150,7 +150,7 @@ int64_t RuleEngine::last_step() const { return s_->last_step; }
 
 size_t RuleEngine::MemoryBytes() const { return sizeof(RuleEngine) + s_->MemoryBytes(); }
 
-absl::Status RuleEngine::Observe(const StepRecord& r, StepOutcome* out) {
+absl::Status RuleEngine::Judge(const StepRecord& r, StepOutcome* out) {
   EngineState& s = *s_;
   out->events.clear();
   out->verdict = Verdict{};
@@ -172,7 +172,7 @@ absl::Status RuleEngine::Observe(const StepRecord& r, StepOutcome* out) {
 }
 
 bool EngineRebuilder::Feed(const StepRecord& record) {
-  if (record.step > up_to_ || !engine_->Observe(record, &scratch_).ok()) return false;
+  if (record.step > up_to_ || !engine_->Judge(record, &scratch_).ok()) return false;
   ++fed_;
   return true;
 }

@@ -110,7 +110,7 @@ void StepIntake::Evaluate(RunState& run, StepRow s, int64_t now,
                           absl::Span<const core::TensorStat> tensors) {
   core::StepRecord rec = s.View();
   rec.tensors = tensors;
-  if (absl::Status st = run.engine->Observe(rec, &run.out); !st.ok()) {
+  if (absl::Status st = run.engine->Judge(rec, &run.out); !st.ok()) {
     LOG(WARNING) << "run " << run.row.run_id << ": " << st;
     return;
   }

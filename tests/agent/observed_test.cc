@@ -1,5 +1,5 @@
 // An observed agent (AgentConfig::observed, what twctl follow runs): the
-// hello says observed, Observe() streams the record as given with nothing
+// hello says observed, StepObserved() streams the record as given with nothing
 // skipped, and the per-step path of a trainer is refused on it.
 
 #include <catch2/catch.hpp>
@@ -36,7 +36,7 @@ TEST_CASE("observed: the hello says observed and records go as given with nothin
     rec.Set(Signal::kLoss, s == 4 ? std::nan("") : 2.0 + 0.1 * s);  // a NaN loss halts a trainer
     rec.Set(Signal::kGradNorm, 0.25 * s);
     rec.Set(Signal::kNanFrac, 0.125);
-    REQUIRE((*agent)->Observe(rec).ok());
+    REQUIRE((*agent)->StepObserved(rec).ok());
   }
   REQUIRE(
       WaitUntil([&] { return service.global_report(40).has_value(); }, std::chrono::seconds(20)));
@@ -49,19 +49,19 @@ TEST_CASE("observed: the hello says observed and records go as given with nothin
   CHECK(!service.global_report(40)->update_skipped());
   core::StepRecord back;
   back.step = 40;
-  CHECK(absl::IsInvalidArgument((*agent)->Observe(back)));
+  CHECK(absl::IsInvalidArgument((*agent)->StepObserved(back)));
   StepInput in;
   in.step = 50;
   CHECK(absl::IsFailedPrecondition((*agent)->Step(in).status()));
   (*agent)->Close(2000);
 }
 
-TEST_CASE("observed: Observe on a trainer agent is refused", "[agent][observed]") {
+TEST_CASE("observed: StepObserved on a trainer agent is refused", "[agent][observed]") {
   AgentConfig cfg;  // no server: local only
   auto agent = Agent::Create(cfg, std::make_unique<SingleProcessReducer>());
   REQUIRE(agent.ok());
   core::StepRecord rec;
-  CHECK(absl::IsFailedPrecondition((*agent)->Observe(rec)));
+  CHECK(absl::IsFailedPrecondition((*agent)->StepObserved(rec)));
 }
 
 }  // namespace

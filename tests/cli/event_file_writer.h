@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "trainwatch/cli/tensorboard.h"
+#include "trainwatch/logs/tensorboard.h"
 
-namespace trainwatch::cli::testing {
+namespace trainwatch::logs::testing {
 
 // How a scalar is written: TensorBoard's two kinds, with the three places a
 // tensor may hold its value.
@@ -150,6 +150,6 @@ inline void WriteFile(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
 
-}  // namespace trainwatch::cli::testing
+}  // namespace trainwatch::logs::testing
 
 #endif  // TRAINWATCH_TESTS_CLI_EVENT_FILE_WRITER_H_

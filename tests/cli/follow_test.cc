@@ -21,9 +21,16 @@
 #include "stack.h"
 #include "test_util.h"
 #include "testing/wait.h"
-#include "trainwatch/cli/metrics_file.h"
+#include "trainwatch/logs/metrics_file.h"
 
 namespace trainwatch::cli {
+
+using logs::FormatName;
+using logs::MetricsFormat;
+using logs::ParseMetrics;
+using logs::ReadOptions;
+using logs::Trace;
+
 namespace {
 
 using ::trainwatch::testing::Child;
@@ -400,7 +407,7 @@ TEST_CASE("follow: steps going back open a new attempt resuming after the step b
 
 TEST_CASE("follow: a TensorBoard folder that grows is followed and a torn tail is waited for",
           "[cli][follow]") {
-  using testing::ScalarRecord;
+  using logs::testing::ScalarRecord;
   TempDir dir;
   Trainwatchd d(dir, "", "");
   const std::string tb = dir.File("tb");
@@ -410,7 +417,7 @@ TEST_CASE("follow: a TensorBoard folder that grows is followed and a torn tail i
     return ScalarRecord(s, 1e9 + s, "train/loss", 2.0 + 0.01 * s) +
            ScalarRecord(s, 1e9 + s, "train/grad_norm", 0.5 + 0.001 * s);
   };
-  std::string bytes = testing::FileVersionRecord(1e9);
+  std::string bytes = logs::testing::FileVersionRecord(1e9);
   for (int64_t s = 0; s < 10; ++s) bytes += step(s);
   const std::string s10 = step(10);
   Append(file, bytes + s10.substr(0, 7));  // step 10 torn inside its header
@@ -422,7 +429,7 @@ TEST_CASE("follow: a TensorBoard folder that grows is followed and a torn tail i
   REQUIRE(WaitRows(d.db(), "run-tb", 11));
   // A second file, as a trainer's next launch writes: its steps follow.
   Append(tb + "/events.out.tfevents.1700000100.host.1.0",
-         testing::FileVersionRecord(2e9) + step(12) + step(13));
+         logs::testing::FileVersionRecord(2e9) + step(12) + step(13));
   REQUIRE(WaitRows(d.db(), "run-tb", 13));
   ::kill(follow.pid(), SIGTERM);  // flushes step 13, held for more tags
   const int rc = follow.Wait(20);

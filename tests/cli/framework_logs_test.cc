@@ -18,10 +18,10 @@
 
 #include <catch2/catch.hpp>
 
-#include "trainwatch/cli/metrics_file.h"
-#include "trainwatch/cli/replay.h"
+#include "trainwatch/logs/metrics_file.h"
+#include "trainwatch/logs/replay.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 namespace {
 
 using core::Signal;
@@ -499,4 +499,4 @@ TEST_CASE("the frameworks' readers never crash on damaged input", "[cli][formats
 }
 
 }  // namespace
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs

@@ -6,9 +6,9 @@
 
 #include <catch2/catch.hpp>
 
-#include "trainwatch/cli/metrics_file.h"
+#include "trainwatch/logs/metrics_file.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 namespace {
 
 using core::Signal;
@@ -189,4 +189,4 @@ TEST_CASE("format names round-trip and --format forces a reader", "[cli][formats
 }
 
 }  // namespace
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs

@@ -7,9 +7,9 @@
 
 #include <catch2/catch.hpp>
 
-#include "trainwatch/cli/metrics_file.h"
+#include "trainwatch/logs/metrics_file.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 namespace {
 
 using core::Signal;
@@ -204,4 +204,4 @@ TEST_CASE("ReadMetricsFile reports a missing file", "[cli]") {
 }
 
 }  // namespace
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs

@@ -9,10 +9,10 @@
 
 #include <catch2/catch.hpp>
 
-#include "trainwatch/cli/metrics_file.h"
-#include "trainwatch/cli/replay.h"
+#include "trainwatch/logs/metrics_file.h"
+#include "trainwatch/logs/replay.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 namespace {
 
 using core::Signal;
@@ -128,4 +128,4 @@ TEST_CASE("nanoGPT: a run whose every loss is nan halts at its first line",
 }
 
 }  // namespace
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs

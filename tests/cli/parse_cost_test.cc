@@ -23,7 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "lines.h"
 #include "trace_builder.h"
-#include "trainwatch/cli/metrics_file.h"
+#include "trainwatch/logs/metrics_file.h"
 
 namespace {
 std::atomic<long> g_allocations{0};
@@ -37,7 +37,7 @@ void* operator new(std::size_t n) {
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 namespace {
 
 // A W&B-style export whose numbers are written with 17 significant digits
@@ -150,4 +150,4 @@ TEST_CASE("numbers: what the fast path declines still parses or fails as before"
 }
 
 }  // namespace
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs

@@ -8,9 +8,9 @@
 #include <catch2/catch.hpp>
 
 #include "testing/engine_roundtrip.h"
-#include "trainwatch/cli/metrics_file.h"
+#include "trainwatch/logs/metrics_file.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 namespace {
 
 TEST_CASE("real logs: an engine restored from a snapshot decides as the one that never stopped",
@@ -34,4 +34,4 @@ TEST_CASE("real logs: an engine restored from a snapshot decides as the one that
 }
 
 }  // namespace
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs

@@ -11,12 +11,12 @@
 
 #include "event_file_writer.h"
 #include "synthetic.h"
-#include "trainwatch/cli/metrics_file.h"
-#include "trainwatch/cli/replay.h"
-#include "trainwatch/cli/tensorboard.h"
+#include "trainwatch/logs/metrics_file.h"
+#include "trainwatch/logs/replay.h"
+#include "trainwatch/logs/tensorboard.h"
 #include "testing/temp_dir.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 namespace {
 
 const std::string kDir = TRAINWATCH_REALDATA_DIR;
@@ -201,4 +201,4 @@ TEST_CASE("replay speed: a 500k-step metrics file in well under a few seconds",
 }
 
 }  // namespace
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs

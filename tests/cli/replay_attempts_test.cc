@@ -12,11 +12,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "trainwatch/cli/replay.h"
+#include "trainwatch/logs/replay.h"
 #include "trainwatch/core/json.h"
 #include "testing/temp_dir.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 namespace {
 
 struct Line {
@@ -212,4 +212,4 @@ TEST_CASE("replay: a step repeated on the next line is still an error", "[cli][r
 }
 
 }  // namespace
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs

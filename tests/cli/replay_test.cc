@@ -16,14 +16,14 @@
 #include <catch2/catch.hpp>
 
 #include "synthetic.h"
-#include "trainwatch/cli/replay.h"
+#include "trainwatch/logs/replay.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "trainwatch/core/json.h"
 #include "testing/temp_dir.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 namespace {
 
 std::string TempFile(const std::string& name, const std::string& content) {
@@ -289,4 +289,4 @@ TEST_CASE("the twctl binary: table output and exit codes", "[cli][binary]") {
 }
 
 }  // namespace
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs

@@ -2,7 +2,7 @@
 // two scalar kinds, tag mapping, folder merges, damaged files, and a folder
 // written by an independent writer (write_tfevents.py) through twctl.
 
-#include "trainwatch/cli/tensorboard.h"
+#include "trainwatch/logs/tensorboard.h"
 
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -20,10 +20,10 @@
 #include "absl/strings/str_cat.h"
 #include "event_file_writer.h"
 #include "trainwatch/core/event.h"
-#include "trainwatch/cli/replay.h"
+#include "trainwatch/logs/replay.h"
 #include "testing/temp_dir.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 namespace {
 
 using testing::ScalarKind;
@@ -476,4 +476,4 @@ TEST_CASE("tensorboard: the four real logs give the same verdicts when converted
 }
 
 }  // namespace
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs

@@ -12,10 +12,10 @@
 
 #include <catch2/catch.hpp>
 
-#include "trainwatch/cli/metrics_file.h"
-#include "trainwatch/cli/replay.h"
+#include "trainwatch/logs/metrics_file.h"
+#include "trainwatch/logs/replay.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 namespace {
 
 using core::Signal;
@@ -316,4 +316,4 @@ TEST_CASE("the new readers never crash on damaged input", "[cli][formats][robust
 }
 
 }  // namespace
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs

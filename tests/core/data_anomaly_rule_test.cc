@@ -1,5 +1,5 @@
 // Tier 1 alone: CheckDataAnomaly over a fresh EngineState and hand-made step
-// facts, without RuleEngine::Observe.
+// facts, without RuleEngine::Judge.
 
 #include <catch2/catch.hpp>
 

@@ -87,7 +87,7 @@ Result Run(const synth::Options& o) {
   size_t events = 0;
   for (const synth::Row& row : rows) {
     const StepRecord r = synth::ToRecord(row);
-    REQUIRE(engine.Observe(r, &out).ok());
+    REQUIRE(engine.Judge(r, &out).ok());
     d.Int(r.step);
     Add(d, out);
     events += out.events.size();

@@ -72,7 +72,7 @@ class Harness {
     const std::string uri = absl::StrFormat("ckpt://test/%d", step);
     if (step % 1000 == 0) r.checkpoint_uri = uri;
     r.tensors = v.tensors;
-    REQUIRE(engine_.Observe(r, &out_).ok());
+    REQUIRE(engine_.Judge(r, &out_).ok());
     if (out_.verdict.decision != Decision::kContinue) verdicts_[step] = out_.verdict;
     for (const Event& e : out_.events) events_.push_back(e);
   }

@@ -37,7 +37,7 @@ std::vector<Verdict> Verdicts(RuleEngine& engine, int64_t from, int64_t count) {
     const bool bad = s == from + 3;
     r.Set(Signal::kLoss, bad ? 9.0 : 2.5).Set(Signal::kGradNorm, bad ? 40.0 : 1.0);
     r.Set(Signal::kLogZ, 8.0).Set(Signal::kNanFrac, 0.0);
-    REQUIRE(engine.Observe(r, &o).ok());
+    REQUIRE(engine.Judge(r, &o).ok());
     out.push_back(o.verdict);
   }
   return out;
@@ -49,7 +49,7 @@ TEST_CASE("engine rebuilder: the replayed engine decides as the one that lived t
   const std::vector<StepRecord> history = History(3000);
   RuleEngine lived(config);
   StepOutcome o;
-  for (const StepRecord& r : history) REQUIRE(lived.Observe(r, &o).ok());
+  for (const StepRecord& r : history) REQUIRE(lived.Judge(r, &o).ok());
   lived.NoteCheckpoint(2500, "ck/2500");
 
   EngineRebuilder rebuild(config);

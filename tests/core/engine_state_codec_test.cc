@@ -103,7 +103,7 @@ std::string SavedAfter(const RuleConfig& config, int64_t steps) {
   const RandomTrace t(5, steps);
   RuleEngine e(config);
   StepOutcome o;
-  for (size_t i = 0; i < t.rows.size(); ++i) REQUIRE(e.Observe(t.Record(i), &o).ok());
+  for (size_t i = 0; i < t.rows.size(); ++i) REQUIRE(e.Judge(t.Record(i), &o).ok());
   return e.SaveState();
 }
 

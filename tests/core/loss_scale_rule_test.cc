@@ -1,4 +1,4 @@
-// fp16 dynamic loss scaling through RuleEngine::Observe: records carrying a
+// fp16 dynamic loss scaling through RuleEngine::Judge: records carrying a
 // loss scale and the scaler's overflow flag (StepValues::SetLossScale).
 
 #include <cmath>

@@ -1,5 +1,5 @@
 // Tier 3 alone: CheckNumericalFailure over a fresh EngineState and hand-made
-// step facts, without RuleEngine::Observe.
+// step facts, without RuleEngine::Judge.
 
 #include <cmath>
 #include <limits>
@@ -21,7 +21,7 @@ TEST_CASE("numerical rule: nan_frac halts once per episode and clears after clea
           "[core][tier3][family]") {
   EngineState s{Config()};
   StepOutcome out;
-  auto observe = [&](int64_t step, double nan_frac) {
+  auto judge = [&](int64_t step, double nan_frac) {
     out.events.clear();
     out.verdict = Verdict{};
     StepRecord r;
@@ -31,7 +31,7 @@ TEST_CASE("numerical rule: nan_frac halts once per episode and clears after clea
     f.loss = 2.5;
     return CheckNumericalFailure(s, f, &out);
   };
-  REQUIRE(observe(10, 0.01));
+  REQUIRE(judge(10, 0.01));
   CHECK(out.verdict.decision == Decision::kHalt);
   CHECK(out.verdict.rule == EventKind::kNonfiniteGradients);
   REQUIRE(out.events.size() == 1);
@@ -42,19 +42,19 @@ TEST_CASE("numerical rule: nan_frac halts once per episode and clears after clea
   CHECK(out.events[0].recommended_actions[0].kind == RecommendedAction::Kind::kWidenPrecision);
 
   // The same episode: the halt stands, no second event.
-  REQUIRE(observe(11, 0.02));
+  REQUIRE(judge(11, 0.02));
   CHECK(out.verdict.decision == Decision::kHalt);
   CHECK(out.events.empty());
 
   // One clean step does not end the episode (tier3_clear_steps = 2) ...
-  CHECK_FALSE(observe(12, 0.0));
+  CHECK_FALSE(judge(12, 0.0));
   CHECK(out.verdict.decision == Decision::kContinue);
-  REQUIRE(observe(13, 0.5));
+  REQUIRE(judge(13, 0.5));
   CHECK(out.events.empty());
   // ... two do: the next failure is a new episode with its own event.
-  CHECK_FALSE(observe(14, 0.0));
-  CHECK_FALSE(observe(15, 0.0));
-  REQUIRE(observe(16, 0.5));
+  CHECK_FALSE(judge(14, 0.0));
+  CHECK_FALSE(judge(15, 0.0));
+  REQUIRE(judge(16, 0.5));
   CHECK(out.events.size() == 1);
 }
 

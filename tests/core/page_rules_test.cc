@@ -1,5 +1,5 @@
 // The loss spike and tier 2 alone: TrackSpike and CheckPage over a fresh
-// EngineState and hand-made step facts, without RuleEngine::Observe.
+// EngineState and hand-made step facts, without RuleEngine::Judge.
 
 #include <catch2/catch.hpp>
 
@@ -35,7 +35,7 @@ TEST_CASE("spike rule: more than spike_min_steps above the EMA opens an episode"
     r.step = step;
     out.events.clear();
     const bool spike = TrackSpike(s, Facts(r, 2.2), &out);
-    s.prev_loss_step = step;  // what Observe does after the rules
+    s.prev_loss_step = step;  // what Judge does after the rules
     if (spike) spike_steps.push_back(step);
     // Three steps above the EMA are not yet a spike; the fourth is.
     if (step == 103) {

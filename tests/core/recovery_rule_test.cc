@@ -1,5 +1,5 @@
 // The end of an episode alone: CheckRecovery over an EngineState with a
-// hand-opened episode and hand-made step facts, without RuleEngine::Observe.
+// hand-opened episode and hand-made step facts, without RuleEngine::Judge.
 
 #include <catch2/catch.hpp>
 

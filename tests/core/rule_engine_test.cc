@@ -574,18 +574,18 @@ TEST_CASE("steps must strictly increase - a rejected record changes nothing",
   StepRecord r;
   r.step = 10;
   r.Set(Signal::kLoss, 2.0);
-  REQUIRE(e.Observe(r, &out).ok());
+  REQUIRE(e.Judge(r, &out).ok());
   r.Set(Signal::kNanFrac, 0.5);  // would halt if accepted
-  const absl::Status dup = e.Observe(r, &out);
+  const absl::Status dup = e.Judge(r, &out);
   CHECK(dup.code() == absl::StatusCode::kInvalidArgument);
   CHECK(std::string(dup.message()).find("strictly increase") != std::string::npos);
   r.step = 9;
-  CHECK_FALSE(e.Observe(r, &out).ok());
+  CHECK_FALSE(e.Judge(r, &out).ok());
   r.step = -1;
-  CHECK_FALSE(e.Observe(r, &out).ok());
+  CHECK_FALSE(e.Judge(r, &out).ok());
   CHECK(e.last_step() == 10);
   r.step = 11;
-  REQUIRE(e.Observe(r, &out).ok());
+  REQUIRE(e.Judge(r, &out).ok());
   CHECK(out.verdict.decision == Decision::kHalt);
 }
 
@@ -599,8 +599,8 @@ TEST_CASE("identical inputs give identical decisions (every rank agrees)", "[cor
     r.step = row.step;
     r.Set(Signal::kLoss, row.loss).Set(Signal::kGradNorm, row.grad_norm);
     r.Set(Signal::kLogZ, row.log_z).Set(Signal::kNanFrac, row.nan_frac);
-    REQUIRE(a.Observe(r, &oa).ok());
-    REQUIRE(b.Observe(r, &ob).ok());
+    REQUIRE(a.Judge(r, &oa).ok());
+    REQUIRE(b.Judge(r, &ob).ok());
     REQUIRE(oa.verdict.decision == ob.verdict.decision);
     REQUIRE(oa.events.size() == ob.events.size());
     REQUIRE(std::memcmp(&oa.loss_ema_ratio, &ob.loss_ema_ratio, sizeof(double)) == 0);
@@ -652,7 +652,7 @@ TEST_CASE("a long benign run with noise and slow log_z drift raises nothing",
     r.step = row.step;
     r.Set(Signal::kLoss, row.loss).Set(Signal::kGradNorm, row.grad_norm);
     r.Set(Signal::kLogZ, row.log_z).Set(Signal::kNanFrac, row.nan_frac);
-    REQUIRE(e.Observe(r, &out).ok());
+    REQUIRE(e.Judge(r, &out).ok());
     skips += out.verdict.decision != Decision::kContinue;
     for (const auto& ev : out.events) seen.push_back(absl::StrCat(ev.step, " ", ev.reason));
   }

@@ -1,5 +1,5 @@
 // The transient alone: FeedTransient over a fresh EngineState and hand-made
-// losses, without RuleEngine::Observe.
+// losses, without RuleEngine::Judge.
 
 #include <catch2/catch.hpp>
 

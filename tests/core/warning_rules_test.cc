@@ -1,5 +1,5 @@
 // The early warnings alone: CheckWarnings over an EngineState whose bucket
-// histories are filled by hand, without RuleEngine::Observe.
+// histories are filled by hand, without RuleEngine::Judge.
 
 #include <functional>
 
@@ -21,7 +21,7 @@ RuleConfig Config() {
 class WarningFeed {
  public:
   // Steps [from, to): `fill` adds the step's values to the histories, then
-  // the warnings are checked as Observe does. Returns the warnings raised.
+  // the warnings are checked as Judge does. Returns the warnings raised.
   std::vector<Event> Feed(int64_t from, int64_t to,
                           const std::function<void(EngineState&, int64_t)>& fill) {
     std::vector<Event> events;

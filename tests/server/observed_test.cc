@@ -78,10 +78,10 @@ void FollowStep(agent::Agent& a, int64_t step, double loss, double grad_norm) {
   r.Set(core::Signal::kLoss, loss);
   r.Set(core::Signal::kGradNorm, grad_norm);
   r.Set(core::Signal::kNanFrac, 0.0);
-  REQUIRE(a.Observe(r).ok());
+  REQUIRE(a.StepObserved(r).ok());
 }
 
-// The run's snapshot once its last evaluated step reaches `step`.
+// The run's view once its last evaluated step reaches `step`.
 RunView WaitStep(const Running& server, const std::string& run, int64_t step) {
   RunView found;
   const bool reached = WaitUntil(

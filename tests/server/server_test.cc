@@ -165,7 +165,7 @@ TEST_CASE("server: a restart rebuilds every run's state from the store",
     rec.Set(core::Signal::kLogZ, 8.0).Set(core::Signal::kNanFrac, 0.0);
     const uint64_t shard = 1000000 + static_cast<uint64_t>(s);
     rec.shards = absl::MakeConstSpan(&shard, 1);
-    REQUIRE(reference.Observe(rec, &ref_out).ok());
+    REQUIRE(reference.Judge(rec, &ref_out).ok());
   };
   int64_t incidents_before = 0;
   {

@@ -77,8 +77,8 @@ inline RoundTripResult CheckRoundTrip(const core::RuleConfig& config, size_t n, 
       saved = *std::move(restored);
     }
     const core::StepRecord r = record(i);
-    const bool took_a = lived.Observe(r, &a).ok();
-    const bool took_b = saved->Observe(r, &b).ok();
+    const bool took_a = lived.Judge(r, &a).ok();
+    const bool took_b = saved->Judge(r, &b).ok();
     REQUIRE(took_a == took_b);
     if (!took_a || i < cut) continue;
     INFO("record " << i << " (step " << r.step << "), cut at " << cut);

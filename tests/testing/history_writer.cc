@@ -35,7 +35,7 @@ absl::Status WriteHistory(server::Store* store, const HistoryShape& shape) {
       w.step.Set(core::Signal::kLogZ, 8.0 + 0.01 * std::sin(0.05 * x));
       w.step.Set(core::Signal::kNanFrac, 0.0);
       w.step.received_ms = 1;
-      if (absl::Status st = engine.Observe(w.step.View(), &out); !st.ok()) return st;
+      if (absl::Status st = engine.Judge(w.step.View(), &out); !st.ok()) return st;
       w.step.loss_ema_ratio = out.loss_ema_ratio;
       w.step.decision = static_cast<int>(out.verdict.decision);
       skipped += out.verdict.decision == core::Decision::kSkipUpdate;

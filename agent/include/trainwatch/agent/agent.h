@@ -143,7 +143,7 @@ struct AgentConfig {
   // hello (Hello.observed), which marks the run "observed, not enforced".
   // No update can be skipped nor the trainer halted, so the server records
   // tier 1 and tier 3 verdicts as recommended, not applied, and sends the
-  // run no commands. Records come through Observe(), never Step(). Not read
+  // run no commands. Records come through StepObserved(), never Step(). Not read
   // from the environment: only a follower sets it. Default false.
   bool observed = false;
 
@@ -321,7 +321,7 @@ class Agent {
   // derives loss_ema_ratio; the record says no update was skipped. A step
   // not above the last is INVALID_ARGUMENT (a restart is a new Agent with
   // resume_step), as is a call on an agent not created observed.
-  absl::Status Observe(const core::StepRecord& record);
+  absl::Status StepObserved(const core::StepRecord& record);
 
   // The trainer saved a checkpoint at `step`.
   void ReportCheckpoint(int64_t step, const std::string& uri);

@@ -36,7 +36,7 @@ struct Verdict {
 };
 
 // The result of one step. Reused across calls so that the steady state does
-// not allocate: Observe() clears it first.
+// not allocate: Judge() clears it first.
 struct StepOutcome {
   Verdict verdict;
   // The derived health metric (loss / EMA of the previous steps), NaN when
@@ -59,7 +59,7 @@ class RuleEngine {
   // Evaluates one step and updates the run's state. Steps must increase
   // strictly; anything else is InvalidArgument and leaves the state as it
   // was. `out` is cleared and filled.
-  absl::Status Observe(const StepRecord& record, StepOutcome* out);
+  absl::Status Judge(const StepRecord& record, StepOutcome* out);
 
   // Records a checkpoint the trainer saved at `step`, for recommendations
   // (the last `checkpoints_retained` are kept). For notices that arrive

@@ -17,8 +17,8 @@
 // float_val, double_val or tensor_content). Values of any other kind
 // (histograms, images, text, multi-element tensors) are read past.
 
-#ifndef TRAINWATCH_CLI_TENSORBOARD_H_
-#define TRAINWATCH_CLI_TENSORBOARD_H_
+#ifndef TRAINWATCH_LOGS_TENSORBOARD_H_
+#define TRAINWATCH_LOGS_TENSORBOARD_H_
 
 #include <cstdint>
 #include <string>
@@ -27,9 +27,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "trainwatch/cli/metrics_file.h"
+#include "trainwatch/logs/metrics_file.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 
 // CRC32C (Castagnoli polynomial, reflected, as in iSCSI and TFRecord).
 // ExtendCrc32c(Crc32c(a), b) == Crc32c(a + b).
@@ -156,6 +156,6 @@ absl::StatusOr<Trace> ParseEventFiles(const std::vector<EventFileData>& files,
 // (in name order, which is creation order) are read as one run.
 absl::StatusOr<Trace> ReadEventFiles(const std::string& path, const ColumnMap& map = ColumnMap());
 
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs
 
-#endif  // TRAINWATCH_CLI_TENSORBOARD_H_
+#endif  // TRAINWATCH_LOGS_TENSORBOARD_H_

@@ -67,8 +67,8 @@
 // writes is a report, as it is from the agent: a signal (tier 3), even when
 // the metric was never finite before.
 
-#ifndef TRAINWATCH_CLI_METRICS_FILE_H_
-#define TRAINWATCH_CLI_METRICS_FILE_H_
+#ifndef TRAINWATCH_LOGS_METRICS_FILE_H_
+#define TRAINWATCH_LOGS_METRICS_FILE_H_
 
 #include <array>
 #include <cstdint>
@@ -81,7 +81,7 @@
 #include "trainwatch/core/large_allocator.h"
 #include "trainwatch/core/step_record.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 
 enum class MetricsFormat {
   kAuto,
@@ -131,7 +131,7 @@ class Trace {
   using ShardIds = std::vector<uint64_t, core::LargeAllocator<uint64_t>>;
 
   size_t size() const { return rows_.size(); }
-  // The i-th record, ready for RuleEngine::Observe().
+  // The i-th record, ready for RuleEngine::Judge().
   core::StepRecord Record(size_t i) const;
   // Source line of the i-th record, for messages.
   int line(size_t i) const { return rows_[i].line; }
@@ -181,6 +181,6 @@ absl::StatusOr<Trace> ParseMetrics(absl::string_view content, absl::string_view 
 absl::StatusOr<Trace> ReadMetricsFile(const std::string& path,
                                       const ReadOptions& options = ReadOptions());
 
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs
 
-#endif  // TRAINWATCH_CLI_METRICS_FILE_H_
+#endif  // TRAINWATCH_LOGS_METRICS_FILE_H_

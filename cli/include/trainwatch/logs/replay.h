@@ -1,19 +1,19 @@
 // `twctl replay`: a past run's metrics through the same rule engine that runs
 // in the agent and the server, for backtesting thresholds.
 
-#ifndef TRAINWATCH_CLI_REPLAY_H_
-#define TRAINWATCH_CLI_REPLAY_H_
+#ifndef TRAINWATCH_LOGS_REPLAY_H_
+#define TRAINWATCH_LOGS_REPLAY_H_
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "trainwatch/cli/metrics_file.h"
+#include "trainwatch/logs/metrics_file.h"
 #include "trainwatch/core/config.h"
 #include "trainwatch/core/event.h"
 
-namespace trainwatch::cli {
+namespace trainwatch::logs {
 
 // One life of the job in the log: the first start, then one per restart.
 // A log whose steps go back is a job restarted from a checkpoint that kept
@@ -72,6 +72,6 @@ std::string FormatSummaryJson(const ReplayResult& result);
 // 1 error, 2 usage or bad input).
 int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::string* err);
 
-}  // namespace trainwatch::cli
+}  // namespace trainwatch::logs
 
-#endif  // TRAINWATCH_CLI_REPLAY_H_
+#endif  // TRAINWATCH_LOGS_REPLAY_H_

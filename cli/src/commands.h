@@ -21,7 +21,7 @@ std::unique_ptr<Command> MakeIncidentsCommand();
 std::unique_ptr<Command> MakeIncidentShowCommand();
 std::unique_ptr<Command> MakeWatchCommand();
 
-// The decision on a rollback (rollback_commands.cc).
+// The approval of a rollback (rollback_commands.cc).
 std::unique_ptr<Command> MakeRollbackApproveCommand();
 std::unique_ptr<Command> MakeRollbackRejectCommand();
 

@@ -1,4 +1,5 @@
-// rollback approve, rollback reject: the human's decision on a page.
+// rollback approve, rollback reject: the operator's approval (or
+// rejection) of an incident's rollback.
 
 #include <cmath>
 #include <functional>

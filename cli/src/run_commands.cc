@@ -193,12 +193,12 @@ class ReportCommand : public Command {
       req.set_run_id(run);
       req.set_page_size(1000);
       req.set_page_token(token);
-      v1::ListIncidentsResponse page;
-      if (int rc = FromStatus(ctx.client->ListIncidents(req, &page), ctx.err); rc != kOk) {
+      v1::ListIncidentsResponse chunk;
+      if (int rc = FromStatus(ctx.client->ListIncidents(req, &chunk), ctx.err); rc != kOk) {
         return rc;
       }
-      for (auto& i : *page.mutable_incidents()) *incidents.add_incidents() = std::move(i);
-      token = page.next_page_token();
+      for (auto& i : *chunk.mutable_incidents()) *incidents.add_incidents() = std::move(i);
+      token = chunk.next_page_token();
       if (token.empty()) break;
     }
     v1::ListQuarantinedShardsRequest shards_req;

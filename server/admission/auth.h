@@ -41,7 +41,7 @@ namespace trainwatch::server {
 enum class Role { kAgent, kReader, kOperator };
 
 // What a method needs; kAny: any valid token (server reflection).
-enum class Access { kAgentStream, kRead, kDecide, kAny };
+enum class Access { kAgentStream, kRead, kApprove, kAny };
 
 struct Principal {
   std::string name;  // "anonymous" when authentication is off

@@ -271,7 +271,7 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
   grpc::ServerUnaryReactor* ApproveRollback(grpc::CallbackServerContext* ctx,
                                             const v1::ApproveRollbackRequest* req,
                                             v1::ApproveRollbackResponse* resp) override {
-    DecisionRequest d;
+    ApprovalRequest d;
     d.approve = true;
     if (req->has_to_step()) d.to_step = req->to_step();
     if (req->has_quarantine_shards()) {
@@ -298,17 +298,17 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
     d.comment = req->comment();
     d.dry_run = req->dry_run();
     d.idempotency_key = req->idempotency_key();
-    return Decide(ctx, req->incident_id(), std::move(d), resp);
+    return SubmitApproval(ctx, req->incident_id(), std::move(d), resp);
   }
 
   grpc::ServerUnaryReactor* RejectRollback(grpc::CallbackServerContext* ctx,
                                            const v1::RejectRollbackRequest* req,
                                            v1::RejectRollbackResponse* resp) override {
-    DecisionRequest d;
+    ApprovalRequest d;
     d.approve = false;
     d.comment = req->comment();
     d.idempotency_key = req->idempotency_key();
-    return Decide(ctx, req->incident_id(), std::move(d), resp);
+    return SubmitApproval(ctx, req->incident_id(), std::move(d), resp);
   }
 
   grpc::ServerUnaryReactor* ListQuarantinedShards(grpc::CallbackServerContext* ctx,
@@ -357,10 +357,11 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
   // Approve and reject answer alike: the decision, whether it was a replay,
   // and the incident's state.
   template <typename Response>
-  grpc::ServerUnaryReactor* Decide(grpc::CallbackServerContext* ctx, const std::string& id_text,
-                                   DecisionRequest d, Response* resp) {
+  grpc::ServerUnaryReactor* SubmitApproval(grpc::CallbackServerContext* ctx,
+                                           const std::string& id_text, ApprovalRequest d,
+                                           Response* resp) {
     grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-    absl::StatusOr<Principal> p = state_->auth().Check(AuthorizationOf(ctx), Access::kDecide);
+    absl::StatusOr<Principal> p = state_->auth().Check(AuthorizationOf(ctx), Access::kApprove);
     if (!p.ok()) {
       r->Finish(ToGrpc(p.status()));
       return r;
@@ -372,12 +373,12 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
                              absl::StrCat("incident id '", id_text, "' is not of the form I-<n>")));
       return r;
     }
-    if (absl::Status s = CheckDecisionRequest(d); !s.ok()) {
+    if (absl::Status s = CheckApprovalRequest(d); !s.ok()) {
       r->Finish(ToGrpc(s));
       return r;
     }
     d.actor = p->name;
-    state_->ingestor()->Decide(std::move(d), [r, resp](DecisionOutcome o) {
+    state_->ingestor()->SubmitApproval(std::move(d), [r, resp](ApprovalOutcome o) {
       if (!o.status.ok()) {
         r->Finish(ToGrpc(o.status));
         return;

@@ -1,5 +1,5 @@
 // The Prometheus exporter: every /metrics scrape reads the live state (the
-// ingestor's snapshot and stats, the open streams, the pager's counters),
+// run table's views, the ingestor's stats, the open streams, the pager's counters),
 // so there are no shadow counters to keep in step.
 
 #ifndef TRAINWATCH_SERVER_EXPORTER_H_

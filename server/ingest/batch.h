@@ -23,7 +23,7 @@
 
 namespace trainwatch::server {
 
-struct DecisionOutcome {
+struct ApprovalOutcome {
   // OK; FAILED_PRECONDITION when the incident's state refuses the decision
   // (the message says why); NOT_FOUND; INVALID_ARGUMENT.
   absl::Status status;
@@ -43,7 +43,7 @@ struct Batch {
   // (run, stream or 0 for all the run's, serialized ServerMessage).
   std::vector<std::tuple<std::string, uint64_t, std::string>> outgoing;
   std::vector<std::pair<uint64_t, absl::Status>> ending;  // streams to end, and why
-  std::vector<std::pair<std::function<void(DecisionOutcome)>, DecisionOutcome>> answers;
+  std::vector<std::pair<std::function<void(ApprovalOutcome)>, ApprovalOutcome>> answers;
   // Not per batch: ids are unique across runs and batches.
   IdCounters ids;
 

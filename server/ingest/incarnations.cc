@@ -61,7 +61,7 @@ void Incarnations::HandleHello(const trainwatch::v1::Hello& h, uint64_t stream, 
   if (h.rank() == 0 && !run->rank_mode && run->row.last_step >= 0 && own) {
     (*ack.mutable_durability_ack()->mutable_durable_step())[0] = run->row.last_step;
   }
-  decisions_->AnswerHello(*run, h, kind, now, ack.mutable_durability_ack());
+  approvals_->AnswerHello(*run, h, kind, now, ack.mutable_durability_ack());
   ack.mutable_durability_ack()->set_rules_json(run->row.rules_json);
   ack.mutable_durability_ack()->set_rules_source(run->row.rules_source);
   batch_->outgoing.emplace_back(run->row.run_id, stream, ack.SerializeAsString());
@@ -70,7 +70,7 @@ void Incarnations::HandleHello(const trainwatch::v1::Hello& h, uint64_t stream, 
     batch_->outgoing.emplace_back(run->row.run_id, stream,
                            QuarantineMessage(run->row.run_id, run->quarantined));
   }
-  decisions_->SendPendingCommand(*run, stream, h.rank());
+  approvals_->SendPendingCommand(*run, stream, h.rank());
 }
 
 bool Incarnations::Admit(RunState& run, const trainwatch::v1::Hello& h, uint64_t stream,
@@ -131,11 +131,11 @@ void Incarnations::DecideResume(RunState& run, int64_t step, int64_t now) {
   run.row.resume_step = step;
   run.row_dirty = true;
   if (run.command && run.row.observed && step == run.command->target_step) {
-    // The manual restart of a followed run's approved rollback (decisions.h).
+    // The manual restart of a followed run's approved rollback (approvals.h).
     LOG(INFO) << "run " << run.row.run_id << ": incarnation " << run.row.incarnation
               << " resumes after step " << step << ", the checkpoint of rollback "
               << run.command->id << ": restarted by hand";
-    decisions_->CompleteRollback(run, now);
+    approvals_->CompleteRollback(run, now);
     return;
   }
   if (run.command && !run.row.observed) {

@@ -34,7 +34,7 @@
 
 #include "absl/status/status.h"
 #include "ingest/batch.h"
-#include "ingest/decisions.h"
+#include "ingest/approvals.h"
 #include "ingest/engine_snapshots.h"
 #include "ingest/ingest_listener.h"
 #include "ingest/per_run_rules.h"
@@ -48,9 +48,9 @@ namespace trainwatch::server {
 class Incarnations {
  public:
   // REQUIRES: every pointer outlives this.
-  Incarnations(RunTable* runs, PerRunRules* rules, Decisions* decisions,
+  Incarnations(RunTable* runs, PerRunRules* rules, Approvals* decisions,
                EngineSnapshots* snapshots, RunViews* views, Batch* batch)
-      : runs_(runs), rules_(rules), decisions_(decisions), snapshots_(snapshots),
+      : runs_(runs), rules_(rules), approvals_(decisions), snapshots_(snapshots),
         views_(views), batch_(batch) {}
   // REQUIRES: before the first Hello.
   void set_listener(IngestListener* listener) { listener_ = listener; }
@@ -79,7 +79,7 @@ class Incarnations {
 
   RunTable* runs_;
   PerRunRules* rules_;
-  Decisions* decisions_;
+  Approvals* approvals_;
   EngineSnapshots* snapshots_;
   RunViews* views_;
   Batch* batch_;

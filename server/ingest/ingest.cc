@@ -64,8 +64,8 @@ Ingestor::Ingestor(Store* store, const IngestOptions& options, core::Clock* cloc
       snapshots_(store, &options_, &views_, &batch_),
       rules_(&options_, &batch_),
       runs_(store, &options_, clock, &views_, &rules_, &snapshots_, &batch_),
-      decisions_(store, &runs_, &snapshots_, &views_, &batch_),
-      incarnations_(&runs_, &rules_, &decisions_, &snapshots_, &views_, &batch_),
+      approvals_(store, &runs_, &snapshots_, &views_, &batch_),
+      incarnations_(&runs_, &rules_, &approvals_, &snapshots_, &views_, &batch_),
       intake_(&options_, &views_, &batch_, &snapshots_, &rules_) {}
 
 Ingestor::~Ingestor() { Stop(); }
@@ -87,8 +87,8 @@ void Ingestor::Stop() {
   queue_.Closed();
 }
 
-void Ingestor::Decide(DecisionRequest request, std::function<void(DecisionOutcome)> done) {
-  queue_.Decide({std::move(request), std::move(done)});
+void Ingestor::SubmitApproval(ApprovalRequest request, std::function<void(ApprovalOutcome)> done) {
+  queue_.SubmitApproval({std::move(request), std::move(done)});
 }
 
 IngestStats Ingestor::Stats() const {
@@ -99,7 +99,7 @@ IngestStats Ingestor::Stats() const {
 
 void Ingestor::Loop() {
   std::vector<IngestItem> items;
-  std::vector<DecisionTask> tasks;
+  std::vector<ApprovalTask> tasks;
   for (;;) {
     // At once while runs are left to rebuild after a restart.
     const bool stopping = queue_.Take(runs_.HasStartupWork(), &items, &tasks);
@@ -108,12 +108,12 @@ void Ingestor::Loop() {
     ProcessInBatches(items);
     items.clear();
     if (!tasks.empty()) {
-      // Decisions commit in a batch of their own, after the records that
+      // Approvals commit in a batch of their own, after the records that
       // arrived before them.
       runs_.BeginBatch();
       const int64_t now = clock_->NowMs();
-      for (DecisionTask& t : tasks) {
-        DecisionOutcome out = decisions_.Run(t.request, now);
+      for (ApprovalTask& t : tasks) {
+        ApprovalOutcome out = approvals_.Run(t.request, now);
         batch_.answers.emplace_back(std::move(t.done), std::move(out));
       }
       tasks.clear();
@@ -323,7 +323,7 @@ void Ingestor::Handle(IngestItem& item, int64_t now) {
     }
     case trainwatch::v1::AgentMessage::kCommandAck: {
       // An acknowledgement creates no run.
-      decisions_.HandleCommandAck(runs_.Get(m.command_ack().run_id(), 0, now, /*create=*/false),
+      approvals_.HandleCommandAck(runs_.Get(m.command_ack().run_id(), 0, now, /*create=*/false),
                                   m.command_ack(), now);
       break;
     }

@@ -20,11 +20,11 @@
 //   step_intake.h    a step report into its run, the engine's verdict;
 //   incarnations.h   Hellos, launches of a job, resumes;
 //   per_run_rules.h  which rules judge a run, the agents' own decisions;
-//   decisions.h      approvals, rollback commands, command acks;
+//   approvals.h      approvals, rollback commands, command acks;
 //   engine_snapshots.h  the engine's saved state and replays.
 //
-// Thread-safety: Submit(), Decide(), views(), Stats() and Flush() from any
-// thread; the rest before Start() or after Stop().
+// Thread-safety: Submit(), SubmitApproval(), views(), Stats() and Flush()
+// from any thread; the rest before Start() or after Stop().
 
 #ifndef TRAINWATCH_SERVER_INGEST_INGEST_H_
 #define TRAINWATCH_SERVER_INGEST_INGEST_H_
@@ -38,7 +38,7 @@
 
 #include "absl/status/status.h"
 #include "ingest/batch.h"
-#include "ingest/decisions.h"
+#include "ingest/approvals.h"
 #include "ingest/engine_snapshots.h"
 #include "ingest/incarnations.h"
 #include "ingest/ingest_listener.h"
@@ -87,7 +87,7 @@ class Ingestor {
   void Submit(IngestItem item) { queue_.Submit(std::move(item)); }
   // Queues a decision; `done` runs on the writer thread once it is durable
   // (or refused). Never blocks.
-  void Decide(DecisionRequest request, std::function<void(DecisionOutcome)> done);
+  void SubmitApproval(ApprovalRequest request, std::function<void(ApprovalOutcome)> done);
   // Waits until everything submitted before the call is durable (tests,
   // shutdown).
   void Flush() { queue_.Flush(); }
@@ -119,7 +119,7 @@ class Ingestor {
   EngineSnapshots snapshots_;
   PerRunRules rules_;
   RunTable runs_;
-  Decisions decisions_;
+  Approvals approvals_;
   Incarnations incarnations_;
   StepIntake intake_;
   // Streams ended after a failed batch -> when; their step reports still

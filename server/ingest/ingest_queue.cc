@@ -11,7 +11,7 @@ void IngestQueue::Submit(IngestItem item) {
   ++submitted_;
 }
 
-void IngestQueue::Decide(DecisionTask task) {
+void IngestQueue::SubmitApproval(ApprovalTask task) {
   absl::MutexLock lock(&mu_);
   tasks_.push_back(std::move(task));
 }
@@ -48,7 +48,7 @@ void IngestQueue::LingerForMore() {
 }
 
 bool IngestQueue::Take(bool busy, std::vector<IngestItem>* items,
-                       std::vector<DecisionTask>* tasks) {
+                       std::vector<ApprovalTask>* tasks) {
   absl::MutexLock lock(&mu_);
   auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return !queue_.empty() || !tasks_.empty() || stop_;

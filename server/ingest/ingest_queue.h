@@ -4,8 +4,8 @@
 // up to IngestOptions::commit_interval_ms after the previous batch began
 // (LingerForMore says why).
 //
-// Thread-safe: Submit, Decide, Flush and Depth from any thread; Take, Done,
-// Stop and Closed from the writer's owner.
+// Thread-safe: Submit, SubmitApproval, Flush and Depth from any thread;
+// Take, Done, Stop and Closed from the writer's owner.
 
 #ifndef TRAINWATCH_SERVER_INGEST_INGEST_QUEUE_H_
 #define TRAINWATCH_SERVER_INGEST_INGEST_QUEUE_H_
@@ -30,9 +30,9 @@ struct IngestItem {
   trainwatch::v1::AgentMessage message;
 };
 
-struct DecisionTask {
-  DecisionRequest request;
-  std::function<void(DecisionOutcome)> done;
+struct ApprovalTask {
+  ApprovalRequest request;
+  std::function<void(ApprovalOutcome)> done;
 };
 
 class IngestQueue {
@@ -45,7 +45,7 @@ class IngestQueue {
 
   // Never blocks on the store.
   void Submit(IngestItem item);
-  void Decide(DecisionTask task);
+  void SubmitApproval(ApprovalTask task);
   // Waits until everything submitted before the call was taken and done.
   void Flush();
   int64_t Depth() const;
@@ -53,7 +53,7 @@ class IngestQueue {
   // Waits for work (at most 50 ms, none when `busy`), lingers for a batch
   // worth committing, and moves at most max_batch_items messages and every
   // decision out. Returns whether Stop() was called.
-  bool Take(bool busy, std::vector<IngestItem>* items, std::vector<DecisionTask>* tasks);
+  bool Take(bool busy, std::vector<IngestItem>* items, std::vector<ApprovalTask>* tasks);
   // `n` items taken are done; true when nothing is left queued.
   bool Done(size_t n);
   // False when already stopping.
@@ -68,7 +68,7 @@ class IngestQueue {
   const int64_t commit_interval_ms_;
   mutable absl::Mutex mu_;
   std::vector<IngestItem> queue_ ABSL_GUARDED_BY(mu_);
-  std::vector<DecisionTask> tasks_ ABSL_GUARDED_BY(mu_);
+  std::vector<ApprovalTask> tasks_ ABSL_GUARDED_BY(mu_);
   uint64_t submitted_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t done_ ABSL_GUARDED_BY(mu_) = 0;
   int flushing_ ABSL_GUARDED_BY(mu_) = 0;  // Flush() calls waiting

@@ -42,7 +42,7 @@ void RecommendedSettings(const IncidentRow& incident, ShardQuarantine* quarantin
 
 }  // namespace
 
-absl::Status CheckDecisionRequest(const DecisionRequest& r) {
+absl::Status CheckApprovalRequest(const ApprovalRequest& r) {
   if (r.comment.empty() && !r.dry_run) {
     return absl::InvalidArgumentError(absl::StrCat(
         r.approve ? "an approval" : "a rejection", " needs a comment: it goes in the audit log"));
@@ -137,7 +137,7 @@ absl::Status RefuseDecision(const IncidentRow& inc, bool approve,
 }
 
 absl::StatusOr<trainwatch::v1::RollbackPlan> PlanRollback(
-    const IncidentRow& inc, const DecisionRequest& r, absl::Span<const CheckpointRow> retained,
+    const IncidentRow& inc, const ApprovalRequest& r, absl::Span<const CheckpointRow> retained,
     int64_t steps_before_onset) {
   const int64_t target = r.to_step.value_or(inc.recommended_checkpoint_step);
   const CheckpointRow* ck = nullptr;

@@ -1,4 +1,4 @@
-// Rollback coordination: what an operator's decision on an incident becomes
+// Rollback coordination: what an operator's approval of an incident becomes
 // (a refusal, or a plan: checkpoint, batches to skip, shards to quarantine,
 // settings), and the approved command until every rank applied it.
 //
@@ -33,9 +33,9 @@ struct ShardQuarantine {
   bool empty() const { return ranges.empty() && names.empty(); }
 };
 
-// An operator's decision on an incident, carried out on the writer thread
-// so that decisions and ingest never race.
-struct DecisionRequest {
+// An operator's approval (or rejection) of an incident's rollback, carried
+// out on the writer thread so that approvals and ingest never race.
+struct ApprovalRequest {
   bool approve = true;
   int64_t incident_id = 0;
   std::optional<int64_t> to_step;
@@ -73,7 +73,7 @@ inline constexpr double kMaxZLossAlpha = 1.0;
 //   - quarantine names are at most core::kMaxShardNamesPerRecord, each 1 to
 //     core::kMaxShardNameBytes bytes (shard_names.h), as an agent's are.
 // INVALID_ARGUMENT naming the field and the rule.
-absl::Status CheckDecisionRequest(const DecisionRequest& request);
+absl::Status CheckApprovalRequest(const ApprovalRequest& request);
 
 // The steps whose batches every rank skips by default when `incident` is
 // rolled back to the checkpoint at `checkpoint_step`: for a page, from
@@ -93,7 +93,7 @@ absl::Status RefuseDecision(const IncidentRow& incident, bool approve,
 // still retains) or the recommendation, and the operator's quarantine,
 // z-loss and skipped steps or the recommendation's.
 absl::StatusOr<trainwatch::v1::RollbackPlan> PlanRollback(
-    const IncidentRow& incident, const DecisionRequest& request,
+    const IncidentRow& incident, const ApprovalRequest& request,
     absl::Span<const CheckpointRow> retained, int64_t steps_before_onset);
 
 // The ServerMessage that gives a run's agents its whole quarantine list.

@@ -24,23 +24,23 @@ TEST_CASE("auth: roles allow exactly their methods", "[server][auth]") {
     return a->Check(header, access).status().code();
   };
   using absl::StatusCode;
-  for (Access acc : {Access::kAgentStream, Access::kRead, Access::kDecide}) {
+  for (Access acc : {Access::kAgentStream, Access::kRead, Access::kApprove}) {
     CHECK(code("", acc) == StatusCode::kUnauthenticated);
     CHECK(code("Bearer nope-nope-nope-nope", acc) == StatusCode::kUnauthenticated);
     CHECK(code("Basic agent-token-all-runs-01", acc) == StatusCode::kUnauthenticated);
   }
   CHECK(code("Bearer agent-token-all-runs-01", Access::kAgentStream) == StatusCode::kOk);
   CHECK(code("Bearer agent-token-all-runs-01", Access::kRead) == StatusCode::kPermissionDenied);
-  CHECK(code("Bearer agent-token-all-runs-01", Access::kDecide) ==
+  CHECK(code("Bearer agent-token-all-runs-01", Access::kApprove) ==
         StatusCode::kPermissionDenied);
   CHECK(code("Bearer reader-token-012345678", Access::kAgentStream) ==
         StatusCode::kPermissionDenied);
   CHECK(code("Bearer reader-token-012345678", Access::kRead) == StatusCode::kOk);
-  CHECK(code("Bearer reader-token-012345678", Access::kDecide) == StatusCode::kPermissionDenied);
+  CHECK(code("Bearer reader-token-012345678", Access::kApprove) == StatusCode::kPermissionDenied);
   CHECK(code("Bearer operator-token-0123456", Access::kAgentStream) ==
         StatusCode::kPermissionDenied);
   CHECK(code("Bearer operator-token-0123456", Access::kRead) == StatusCode::kOk);
-  CHECK(code("bearer operator-token-0123456", Access::kDecide) == StatusCode::kOk);
+  CHECK(code("bearer operator-token-0123456", Access::kApprove) == StatusCode::kOk);
 
   auto scoped = a->Check("Bearer agent-token-run-a-0123", Access::kAgentStream);
   REQUIRE(scoped.ok());
@@ -50,14 +50,14 @@ TEST_CASE("auth: roles allow exactly their methods", "[server][auth]") {
   REQUIRE(any.ok());
   CHECK(any->MayReport("run-b"));
   // The token never appears in a message.
-  CHECK(a->Check("Bearer reader-token-012345678", Access::kDecide).status().message().find(
+  CHECK(a->Check("Bearer reader-token-012345678", Access::kApprove).status().message().find(
             "reader-token") == absl::string_view::npos);
 }
 
 TEST_CASE("auth: off without a tokens file", "[server][auth]") {
   Authenticator off;
   CHECK_FALSE(off.enabled());
-  CHECK(off.Check("", Access::kDecide).ok());
+  CHECK(off.Check("", Access::kApprove).ok());
   CHECK(off.Check("", Access::kAgentStream)->MayReport("any"));
 }
 

@@ -378,15 +378,15 @@ TEST_CASE("resume: an approved rollback under way governs - no resume attempt",
     if (i.tier == 3) incident = i.id;
   }
   REQUIRE(incident != 0);
-  DecisionRequest r;
+  ApprovalRequest r;
   r.incident_id = incident;
   r.to_step = 5;
   r.actor = "test";
-  auto done = std::make_shared<std::promise<DecisionOutcome>>();
-  std::future<DecisionOutcome> answer = done->get_future();
-  h.ingestor_->Decide(r, [done](DecisionOutcome o) { done->set_value(std::move(o)); });
+  auto done = std::make_shared<std::promise<ApprovalOutcome>>();
+  std::future<ApprovalOutcome> answer = done->get_future();
+  h.ingestor_->SubmitApproval(r, [done](ApprovalOutcome o) { done->set_value(std::move(o)); });
   REQUIRE(answer.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
-  const DecisionOutcome out = answer.get();
+  const ApprovalOutcome out = answer.get();
   REQUIRE(out.status.ok());
   v1::Decision d;
   REQUIRE(d.ParseFromString(out.decision));

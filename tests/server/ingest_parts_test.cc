@@ -217,7 +217,7 @@ TEST_CASE("rollback: the plan takes the recommendation unless the operator overr
   const IncidentRow inc = PagedIncident();
   const std::vector<CheckpointRow> retained = {{"run-a", 400, "ck/400", 0},
                                                {"run-a", 500, "ck/500", 0}};
-  DecisionRequest r;
+  ApprovalRequest r;
   absl::StatusOr<v1::RollbackPlan> plan = PlanRollback(inc, r, retained, 8);
   REQUIRE(plan.ok());
   CHECK(plan->target_step() == 500);

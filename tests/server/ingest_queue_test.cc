@@ -27,7 +27,7 @@ TEST_CASE("ingest queue: takes at most a batch - the rest waits for the next tak
   for (int64_t s = 0; s < 5; ++s) q.Submit(Step(1, s));
   CHECK(q.Depth() == 5);
   std::vector<IngestItem> items;
-  std::vector<DecisionTask> tasks;
+  std::vector<ApprovalTask> tasks;
   CHECK_FALSE(q.Take(/*busy=*/true, &items, &tasks));
   REQUIRE(items.size() == 3);
   CHECK(items[2].message.step_report().step() == 2);
@@ -45,7 +45,7 @@ TEST_CASE("ingest queue: Flush returns once what was submitted is done - and aft
   q.Submit(Step(1, 0));
   std::thread writer([&] {
     std::vector<IngestItem> items;
-    std::vector<DecisionTask> tasks;
+    std::vector<ApprovalTask> tasks;
     q.Take(false, &items, &tasks);
     q.Done(items.size());
   });

@@ -62,7 +62,7 @@ agent::StepInput Input(int64_t step, std::mt19937_64& rng, bool bad) {
   return in;
 }
 
-RunView SnapshotOf(Running& tw, const std::string& run) {
+RunView ViewOf(Running& tw, const std::string& run) {
   tw.server->ingestor()->Flush();
   for (const RunView& s : tw.server->ingestor()->views().All()) {
     if (s.row.run_id == run) return s;
@@ -105,13 +105,13 @@ TEST_CASE("rules: an agent's own rules judge its run at a server on defaults - a
   CHECK((*a)->Stats().records_acked == kBadStep + 6);
   CHECK((*a)->Stats().server_rules_from_step == -1);  // its own rules, never the server's
 
-  const RunView snap = SnapshotOf(tw, run);
-  CHECK(snap.row.rules_source == "agent");
-  CHECK(snap.row.rules_json == core::RuleConfigToJson(Lowered()));
-  CHECK(snap.skipped_total == 1);  // the server judged by the agent's rules
-  CHECK(snap.incidents_total[1] == 1);
-  CHECK(snap.agent_decisions_total == 1);
-  CHECK(snap.decision_divergences_total == 0);
+  const RunView view = ViewOf(tw, run);
+  CHECK(view.row.rules_source == "agent");
+  CHECK(view.row.rules_json == core::RuleConfigToJson(Lowered()));
+  CHECK(view.skipped_total == 1);  // the server judged by the agent's rules
+  CHECK(view.incidents_total[1] == 1);
+  CHECK(view.agent_decisions_total == 1);
+  CHECK(view.decision_divergences_total == 0);
   // The agent's decision is on record with the incident the server opened.
   IncidentFilter f;
   f.run_id = run;
@@ -145,7 +145,7 @@ TEST_CASE("rules: an agent's own rules judge its run at a server on defaults - a
   // rules and hands them to an agent that has none.
   tw.server.reset();
   tw = StartServer(db);
-  const RunView again = SnapshotOf(tw, run);
+  const RunView again = ViewOf(tw, run);
   CHECK(again.row.rules_source == "agent");
   CHECK(again.skipped_total == 1);
   const v1::DurabilityAck answer = HelloAnswer(tw.channel, run);
@@ -207,11 +207,11 @@ TEST_CASE("rules: agents without rules switch to the server's at the same step o
   }
   // By the server's rules the agent skips locally where the server decides.
   CHECK(decided[0][kBadStep] == Decision::kSkipUpdate);
-  const RunView snap = SnapshotOf(tw, run);
-  CHECK(snap.row.rules_source == "server --rules");
-  CHECK(snap.skipped_total == 1);
-  CHECK(snap.agent_decisions_total == 1);
-  CHECK(snap.decision_divergences_total == 0);
+  const RunView view = ViewOf(tw, run);
+  CHECK(view.row.rules_source == "server --rules");
+  CHECK(view.skipped_total == 1);
+  CHECK(view.agent_decisions_total == 1);
+  CHECK(view.decision_divergences_total == 0);
 }
 
 TEST_CASE("rules: an agent that does not announce its rules diverges - counted and on record",
@@ -235,11 +235,11 @@ TEST_CASE("rules: an agent that does not announce its rules diverges - counted a
   }
   REQUIRE(a.WaitDurable(0, 10));
   a.Close();
-  const RunView snap = SnapshotOf(tw, run);
-  CHECK(snap.row.rules_source == "server defaults");
-  CHECK(snap.skipped_total == 0);
-  CHECK(snap.decision_divergences_total == 1);
-  CHECK(snap.agent_decisions_total == 1);
+  const RunView view = ViewOf(tw, run);
+  CHECK(view.row.rules_source == "server defaults");
+  CHECK(view.skipped_total == 0);
+  CHECK(view.decision_divergences_total == 1);
+  CHECK(view.agent_decisions_total == 1);
   const std::vector<v1::Decision> decisions = DecisionsOfIncident(tw, 0);  // no incident
   REQUIRE(decisions.size() == 1);
   CHECK(decisions[0].kind() == v1::DECISION_KIND_AGENT_SKIP);

@@ -3,7 +3,7 @@
 // approval that changes settings (per-module precision, an lr scale), which
 // survives a trainwatchd restart and reaches the restarted job's agent at
 // hello, before its first step (Agent::WaitForServer). The settings'
-// validation on the server (CheckDecisionRequest).
+// validation on the server (CheckApprovalRequest).
 
 #include <grpcpp/grpcpp.h>
 

@@ -96,19 +96,19 @@ class Harness {
     FAIL("no tier 2 or 3 incident on " << run);
     return 0;
   }
-  DecisionOutcome Approve(int64_t incident, int64_t to_step) {
-    DecisionRequest r;
+  ApprovalOutcome Approve(int64_t incident, int64_t to_step) {
+    ApprovalRequest r;
     r.incident_id = incident;
     r.to_step = to_step;
     r.comment = "roll back";
     r.actor = "test";
-    auto done = std::make_shared<std::promise<DecisionOutcome>>();
-    std::future<DecisionOutcome> answer = done->get_future();
-    ingestor_->Decide(r, [done](DecisionOutcome o) { done->set_value(std::move(o)); });
+    auto done = std::make_shared<std::promise<ApprovalOutcome>>();
+    std::future<ApprovalOutcome> answer = done->get_future();
+    ingestor_->SubmitApproval(r, [done](ApprovalOutcome o) { done->set_value(std::move(o)); });
     REQUIRE(answer.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
     return answer.get();
   }
-  std::string CommandOf(const DecisionOutcome& o) {
+  std::string CommandOf(const ApprovalOutcome& o) {
     v1::Decision d;
     REQUIRE(d.ParseFromString(o.decision));
     return d.command_id();
@@ -143,7 +143,7 @@ TEST_CASE("run bounds: another run's agent cannot forge a rollback acknowledgeme
   // Run a's approval creates one of those ids; run b's ack of it is refused
   // too.
   const int64_t incident = h.FailingRun("run-a", 1, 20);
-  const DecisionOutcome approved = h.Approve(incident, 5);
+  const ApprovalOutcome approved = h.Approve(incident, 5);
   REQUIRE(approved.status.ok());
   const std::string command = h.CommandOf(approved);
   REQUIRE(command.size() == 3);  // C-1 to C-5: one run b forged
@@ -169,7 +169,7 @@ TEST_CASE("run bounds: a rollback completes on the smaller world the restarted j
   const int64_t incident = h.FailingRun("run-w", 4, 20);
   // A hello claiming a huge world once: the attempt's world only grows.
   h.Send(Hello("run-w", 0, 65'536));
-  const DecisionOutcome approved = h.Approve(incident, 5);
+  const ApprovalOutcome approved = h.Approve(incident, 5);
   REQUIRE(approved.status.ok());
   // The job restarts on two ranks, which apply the command.
   h.Send(Hello("run-w", 0, 2));
@@ -235,15 +235,15 @@ TEST_CASE("run bounds: 2000 run ids with 16 in memory - evicted runs rebuilt on 
   auto incidents = h.store_->ListIncidents(f);
   REQUIRE(incidents.ok());
   REQUIRE(incidents->size() == 1);
-  DecisionRequest reject;
+  ApprovalRequest reject;
   reject.approve = false;
   reject.incident_id = (*incidents)[0].id;
   reject.comment = "test";
-  auto done = std::make_shared<std::promise<DecisionOutcome>>();
+  auto done = std::make_shared<std::promise<ApprovalOutcome>>();
   auto answer = done->get_future();
-  h.ingestor_->Decide(reject, [done](DecisionOutcome o) { done->set_value(std::move(o)); });
+  h.ingestor_->SubmitApproval(reject, [done](ApprovalOutcome o) { done->set_value(std::move(o)); });
   REQUIRE(answer.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
-  const DecisionOutcome rejected = answer.get();
+  const ApprovalOutcome rejected = answer.get();
   CHECK(rejected.status.ok());
   CHECK(rejected.state == IncidentState::kDismissed);
   CHECK(h.ingestor_->Stats().runs_rebuilt_total == 1);

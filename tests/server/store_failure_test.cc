@@ -429,26 +429,26 @@ TEST_CASE("store failure: a decision that cannot be recorded is refused - not ap
   RawDb other(db);
   other.Exec("BEGIN IMMEDIATE");
   auto decide = [&](const std::string& comment) {
-    DecisionRequest r;
+    ApprovalRequest r;
     r.incident_id = opened.id;
     r.approve = false;
     r.actor = "alice";
     r.comment = comment;
     std::atomic<bool> answered{false};
-    DecisionOutcome outcome;
-    ingestor.Decide(r, [&](DecisionOutcome out) {
+    ApprovalOutcome outcome;
+    ingestor.SubmitApproval(r, [&](ApprovalOutcome out) {
       outcome = std::move(out);
       answered = true;
     });
     REQUIRE(testing::WaitUntil([&] { return answered.load(); }, std::chrono::seconds(10)));
     return outcome;
   };
-  const DecisionOutcome refused = decide("store locked");
+  const ApprovalOutcome refused = decide("store locked");
   CHECK(refused.status.code() == absl::StatusCode::kUnavailable);
   other.Exec("ROLLBACK");
   // Not dismissed in memory either: the same decision, now recorded, is
   // taken as the first one (not refused as "already dismissed").
-  const DecisionOutcome taken = decide("store back");
+  const ApprovalOutcome taken = decide("store back");
   INFO(taken.status);
   CHECK(taken.status.ok());
   CHECK(taken.state == IncidentState::kDismissed);

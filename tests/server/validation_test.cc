@@ -324,36 +324,36 @@ TEST_CASE("validation: operator RPCs check the run id they take",
 }
 
 TEST_CASE("validation: decisions are checked where they enter", "[server][validation][rollback]") {
-  DecisionRequest ok;
+  ApprovalRequest ok;
   ok.comment = "why";
-  CHECK(CheckDecisionRequest(ok).ok());
-  DecisionRequest no_comment;
-  CHECK(std::string(CheckDecisionRequest(no_comment).message()) ==
+  CHECK(CheckApprovalRequest(ok).ok());
+  ApprovalRequest no_comment;
+  CHECK(std::string(CheckApprovalRequest(no_comment).message()) ==
         "an approval needs a comment: it goes in the audit log");
   no_comment.dry_run = true;  // records nothing
-  CHECK(CheckDecisionRequest(no_comment).ok());
+  CHECK(CheckApprovalRequest(no_comment).ok());
   no_comment.dry_run = false;
   no_comment.approve = false;
-  CHECK(std::string(CheckDecisionRequest(no_comment).message()) ==
+  CHECK(std::string(CheckApprovalRequest(no_comment).message()) ==
         "a rejection needs a comment: it goes in the audit log");
   for (double alpha : {std::nan(""), -1.0, HUGE_VAL, std::strtod("1e400", nullptr), 2.0}) {
     INFO(alpha);
-    DecisionRequest d = ok;
+    ApprovalRequest d = ok;
     d.z_loss_alpha = alpha;
-    CHECK(CheckDecisionRequest(d).code() == absl::StatusCode::kInvalidArgument);
+    CHECK(CheckApprovalRequest(d).code() == absl::StatusCode::kInvalidArgument);
   }
-  DecisionRequest alpha = ok;
+  ApprovalRequest alpha = ok;
   alpha.z_loss_alpha = 1e-4;
-  CHECK(CheckDecisionRequest(alpha).ok());
-  DecisionRequest shards = ok;
+  CHECK(CheckApprovalRequest(alpha).ok());
+  ApprovalRequest shards = ok;
   shards.quarantine = ShardQuarantine{{{1, 1}, {2, 2}, {9, 3}}, {}};
-  CHECK(std::string(CheckDecisionRequest(shards).message()) ==
+  CHECK(std::string(CheckApprovalRequest(shards).message()) ==
         "quarantine_shards: the range 9..3 has first > last");
-  DecisionRequest names = ok;
+  ApprovalRequest names = ok;
   names.quarantine = ShardQuarantine{{}, {"train-00012-of-01024.parquet", std::string(257, 'n')}};
-  CHECK(CheckDecisionRequest(names).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(CheckApprovalRequest(names).code() == absl::StatusCode::kInvalidArgument);
   names.quarantine->names.pop_back();
-  CHECK(CheckDecisionRequest(names).ok());
+  CHECK(CheckApprovalRequest(names).ok());
 
   // Over the API: refused before the incident is looked up.
   TempDir dir;

@@ -1,6 +1,6 @@
-// The operator's decisions on incidents and the rollback commands they
-// become (the rules are in rollback.h), the agents' acknowledgements of
-// those commands, and what a Hello must learn of them. A followed run's
+// The operator's approvals (and rejections) of incidents' rollback plans,
+// the rollback commands they become (the rules are in rollback.h), the
+// agents' acknowledgements of those commands, and what a Hello must learn of them. A followed run's
 // approved rollback is recorded, never sent: it completes when the job is
 // restarted by hand after the plan's step (incarnations.h).
 //
@@ -10,8 +10,8 @@
 //
 // Writer thread only.
 
-#ifndef TRAINWATCH_SERVER_INGEST_DECISIONS_H_
-#define TRAINWATCH_SERVER_INGEST_DECISIONS_H_
+#ifndef TRAINWATCH_SERVER_INGEST_APPROVALS_H_
+#define TRAINWATCH_SERVER_INGEST_APPROVALS_H_
 
 #include <cstdint>
 
@@ -30,16 +30,16 @@ namespace trainwatch::server {
 // (a restart), or unknown (an agent that sends no incarnation id).
 enum class HelloKind { kReconnect, kRestart, kUnknown };
 
-class Decisions {
+class Approvals {
  public:
   // REQUIRES: every pointer outlives this.
-  Decisions(Store* store, RunTable* runs, EngineSnapshots* snapshots, RunViews* views,
+  Approvals(Store* store, RunTable* runs, EngineSnapshots* snapshots, RunViews* views,
             Batch* batch)
       : store_(store), runs_(runs), snapshots_(snapshots), views_(views), batch_(batch) {}
 
-  // Records the operator's decision `r` in the batch; its command goes out
+  // Records the operator's approval `r` in the batch; its command goes out
   // after the commit.
-  DecisionOutcome Run(const DecisionRequest& r, int64_t now);
+  ApprovalOutcome Run(const ApprovalRequest& r, int64_t now);
   // `run`: the ack's run, null when unknown. Stores and counts an ack of the
   // run's command under way; refuses (logs, counts, drops) any other.
   void HandleCommandAck(RunState* run, const trainwatch::v1::CommandAck& a, int64_t now);
@@ -65,4 +65,4 @@ class Decisions {
 
 }  // namespace trainwatch::server
 
-#endif  // TRAINWATCH_SERVER_INGEST_DECISIONS_H_
+#endif  // TRAINWATCH_SERVER_INGEST_APPROVALS_H_

@@ -1,7 +1,7 @@
-// The operator's decisions and the commands they become (decisions.h): the
+// The operator's approvals and the commands they become (approvals.h): the
 // store lookups and the rows written here, the rules in rollback.h.
 
-#include "ingest/decisions.h"
+#include "ingest/approvals.h"
 
 #include <algorithm>
 
@@ -10,9 +10,9 @@
 
 namespace trainwatch::server {
 
-DecisionOutcome Decisions::Run(const DecisionRequest& r, int64_t now) {
+ApprovalOutcome Approvals::Run(const ApprovalRequest& r, int64_t now) {
   namespace v1 = trainwatch::v1;
-  DecisionOutcome out;
+  ApprovalOutcome out;
   const std::string pub = absl::StrCat("I-", r.incident_id);
   // A repeated request (same idempotency key) gets the first answer.
   if (!r.idempotency_key.empty()) {
@@ -157,7 +157,7 @@ DecisionOutcome Decisions::Run(const DecisionRequest& r, int64_t now) {
   return out;
 }
 
-void Decisions::HandleCommandAck(RunState* run, const trainwatch::v1::CommandAck& a,
+void Approvals::HandleCommandAck(RunState* run, const trainwatch::v1::CommandAck& a,
                                 int64_t now) {
   // Command ids stay short ("C-<decision>", typed by operators and kept in
   // the audit log) and so are guessable; what makes them safe is that an
@@ -186,7 +186,7 @@ void Decisions::HandleCommandAck(RunState* run, const trainwatch::v1::CommandAck
   }
 }
 
-void Decisions::CompleteRollback(RunState& run, int64_t now) {
+void Approvals::CompleteRollback(RunState& run, int64_t now) {
   const RollbackCommand cmd = *run.command;
   run.command.reset();
   const int64_t target = cmd.target_step;
@@ -205,7 +205,7 @@ void Decisions::CompleteRollback(RunState& run, int64_t now) {
             << target << " (" << fed << " steps of history)";
 }
 
-void Decisions::AnswerHello(RunState& run, const trainwatch::v1::Hello& hello, HelloKind kind,
+void Approvals::AnswerHello(RunState& run, const trainwatch::v1::Hello& hello, HelloKind kind,
                            int64_t now, trainwatch::v1::DurabilityAck* ack) {
   namespace v1 = trainwatch::v1;
   if (run.command && !run.row.observed && run.command->applied.count(hello.rank()) == 0) {
@@ -243,8 +243,8 @@ void Decisions::AnswerHello(RunState& run, const trainwatch::v1::Hello& hello, H
   }
 }
 
-void Decisions::SendPendingCommand(RunState& run, uint64_t stream, int32_t rank) {
-  // A followed run's streams get no command (decisions.h).
+void Approvals::SendPendingCommand(RunState& run, uint64_t stream, int32_t rank) {
+  // A followed run's streams get no command (approvals.h).
   if (!run.command || run.row.observed || run.command->applied.count(rank) > 0) return;
   batch_->outgoing.emplace_back(run.row.run_id, stream, run.command->message);
 }

@@ -40,8 +40,7 @@ training_step, on the instance only, and teardown() restores it.
 
 from __future__ import annotations
 
-import functools as _functools
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import lightning.pytorch as _pl
 import torch as _torch
@@ -49,6 +48,7 @@ import torch as _torch
 from .. import Agent, Verdict
 from ..torch import Guard as _Guard
 from ._common import act as _act, make_agent as _make_agent, shard_list as _shard_list
+from ._common import wrap_method as _wrap_method
 
 __all__ = ["TrainwatchCallback", "SHARD_KEY"]
 
@@ -86,15 +86,8 @@ class TrainwatchCallback(_pl.Callback):
         self.agent, self._owned = _make_agent(self._given_agent, self._agent_options,
                                               trainer.global_rank, trainer.world_size,
                                               "TrainwatchCallback")
-        orig = pl_module.training_step
-
-        @_functools.wraps(orig)
-        def training_step(*args: Any, **kwargs: Any) -> Any:
-            out = orig(*args, **kwargs)
-            self._micro_batch(args[0] if args else kwargs.get("batch"), out)
-            return out
-
-        setattr(pl_module, "training_step", training_step)
+        setattr(pl_module, "training_step",
+                _wrap_method(pl_module.training_step, self._training_step))
         self._module = pl_module
 
     def on_train_start(self, trainer: _pl.Trainer, pl_module: _pl.LightningModule) -> None:
@@ -123,6 +116,11 @@ class TrainwatchCallback(_pl.Callback):
             self._close()
 
     # -- the step ---------------------------------------------------------------
+
+    def _training_step(self, orig: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        out = orig(*args, **kwargs)
+        self._micro_batch(args[0] if args else kwargs.get("batch"), out)
+        return out
 
     def _micro_batch(self, batch: Any, out: Any) -> None:
         loss = out.get("loss") if isinstance(out, dict) else out

@@ -17,7 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       "Bearer " + std::string(input.substr(input.size() > 16 ? input.size() - 16 : 0))};
   for (const std::string& header : headers) {
     for (auto access : {trainwatch::server::Access::kAgentStream,
-                        trainwatch::server::Access::kRead, trainwatch::server::Access::kDecide}) {
+                        trainwatch::server::Access::kRead, trainwatch::server::Access::kApprove}) {
       absl::StatusOr<trainwatch::server::Principal> p = auth->Check(header, access);
       if (p.ok()) (void)p->MayReport("run-a");
     }

@@ -193,13 +193,12 @@ void Agent::Impl::Queue(const StepInput& in, const core::StepRecord& rec,
   Slot* slot = sender_.BeginRecord();
   if (slot == nullptr) return;  // the ring is full: dropped, and counted
   slot->rank_scope = origin_.rank != 0;
-  slot->step = in.step;
-  slot->values = rec;
-  if (slot->rank_scope && slot->values.Has(Signal::kNanFrac)) {  // this rank's own gradient
-    slot->values.Set(Signal::kNanFrac, reduced.local_elements() > 0
-                                           ? static_cast<double>(reduced.local_nonfinite()) /
-                                                 static_cast<double>(reduced.local_elements())
-                                           : 0.0);
+  static_cast<core::Step&>(*slot) = rec;
+  if (slot->rank_scope && slot->Has(Signal::kNanFrac)) {  // this rank's own gradient
+    slot->Set(Signal::kNanFrac, reduced.local_elements() > 0
+                                    ? static_cast<double>(reduced.local_nonfinite()) /
+                                          static_cast<double>(reduced.local_elements())
+                                    : 0.0);
   }
   slot->loss_ema_ratio = outcome_.loss_ema_ratio;
   slot->nonfinite = slot->rank_scope ? static_cast<uint64_t>(reduced.local_nonfinite())
@@ -246,8 +245,7 @@ absl::Status Agent::Impl::StepObserved(const core::StepRecord& rec) {
   Slot* slot = sender_.BeginRecord();
   if (slot == nullptr) return absl::OkStatus();  // the ring is full: dropped, and counted
   slot->rank_scope = false;
-  slot->step = rec.step;
-  slot->values = rec;
+  static_cast<core::Step&>(*slot) = rec;
   slot->loss_ema_ratio = outcome_.loss_ema_ratio;
   slot->nonfinite = 0;  // a log gives nan_frac, never the counts behind it
   slot->elements = 0;

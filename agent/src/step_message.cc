@@ -27,10 +27,7 @@ v1::AgentMessage StepMessage(const Origin& origin, const Slot& s) {
   v1::AgentMessage m;
   v1::StepReport* r = NewStepReport(origin, &m, s.rank_scope);
   wire::ReportedStep rep;
-  static_cast<core::StepValues&>(rep) = s.values;
-  rep.step = s.step;
-  rep.loss_ema_ratio = s.loss_ema_ratio;
-  static_cast<core::GradCounts&>(rep) = s;
+  static_cast<core::Step&>(rep) = s;
   rep.shards = !s.gathered_shards.empty() ? absl::MakeConstSpan(s.gathered_shards)
                                           : absl::MakeConstSpan(s.shards, s.shard_count);
   rep.shard_names = s.shard_names;

@@ -28,14 +28,13 @@ struct Origin {
   std::string incarnation;
 };
 
-struct Slot : core::GradCounts {
+// A step queued for the server: the step (core::Step), this rank's view of
+// it, and the verdict.
+struct Slot : core::Step {
   static constexpr size_t kMaxShards = 32;
 
   // A rank's own report (a nonfinite gradient) rather than the run's.
   bool rank_scope = false;
-  int64_t step = 0;
-  core::StepValues values;
-  double loss_ema_ratio = 0;  // NaN: not sent
   Verdict verdict;
   // The event behind a skip or a halt (a failure path: copied only then),
   // and the hash of the rules the verdict came from.

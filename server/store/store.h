@@ -50,12 +50,9 @@ namespace trainwatch::server {
 
 class StatementCache;  // sql_statement.h
 
-// One global step of a run as the store keeps it: the engine's numbers
-// (core::StepValues, the one representation of a step's signals), what the
-// engine derived and decided, and how the step arrived.
-struct StepRow : core::StepValues, core::GradCounts {
-  int64_t step = 0;
-  double loss_ema_ratio = 0.0;  // NaN when unknown
+// One global step of a run as the store keeps it: the step (core::Step),
+// what the engine decided, and how the step arrived.
+struct StepRow : core::Step {
   int decision = 0;             // core::Decision
   std::vector<uint64_t> shards;
   std::vector<std::string> shard_names;  // sorted, unique (migration 4)
@@ -65,7 +62,7 @@ struct StepRow : core::StepValues, core::GradCounts {
 
   // A view for the rule engine; valid while this row lives.
   core::StepRecord View() const {
-    core::StepRecord r(step, *this);
+    core::StepRecord r(*this);
     r.shards = shards;
     r.shard_names = shard_names;
     return r;

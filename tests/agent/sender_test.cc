@@ -49,9 +49,7 @@ const Origin kOrigin{"run-s", 0, 1};
 void Push(Sender& sender, int64_t step) {
   Slot* slot = sender.BeginRecord();
   REQUIRE(slot != nullptr);
-  slot->step = step;
-  slot->values = core::StepValues().Set(core::Signal::kLoss, 2.5);
-  slot->loss_ema_ratio = std::numeric_limits<double>::quiet_NaN();
+  static_cast<core::Step&>(*slot) = core::Step(step, core::StepValues().Set(core::Signal::kLoss, 2.5));
   sender.Commit(slot);
 }
 

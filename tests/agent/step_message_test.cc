@@ -29,8 +29,8 @@ v1::StepReport* Address(v1::AgentMessage* m, int64_t step, v1::ReportScope scope
 TEST_CASE("step message: a skipped step's report is the one always sent", "[agent][wire]") {
   Slot s;
   s.step = 77;
-  s.values.Set(Signal::kLoss, 3.5).Set(Signal::kGradNorm, std::nan(""));
-  s.values.Set(Signal::kAttentionLogitP99, 12.0);
+  s.Set(Signal::kLoss, 3.5).Set(Signal::kGradNorm, std::nan(""));
+  s.Set(Signal::kAttentionLogitP99, 12.0);
   s.loss_ema_ratio = std::nan("");  // not sent
   s.nonfinite = 1;
   s.elements = 1000;

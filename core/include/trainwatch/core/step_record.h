@@ -108,8 +108,23 @@ class StepValues {
   bool loss_scale_overflow_ = false;
 };
 
-struct StepRecord : StepValues {
+// One step as every layer keeps it: its number, its signals and gradient
+// counts, and the loss_ema_ratio the engine derived for it (NaN before the
+// engine judged it, or when a report did not carry it). The engine's record,
+// the agent's slot, the wire report and the store row are this plus what
+// their layer adds, never a copy of its fields.
+struct Step : StepValues, GradCounts {
   int64_t step = 0;
+  double loss_ema_ratio = std::numeric_limits<double>::quiet_NaN();
+
+  Step() = default;
+  Step(int64_t step, const StepValues& values) : StepValues(values), step(step) {}
+};
+
+// The engine's input: a step and views of what came with it. Judge derives
+// loss_ema_ratio itself and reports it in its outcome; the record's own is
+// not read.
+struct StepRecord : Step {
   // Shard ids of the batch (empty when the trainer does not say).
   absl::Span<const uint64_t> shards;
   // Shard names of the batch, for loaders that name their data with strings
@@ -122,7 +137,8 @@ struct StepRecord : StepValues {
   absl::Span<const TensorStat> tensors;
 
   StepRecord() = default;
-  StepRecord(int64_t step, const StepValues& values) : StepValues(values), step(step) {}
+  StepRecord(int64_t step, const StepValues& values) : Step(step, values) {}
+  explicit StepRecord(const Step& s) : Step(s) {}
 };
 
 }  // namespace trainwatch::core

@@ -21,9 +21,7 @@ namespace trainwatch::wire {
 
 // A view, like core::StepRecord: `shards` and the tensors' names point into
 // the report it was read from (or the writer's data), which must outlive it.
-struct ReportedStep : core::StepValues, core::GradCounts {
-  int64_t step = 0;
-  double loss_ema_ratio = std::numeric_limits<double>::quiet_NaN();  // NaN: not sent
+struct ReportedStep : core::Step {
   absl::Span<const uint64_t> shards;
   std::vector<std::string> shard_names;  // copied: a proto's are not contiguous
   std::vector<core::TensorStat> tensors;

@@ -8,6 +8,7 @@ packages=(
   libabsl-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libsqlite3-dev prometheus-cpp-dev libcurl4-openssl-dev
+  libpq-dev postgresql-15  # the PostgreSQL backend; its tests start real clusters
   libjemalloc-dev  # trainwatchd's allocator (TRAINWATCH_MALLOC)
   catch2 libbenchmark-dev
   clang-14 libclang-rt-14-dev  # fuzz/: libFuzzer and the sanitizers

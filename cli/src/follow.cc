@@ -17,9 +17,9 @@
 #include "commands.h"
 #include "follow_source.h"
 #include "follow_stream.h"
-#include "lines.h"
+#include "trainwatch/logs/lines.h"
 #include "operator_client.h"
-#include "trace_builder.h"
+#include "trainwatch/logs/trace_builder.h"
 
 namespace trainwatch::cli {
 

@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "trace_builder.h"
+#include "trainwatch/logs/trace_builder.h"
 
 namespace trainwatch::cli {
 

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "event_file_writer.h"
+#include "testing/event_file_writer.h"
 #include "stack.h"
 #include "test_util.h"
 #include "testing/wait.h"

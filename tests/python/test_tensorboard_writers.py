@@ -1,6 +1,6 @@
 """TensorBoard event files as the real writers make them, read by twctl.
 
-tests/cli/write_tfevents.py imitates torch's SummaryWriter byte for byte from
+tests/testing/write_tfevents.py imitates torch's SummaryWriter byte for byte from
 the format's description; here the files come from the writers themselves, as
 installed from the package index: torch.utils.tensorboard.SummaryWriter
 (add_scalar's simple_value, new_style float tensors, double_precision) and the

@@ -29,7 +29,7 @@ std::string ErrorOf(absl::string_view content, MetricsFormat f = MetricsFormat::
 }
 
 TEST_CASE("llm.c main.log: train lines become records and tel lines are read past",
-          "[cli][formats][llmc]") {
+          "[logs][formats][llmc]") {
   auto t = Parse(
       "starting run\n"
       "s:0 tel:11.0095\n"
@@ -51,7 +51,7 @@ TEST_CASE("llm.c main.log: train lines become records and tel lines are read pas
   CHECK(t->Record(2).Has(Signal::kGradNorm));
 }
 
-TEST_CASE("llm.c main.log: malformed lines name line and column", "[cli][formats][llmc]") {
+TEST_CASE("llm.c main.log: malformed lines name line and column", "[logs][formats][llmc]") {
   CHECK(ErrorOf("s:0 trl:11.0 lr:1e-6 norm:1\ns:1 trl:abc lr:1e-6 norm:1\n") ==
         "run.log:2:9: trl \"abc\" is not a number");
   CHECK(ErrorOf("s:0 trl:11.0\ns:x trl:10\n", MetricsFormat::kLlmc) ==
@@ -63,7 +63,7 @@ TEST_CASE("llm.c main.log: malformed lines name line and column", "[cli][formats
 }
 
 TEST_CASE("step:S/N logs: train_loss lines only - val lines read past - nan kept",
-          "[cli][formats][steplog]") {
+          "[logs][formats][steplog]") {
   auto t = Parse(
       "step:0/20 val_loss:22.6 train_time:278ms step_avg:nanms\n"
       "step:1/20 train_loss:22.62 train_time:81991ms step_avg:nanms\n"
@@ -83,7 +83,7 @@ TEST_CASE("step:S/N logs: train_loss lines only - val lines read past - nan kept
   CHECK((t->reported() & core::Bit(Signal::kLoss)) != 0);
 }
 
-TEST_CASE("step:S/N logs: malformed lines", "[cli][formats][steplog]") {
+TEST_CASE("step:S/N logs: malformed lines", "[logs][formats][steplog]") {
   CHECK(ErrorOf("step:1/10 train_loss:2.5\nstep:2/10 train_loss:2.5x\n") ==
         "run.log:2:22: train_loss \"2.5x\" is not a number");
   CHECK(ErrorOf("step:1/10 train_loss:2.5\nstep:1/10 train_loss:2.4\n") ==
@@ -93,7 +93,7 @@ TEST_CASE("step:S/N logs: malformed lines", "[cli][formats][steplog]") {
         "run.log:1:6: step \"-4/10\" is not a non-negative integer");
 }
 
-TEST_CASE("Megatron-LM iteration lines", "[cli][formats][megatron]") {
+TEST_CASE("Megatron-LM iteration lines", "[logs][formats][megatron]") {
   const std::string log =
       "using world size: 8\n"
       " [2024-05-01 10:00:00] iteration      100/  500000 | consumed samples:      12800 | "
@@ -122,7 +122,7 @@ TEST_CASE("Megatron-LM iteration lines", "[cli][formats][megatron]") {
             .step == 50);  // going back: a restart in the same file
 }
 
-TEST_CASE("W&B and TensorBoard CSV exports with --map", "[cli][formats][csv]") {
+TEST_CASE("W&B and TensorBoard CSV exports with --map", "[logs][formats][csv]") {
   SECTION("W&B: usual names are found, absent metrics are unknown, sparse rows read past") {
     auto t = Parse(
         "Step,train/loss,train/grad_norm,train/loss__MIN,eval/loss\n"
@@ -173,7 +173,7 @@ TEST_CASE("W&B and TensorBoard CSV exports with --map", "[cli][formats][csv]") {
   }
 }
 
-TEST_CASE("format names round-trip and --format forces a reader", "[cli][formats]") {
+TEST_CASE("format names round-trip and --format forces a reader", "[logs][formats]") {
   for (MetricsFormat f : {MetricsFormat::kAuto, MetricsFormat::kCsv, MetricsFormat::kGenericCsv,
                           MetricsFormat::kJsonLines, MetricsFormat::kLlmc,
                           MetricsFormat::kStepLog, MetricsFormat::kMegatron}) {

@@ -1,4 +1,4 @@
-#include "trace_builder.h"
+#include "trainwatch/logs/trace_builder.h"
 
 #include <charconv>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "lines.h"
+#include "trainwatch/logs/lines.h"
 #include "trainwatch/core/shard_names.h"
 
 namespace trainwatch::logs {

@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "lines.h"
+#include "trainwatch/logs/lines.h"
 #include "trainwatch/logs/tensorboard.h"
 #include "trainwatch/core/json.h"
 #include "trainwatch/core/rule_engine.h"

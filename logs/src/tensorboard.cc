@@ -16,7 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "tensorboard_event.pb.h"
-#include "trace_builder.h"
+#include "trainwatch/logs/trace_builder.h"
 
 namespace trainwatch::logs {
 

@@ -9,7 +9,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "event_file_writer.h"
+#include "testing/event_file_writer.h"
 #include "synthetic.h"
 #include "trainwatch/logs/metrics_file.h"
 #include "trainwatch/logs/replay.h"
@@ -45,7 +45,7 @@ size_t CountTierAtLeast(const ReplayResult& r, int tier) {
 }
 
 TEST_CASE("real log: llm.c GPT-2 124M is clean - its 15x grad outlier is not a page",
-          "[cli][realdata]") {
+          "[logs][realdata]") {
   const Replayed r = Load("llmc-gpt2-124m.main.log", MetricsFormat::kLlmc);
   INFO(Dump(r.result));
   CHECK(r.trace.size() == 19552);
@@ -57,7 +57,7 @@ TEST_CASE("real log: llm.c GPT-2 124M is clean - its 15x grad outlier is not a p
 }
 
 TEST_CASE("real log: modded-nanogpt 1.5B is clean - its bump at 2730 is not a page",
-          "[cli][realdata]") {
+          "[logs][realdata]") {
   const Replayed r = Load("modded-nanogpt-1p5b.log", MetricsFormat::kStepLog);
   INFO(Dump(r.result));
   CHECK(r.trace.size() == 20344);
@@ -70,7 +70,7 @@ TEST_CASE("real log: modded-nanogpt 1.5B is clean - its bump at 2730 is not a pa
 }
 
 TEST_CASE("real log: BitNet's spike at 1132-1142 is reported as a transient and not paged",
-          "[cli][realdata]") {
+          "[logs][realdata]") {
   const Replayed r = Load("parameter-golf-bitnet.train.log", MetricsFormat::kStepLog);
   INFO(Dump(r.result));
   CHECK(r.trace.size() == 10000);
@@ -94,7 +94,7 @@ TEST_CASE("real log: BitNet's spike at 1132-1142 is reported as a transient and 
 }
 
 TEST_CASE("real log: Behemoth's NaN loss at step 1200 is tier 3 at that step",
-          "[cli][realdata]") {
+          "[logs][realdata]") {
   const Replayed r = Load("parameter-golf-behemoth-v10.log", MetricsFormat::kStepLog);
   INFO(Dump(r.result));
   std::vector<core::Event> t3;
@@ -149,7 +149,7 @@ std::string ToEventFolder(const Trace& trace, const std::string& name) {
 }
 
 TEST_CASE("realdata as tensorboard event files: the text logs' verdicts",
-          "[cli][realdata][tensorboard]") {
+          "[logs][realdata][tensorboard]") {
   for (const auto& [name, format] :
        std::vector<std::pair<std::string, MetricsFormat>>{
            {"llmc-gpt2-124m.main.log", MetricsFormat::kLlmc},
@@ -183,7 +183,7 @@ TEST_CASE("realdata as tensorboard event files: the text logs' verdicts",
 }
 
 TEST_CASE("replay speed: a 500k-step metrics file in well under a few seconds",
-          "[cli][speed]") {
+          "[logs][speed]") {
   synth::Options o;
   o.steps = 500000;
   const std::string csv = synth::ToCsv(synth::Generate(o));

@@ -23,7 +23,7 @@ std::string ErrorOf(absl::string_view content, MetricsFormat f = MetricsFormat::
   return std::string(t.status().message());
 }
 
-TEST_CASE("CSV: columns in any order - optional columns - quoted fields", "[cli][csv]") {
+TEST_CASE("CSV: columns in any order - optional columns - quoted fields", "[logs][csv]") {
   auto t = ParseMetrics(
       "nan_frac,step,loss,log_z,grad_norm,shard,checkpoint,lr,extra\r\n"
       "0,1,2.5,8.0,1.0,7;8,,3e-4,x\n"
@@ -51,7 +51,7 @@ TEST_CASE("CSV: columns in any order - optional columns - quoted fields", "[cli]
 }
 
 TEST_CASE("a metric the file never writes is unknown but a written nan is reported",
-          "[cli][csv][missing]") {
+          "[logs][csv][missing]") {
   // log_z: an empty cell on every row, never written; grad_norm: written,
   // as nan on every row, which is a report (nonfinite_test.cc replays it).
   auto t = ParseMetrics("step,loss,grad_norm,log_z,nan_frac\n1,2.5,nan,,0\n2,2.4,nan,,0\n",
@@ -65,7 +65,7 @@ TEST_CASE("a metric the file never writes is unknown but a written nan is report
                           core::Bit(Signal::kNanFrac)));
 }
 
-TEST_CASE("CSV: malformed input names file - line and column", "[cli][csv][errors]") {
+TEST_CASE("CSV: malformed input names file - line and column", "[logs][csv][errors]") {
   CHECK(ErrorOf("") ==
         "run.csv:1:1: empty file: expected a CSV header, JSON lines, or a trainer's log (llm.c, "
         "step:S/N, Megatron-LM, nanoGPT, DeepSpeed, Hugging Face, torchtitan, Composer, NeMo)");
@@ -103,7 +103,7 @@ TEST_CASE("CSV: malformed input names file - line and column", "[cli][csv][error
         "run.csv:2:1: step must be >= 0");
 }
 
-TEST_CASE("JSON lines: the same keys - null as unknown - shard forms", "[cli][jsonl]") {
+TEST_CASE("JSON lines: the same keys - null as unknown - shard forms", "[logs][jsonl]") {
   auto t = ParseMetrics(
       "{\"step\": 1, \"loss\": 2.5, \"grad_norm\": 1.0, \"log_z\": null, \"nan_frac\": 0, "
       "\"shard\": [4, 5]}\n"
@@ -123,7 +123,7 @@ TEST_CASE("JSON lines: the same keys - null as unknown - shard forms", "[cli][js
   CHECK(t->Record(2).shards[0] == 9);
 }
 
-TEST_CASE("JSON lines: malformed input names file - line and column", "[cli][jsonl][errors]") {
+TEST_CASE("JSON lines: malformed input names file - line and column", "[logs][jsonl][errors]") {
   const std::string ok = R"({"step": 1, "loss": 2, "grad_norm": 1, "log_z": 8, "nan_frac": 0})";
   CHECK(ErrorOf(ok + "\n{\"step\": 2, \"loss\": 2,, }\n") ==
         "run.csv:2:23: expected a quoted key");
@@ -144,7 +144,7 @@ TEST_CASE("JSON lines: malformed input names file - line and column", "[cli][jso
         "run.csv:2:23: shard: a shard name is empty");
 }
 
-TEST_CASE("CSV shard column: names beside ids - several per row", "[cli][csv][shards]") {
+TEST_CASE("CSV shard column: names beside ids - several per row", "[logs][csv][shards]") {
   auto t = ParseMetrics(
       "step,loss,grad_norm,log_z,nan_frac,shard\n"
       "1,2.5,1.0,8,0,shard-00500:0\n"
@@ -165,7 +165,7 @@ TEST_CASE("CSV shard column: names beside ids - several per row", "[cli][csv][sh
   CHECK(r2.shards[0] == 12);
 }
 
-TEST_CASE("shard names past the bounds are refused naming the bound", "[cli][csv][shards]") {
+TEST_CASE("shard names past the bounds are refused naming the bound", "[logs][csv][shards]") {
   const std::string head = "step,loss,grad_norm,log_z,nan_frac,shard\n1,2.5,1.0,8,0,";
   CHECK(ErrorOf(head + std::string(257, 'n') + "\n") ==
         "run.csv:2:15: shard: shard name \"" + std::string(32, 'n') +
@@ -177,7 +177,7 @@ TEST_CASE("shard names past the bounds are refused naming the bound", "[cli][csv
   CHECK(err.find("1025 shard names, above the 1024 a record may carry") != std::string::npos);
 }
 
-TEST_CASE("JSON lines: shard lists mix ids and names", "[cli][jsonl][shards]") {
+TEST_CASE("JSON lines: shard lists mix ids and names", "[logs][jsonl][shards]") {
   auto t = ParseMetrics(
       "{\"step\": 1, \"loss\": 2.5, \"grad_norm\": 1.0, \"log_z\": 8, \"nan_frac\": 0, "
       "\"shard\": [4, \"a;b,c\", \"7\", 18446744073709551615]}\n"
@@ -197,7 +197,7 @@ TEST_CASE("JSON lines: shard lists mix ids and names", "[cli][jsonl][shards]") {
   CHECK(r1.shards[0] == 9);
 }
 
-TEST_CASE("ReadMetricsFile reports a missing file", "[cli]") {
+TEST_CASE("ReadMetricsFile reports a missing file", "[logs]") {
   auto t = ReadMetricsFile("/nonexistent/run.csv");
   REQUIRE_FALSE(t.ok());
   CHECK(t.status().code() == absl::StatusCode::kNotFound);

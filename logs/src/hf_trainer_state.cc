@@ -18,7 +18,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "trace_builder.h"
+#include "trainwatch/logs/trace_builder.h"
 #include "trainwatch/core/json.h"
 
 namespace trainwatch::logs {

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "event_file_writer.h"
+#include "testing/event_file_writer.h"
 #include "trainwatch/core/event.h"
 #include "trainwatch/logs/replay.h"
 #include "testing/temp_dir.h"
@@ -43,7 +43,7 @@ double Value(const Trace& t, size_t row, core::Signal s) {
   return r.Get(s);
 }
 
-TEST_CASE("tensorboard: crc32c matches the published test vectors", "[cli][tensorboard]") {
+TEST_CASE("tensorboard: crc32c matches the published test vectors", "[logs][tensorboard]") {
   CHECK(Crc32c("") == 0u);
   CHECK(Crc32c("123456789") == 0xE3069283u);
   CHECK(Crc32c("a") == 0xC1D04330u);
@@ -61,7 +61,7 @@ TEST_CASE("tensorboard: crc32c matches the published test vectors", "[cli][tenso
 }
 
 TEST_CASE("tensorboard: masked crc is TFRecord's rotation plus constant and unmasks",
-          "[cli][tensorboard]") {
+          "[logs][tensorboard]") {
   CHECK(MaskCrc32c(0) == 0xa282ead8u);
   const uint32_t c = 0xE3069283u;
   CHECK(MaskCrc32c(c) == static_cast<uint32_t>(((c >> 15) | (c << 17)) + 0xa282ead8u));
@@ -71,7 +71,7 @@ TEST_CASE("tensorboard: masked crc is TFRecord's rotation plus constant and unma
 }
 
 TEST_CASE("tensorboard: framing round trip - fed all at once and one byte at a time",
-          "[cli][tensorboard]") {
+          "[logs][tensorboard]") {
   const std::vector<std::string> datas = {"", "x", std::string(300, 'q'), "brain.Event:2"};
   std::string stream;
   for (const std::string& d : datas) stream += FrameRecord(d);
@@ -114,7 +114,7 @@ TEST_CASE("tensorboard: framing round trip - fed all at once and one byte at a t
 }
 
 TEST_CASE("tensorboard: a bad data CRC is an error naming the file and byte offset",
-          "[cli][tensorboard]") {
+          "[logs][tensorboard]") {
   std::string stream = FrameRecord("first") + FrameRecord("second");
   const size_t second = FrameRecord("first").size();
   stream[second + 12 + 2] ^= 0x20;  // a byte of "second"
@@ -136,7 +136,7 @@ TEST_CASE("tensorboard: a bad data CRC is an error naming the file and byte offs
 }
 
 TEST_CASE("tensorboard: a bad length CRC is corruption - not a record waiting for bytes",
-          "[cli][tensorboard]") {
+          "[logs][tensorboard]") {
   std::string stream = FrameRecord("abc");
   stream[0] ^= 0x01;  // the length, so its CRC no longer checks
   RecordReader r("f");
@@ -148,7 +148,7 @@ TEST_CASE("tensorboard: a bad length CRC is corruption - not a record waiting fo
 }
 
 TEST_CASE("tensorboard: replay of a corrupt event file fails with file and offset",
-          "[cli][tensorboard]") {
+          "[logs][tensorboard]") {
   const std::string dir = TempDir("corrupt");
   std::string bytes = testing::FileVersionRecord(1.0) + ScalarRecord(1, 2.0, "loss", 1.5);
   const size_t bad = bytes.size();
@@ -165,7 +165,7 @@ TEST_CASE("tensorboard: replay of a corrupt event file fails with file and offse
 
 TEST_CASE(
     "tensorboard: a torn final record reads as need more - and replay warns naming file and offset",
-    "[cli][tensorboard]") {
+    "[logs][tensorboard]") {
   const std::string good = testing::FileVersionRecord(1.0) + ScalarRecord(1, 2.0, "loss", 2.0) +
                            ScalarRecord(2, 3.0, "loss", 1.9);
   const std::string last = ScalarRecord(3, 4.0, "loss", 1.8);
@@ -208,7 +208,7 @@ TEST_CASE(
 }
 
 TEST_CASE("tensorboard: both scalar kinds - simple_value and one-element tensors",
-          "[cli][tensorboard]") {
+          "[logs][tensorboard]") {
   std::string bytes = testing::FileVersionRecord(100.0);
   bytes += ScalarRecord(10, 101, "loss", 2.5, ScalarKind::kSimpleValue);
   bytes += ScalarRecord(10, 101, "grad_norm", 0.75, ScalarKind::kFloatVal);
@@ -245,7 +245,7 @@ TEST_CASE("tensorboard: both scalar kinds - simple_value and one-element tensors
 }
 
 TEST_CASE("tensorboard: tags map to signals by their usual names and by --map",
-          "[cli][tensorboard]") {
+          "[logs][tensorboard]") {
   auto one = [](const std::vector<std::string>& tags, const ColumnMap& map) {
     std::string bytes = testing::FileVersionRecord(1);
     double v = 1;
@@ -296,7 +296,7 @@ TEST_CASE("tensorboard: tags map to signals by their usual names and by --map",
 }
 
 TEST_CASE("tensorboard: a folder of event files merges by step - the latest wall time wins",
-          "[cli][tensorboard]") {
+          "[logs][tensorboard]") {
   const std::string dir = TempDir("merge");
   // The first run logs steps 0..9; a restart from step 5 logs 5..14 later.
   std::string first = testing::FileVersionRecord(1000), second = testing::FileVersionRecord(2000);
@@ -346,7 +346,7 @@ TEST_CASE("tensorboard: a folder of event files merges by step - the latest wall
 
 TEST_CASE(
     "tensorboard: an event file is recognised by content under any name and by name with --format",
-    "[cli][tensorboard]") {
+    "[logs][tensorboard]") {
   const std::string dir = TempDir("detect");
   const std::string bytes = testing::FileVersionRecord(1) + ScalarRecord(3, 2, "loss", 1);
   testing::WriteFile(dir + "/renamed.bin", bytes);
@@ -372,7 +372,7 @@ int Shell(const std::string& command) {
 TEST_CASE(
     "tensorboard: a folder written by an independent SummaryWriter-like writer replays through "
     "twctl",
-    "[cli][tensorboard]") {
+    "[logs][tensorboard]") {
   const std::string dir = TempDir("pywriter");
   REQUIRE(Shell(std::string(TRAINWATCH_PYTHON) + " " + TFEVENTS_WRITER + " " + dir) == 0);
 
@@ -426,7 +426,7 @@ std::vector<std::string> Verdicts(const ReplayResult& r) {
 }
 
 TEST_CASE("tensorboard: the four real logs give the same verdicts when converted to event files",
-          "[cli][tensorboard][realdata]") {
+          "[logs][tensorboard][realdata]") {
   const std::string dir = TempDir("realdata");
   size_t events = 0;
   for (const char* name : {"llmc-gpt2-124m.main.log", "modded-nanogpt-1p5b.log",

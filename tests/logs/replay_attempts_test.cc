@@ -124,7 +124,7 @@ std::vector<const JsonLine*> With(const std::vector<JsonLine>& lines, const char
 }
 
 TEST_CASE("replay: steps going back open a new attempt - every record counted",
-          "[cli][replay][attempts]") {
+          "[logs][replay][attempts]") {
   for (const auto& [name, content] :
        {std::pair<std::string, std::string>{"restart.csv", Csv(RestartedLog())},
         {"restart.jsonl", Jsonl(RestartedLog())}}) {
@@ -160,7 +160,7 @@ TEST_CASE("replay: steps going back open a new attempt - every record counted",
 }
 
 TEST_CASE("replay: the abandoned tail stays its attempt's and never reaches the next one",
-          "[cli][replay][attempts]") {
+          "[logs][replay][attempts]") {
   const std::vector<JsonLine> events = ReplayJson(TempFile("tail.csv", Csv(RestartedLog())), {});
   std::vector<std::string> first, second;
   for (const JsonLine& e : events) {
@@ -202,7 +202,7 @@ TEST_CASE("replay: the abandoned tail stays its attempt's and never reaches the 
   CHECK(halt_seen);
 }
 
-TEST_CASE("replay: a step repeated on the next line is still an error", "[cli][replay][attempts]") {
+TEST_CASE("replay: a step repeated on the next line is still an error", "[logs][replay][attempts]") {
   std::string out, err;
   const std::string dup = TempFile(
       "dup_attempts.csv", "step,loss,grad_norm,log_z,nan_frac\n1,2.5,1,8,0\n1,2.5,1,8,0\n");

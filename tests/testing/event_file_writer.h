@@ -3,8 +3,8 @@
 // summary.proto and tensor.proto, so the reader's generated code is checked
 // against an encoding it did not produce.
 
-#ifndef TRAINWATCH_TESTS_CLI_EVENT_FILE_WRITER_H_
-#define TRAINWATCH_TESTS_CLI_EVENT_FILE_WRITER_H_
+#ifndef TRAINWATCH_TESTS_TESTING_EVENT_FILE_WRITER_H_
+#define TRAINWATCH_TESTS_TESTING_EVENT_FILE_WRITER_H_
 
 #include <cstdint>
 #include <cstring>
@@ -152,4 +152,4 @@ inline void WriteFile(const std::string& path, const std::string& bytes) {
 
 }  // namespace trainwatch::logs::testing
 
-#endif  // TRAINWATCH_TESTS_CLI_EVENT_FILE_WRITER_H_
+#endif  // TRAINWATCH_TESTS_TESTING_EVENT_FILE_WRITER_H_

@@ -14,21 +14,12 @@
 
 #include "trainwatch/logs/metrics_file.h"
 #include "trainwatch/logs/replay.h"
+#include "logs/excerpts.h"
 
 namespace trainwatch::logs {
 namespace {
 
 using core::Signal;
-
-const std::string kFormats = TRAINWATCH_FORMATS_DIR;
-
-std::string Slurp(const std::string& name) {
-  std::ifstream in(kFormats + "/" + name, std::ios::binary);
-  REQUIRE(in);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 absl::StatusOr<Trace> Parse(absl::string_view content, MetricsFormat f = MetricsFormat::kAuto) {
   ReadOptions o;
@@ -49,9 +40,9 @@ ReplayResult ReplayOf(const Trace& t) {
 }
 
 TEST_CASE("nanoGPT: iter lines with and without a timestamp - eval read past - checkpoint",
-          "[cli][formats][nanogpt]") {
+          "[logs][formats][nanogpt]") {
   SECTION("timestamped (karpathy/nanoGPT#215)") {
-    auto t = Parse(Slurp("nanogpt-fp16-nan.log"));
+    auto t = Parse(Excerpt("nanogpt-fp16-nan.log"));
     REQUIRE(t.ok());
     CHECK(t->format() == MetricsFormat::kNanoGpt);
     REQUIRE(t->size() == 15);  // 15 iter lines; the eval line is not a record
@@ -76,7 +67,7 @@ TEST_CASE("nanoGPT: iter lines with and without a timestamp - eval read past - c
     CHECK(halt->recommended_checkpoint_uri == "out");
   }
   SECTION("no timestamp (karpathy/nanoGPT#178)") {
-    auto t = Parse(Slurp("nanogpt-shakespeare.log"));
+    auto t = Parse(Excerpt("nanogpt-shakespeare.log"));
     REQUIRE(t.ok());
     CHECK(t->format() == MetricsFormat::kNanoGpt);
     REQUIRE(t->size() == 25);
@@ -114,7 +105,7 @@ TEST_CASE("nanoGPT: iter lines with and without a timestamp - eval read past - c
   }
 }
 
-TEST_CASE("nanoGPT: malformed lines name line and column", "[cli][formats][nanogpt]") {
+TEST_CASE("nanoGPT: malformed lines name line and column", "[logs][formats][nanogpt]") {
   CHECK(ErrorOf("iter 0: loss 4.2, time 1ms\niter 10: loss 4.x, time 1ms\n") ==
         "run.log:2:15: loss \"4.x\" is not a number");
   CHECK(ErrorOf("2023-03-22 09:30:39 iter 10: loss 4.0, time 1ms\n"
@@ -128,9 +119,9 @@ TEST_CASE("nanoGPT: malformed lines name line and column", "[cli][formats][nanog
 }
 
 TEST_CASE("DeepSpeed alone: start-up overflows are skipped steps at their scale",
-          "[cli][formats][deepspeed]") {
+          "[logs][formats][deepspeed]") {
   // deepspeedai/DeepSpeed#931: a hysteresis line, then three halvings.
-  auto t = Parse(Slurp("deepspeed-startup-overflows.log"));
+  auto t = Parse(Excerpt("deepspeed-startup-overflows.log"));
   REQUIRE(t.ok());
   CHECK(t->format() == MetricsFormat::kDeepSpeed);
   REQUIRE(t->size() == 4);
@@ -150,11 +141,11 @@ TEST_CASE("DeepSpeed alone: start-up overflows are skipped steps at their scale"
 }
 
 TEST_CASE("DeepSpeed: already at minimum is a tier 3 failure",
-          "[cli][formats][deepspeed]") {
+          "[logs][formats][deepspeed]") {
   // ymcui/Chinese-LLaMA-Alpaca#534: overflows from scale 64 down, sharing
   // lines with tqdm bars, then the exception.
   // A Hugging Face Trainer log: its bars place the overflows (framework_logs_test.cc).
-  auto t = Parse(Slurp("hf-deepspeed-min-scale.log"));
+  auto t = Parse(Excerpt("hf-deepspeed-min-scale.log"));
   REQUIRE(t.ok());
   CHECK(t->format() == MetricsFormat::kHfTrainer);
   REQUIRE(t->size() == 6);
@@ -178,7 +169,7 @@ TEST_CASE("DeepSpeed: already at minimum is a tier 3 failure",
 }
 
 TEST_CASE("DeepSpeed lines inside a trainer's log: the trainer's steps place them",
-          "[cli][formats][deepspeed]") {
+          "[logs][formats][deepspeed]") {
   SECTION("Megatron-DeepSpeed: overflows after iteration 10 are steps 11 and 12") {
     const std::string log =
         " iteration       10/  500000 | learning rate: 1.5E-04 | lm loss: 7.1E+00 | grad norm: "
@@ -234,7 +225,7 @@ TEST_CASE("DeepSpeed lines inside a trainer's log: the trainer's steps place the
 }
 
 TEST_CASE("DeepSpeed alone: step=N lines are records with their learning rate",
-          "[cli][formats][deepspeed]") {
+          "[logs][formats][deepspeed]") {
   auto t = Parse(
       "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to "
       "32768\n"
@@ -253,7 +244,7 @@ TEST_CASE("DeepSpeed alone: step=N lines are records with their learning rate",
   CHECK(t->Record(2).Get(Signal::kLearningRate) == 0.0002);
 }
 
-TEST_CASE("DeepSpeed: malformed lines name line and column", "[cli][formats][deepspeed]") {
+TEST_CASE("DeepSpeed: malformed lines name line and column", "[logs][formats][deepspeed]") {
   CHECK(ErrorOf("[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 6x5, "
                 "reducing to 32768\n") ==
         "run.log:1:67: loss scale \"6x5\" is not a number >= 0");
@@ -266,7 +257,7 @@ TEST_CASE("DeepSpeed: malformed lines name line and column", "[cli][formats][dee
         "to replay");
 }
 
-TEST_CASE("format names: nanogpt and deepspeed round-trip", "[cli][formats]") {
+TEST_CASE("format names: nanogpt and deepspeed round-trip", "[logs][formats]") {
   for (MetricsFormat f : {MetricsFormat::kNanoGpt, MetricsFormat::kDeepSpeed}) {
     MetricsFormat back;
     REQUIRE(ParseFormatName(FormatName(f), &back));
@@ -274,45 +265,14 @@ TEST_CASE("format names: nanogpt and deepspeed round-trip", "[cli][formats]") {
   }
 }
 
-// Damaged copies of every excerpt: cut at each line, a line doubled, bytes
-// overwritten. Each parses or fails with a message naming the input; what
-// parses replays with every record in an attempt.
-TEST_CASE("the new readers never crash on damaged input", "[cli][formats][robustness]") {
-  const std::vector<std::string> names = {
-      "nanogpt-fp16-nan.log", "nanogpt-shakespeare.log", "megatron-deepspeed-silent-nan.log",
-      "deepspeed-startup-overflows.log", "hf-deepspeed-min-scale.log"};
-  const char kJunk[] = {'\0', '\n', ':', ',', '|', '[', ']', '9', '-', 'e', '\xff', ' '};
-  int parsed = 0, refused = 0;
-  for (const std::string& name : names) {
-    const std::string text = Slurp(name);
-    std::vector<std::string> variants;
-    for (size_t cut = 0; cut < text.size(); cut += 7) variants.push_back(text.substr(0, cut));
-    for (size_t at = 0; at < text.size(); at += 5) {
-      std::string v = text;
-      v[at] = kJunk[at % sizeof(kJunk)];
-      variants.push_back(v);
-    }
-    variants.push_back(text + text);  // the log again: a restart from its first step
-    for (const std::string& v : variants) {
-      for (MetricsFormat f : {MetricsFormat::kAuto, MetricsFormat::kNanoGpt,
-                              MetricsFormat::kDeepSpeed, MetricsFormat::kMegatron}) {
-        ReadOptions o;
-        o.format = f;
-        auto t = ParseMetrics(v, "damaged.log", o);
-        if (!t.ok()) {
-          ++refused;
-          CHECK(t.status().message().find("damaged.log") != absl::string_view::npos);
-          continue;
-        }
-        ++parsed;
-        auto r = Replay(*t, core::RuleConfig());
-        REQUIRE(r.ok());
-        CHECK(r->records == static_cast<int64_t>(t->size()));
-      }
-    }
-  }
-  CHECK(parsed > 0);
-  CHECK(refused > 0);
+// Damaged copies of every excerpt (excerpts.h).
+TEST_CASE("the new readers never crash on damaged input", "[logs][formats][robustness]") {
+  CheckDamagedCopies({"nanogpt-fp16-nan.log", "nanogpt-shakespeare.log",
+                      "megatron-deepspeed-silent-nan.log", "deepspeed-startup-overflows.log",
+                      "hf-deepspeed-min-scale.log"},
+                     {MetricsFormat::kAuto, MetricsFormat::kNanoGpt, MetricsFormat::kDeepSpeed,
+                      MetricsFormat::kMegatron},
+                     ReadOptions(), 7, 5);
 }
 
 }  // namespace

@@ -20,21 +20,12 @@
 
 #include "trainwatch/logs/metrics_file.h"
 #include "trainwatch/logs/replay.h"
+#include "logs/excerpts.h"
 
 namespace trainwatch::logs {
 namespace {
 
 using core::Signal;
-
-const std::string kFormats = TRAINWATCH_FORMATS_DIR;
-
-std::string Slurp(const std::string& name) {
-  std::ifstream in(kFormats + "/" + name, std::ios::binary);
-  REQUIRE(in);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 absl::StatusOr<Trace> Parse(absl::string_view content, MetricsFormat f = MetricsFormat::kAuto,
                             int64_t logging_steps = 0) {
@@ -68,9 +59,9 @@ core::Event EventAt(const Trace& t, int64_t step, int tier) {
 }
 
 TEST_CASE("Hugging Face Trainer: the bar before a dict gives its step and DeepSpeed's lines are read too",
-          "[cli][formats][hf]") {
+          "[logs][formats][hf]") {
   // ymcui/Chinese-LLaMA-Alpaca#534: bars 377-382, a loss at 380, overflows.
-  auto t = Parse(Slurp("hf-deepspeed-min-scale.log"));
+  auto t = Parse(Excerpt("hf-deepspeed-min-scale.log"));
   REQUIRE(t.ok());
   CHECK(t->format() == MetricsFormat::kHfTrainer);
   REQUIRE(t->size() == 6);
@@ -88,9 +79,9 @@ TEST_CASE("Hugging Face Trainer: the bar before a dict gives its step and DeepSp
 }
 
 TEST_CASE("Hugging Face Trainer: without bars --logging-steps places the dicts",
-          "[cli][formats][hf]") {
+          "[logs][formats][hf]") {
   // AnswerDotAI/ModernBERT#233: 'grad_norm': nan from the first line shown.
-  const std::string log = Slurp("hf-modernbert-grad-norm-nan.log");
+  const std::string log = Excerpt("hf-modernbert-grad-norm-nan.log");
   CHECK(ErrorOf(log) ==
         "run.log:1:1: a Hugging Face Trainer loss line with no progress bar before it: its "
         "step is unknown; give --logging-steps N (the run's logging_steps)");
@@ -106,7 +97,7 @@ TEST_CASE("Hugging Face Trainer: without bars --logging-steps places the dicts",
 }
 
 TEST_CASE("Hugging Face Trainer: bars sharing lines and string values with eval and summary dicts",
-          "[cli][formats][hf]") {
+          "[logs][formats][hf]") {
   // Written from transformers' ProgressCallback: tqdm.write clears the bar
   // with '\r', prints the dict, draws the bar again; transformers 5 prints
   // floats as f"{v:.4g}" strings. An eval bar (another total) is not the
@@ -162,7 +153,7 @@ TEST_CASE("Hugging Face Trainer: bars sharing lines and string values with eval 
   }
 }
 
-TEST_CASE("Hugging Face Trainer: malformed values name line and column", "[cli][formats][hf]") {
+TEST_CASE("Hugging Face Trainer: malformed values name line and column", "[logs][formats][hf]") {
   CHECK(ErrorOf(" 1%|  | 1/100 [00:01<00:10]\n{'loss': 'abc', 'epoch': 0.01}\n") ==
         "run.log:2:10: loss \"'abc'\" is not a number");
   CHECK(ErrorOf("{'loss': 1.0, 'grad_norm': 1.x}\n", MetricsFormat::kHfTrainer, 5) ==
@@ -172,8 +163,8 @@ TEST_CASE("Hugging Face Trainer: malformed values name line and column", "[cli][
 }
 
 TEST_CASE("Hugging Face trainer_state.json: log_history's train entries",
-          "[cli][formats][hf-state]") {
-  auto t = Parse(Slurp("hf-trainer-state-from-source.json"));
+          "[logs][formats][hf-state]") {
+  auto t = Parse(Excerpt("hf-trainer-state-from-source.json"));
   REQUIRE(t.ok());
   CHECK(t->format() == MetricsFormat::kHfTrainerState);
   REQUIRE(t->size() == 3);  // the eval entry at 20 is read past
@@ -191,10 +182,10 @@ TEST_CASE("Hugging Face trainer_state.json: log_history's train entries",
 }
 
 TEST_CASE("Hugging Face trainer_state.json: real files from model repositories",
-          "[cli][formats][hf-state]") {
+          "[logs][formats][hf-state]") {
   // philschmid's bart-large-cnn-samsum (rnpcs/philschmid-bart-large-cnn-samsum),
   // whole: an older Trainer's file, no grad_norm, one log and the summary.
-  auto bart = Parse(Slurp("hf-trainer-state-bart-samsum.json"));
+  auto bart = Parse(Excerpt("hf-trainer-state-bart-samsum.json"));
   REQUIRE(bart.ok());
   CHECK(bart->format() == MetricsFormat::kHfTrainerState);
   REQUIRE(bart->size() == 1);  // the summary entry at 693 has no loss
@@ -205,7 +196,7 @@ TEST_CASE("Hugging Face trainer_state.json: real files from model repositories",
   CHECK(HaltedAt(*bart) == -1);
   // P4P4N1CK/whisper-large-v2-japanese-5k-steps, trimmed: eval entries
   // (eval_wer) at 1000 and 5000 and the summary (train_loss) read past.
-  auto whisper = Parse(Slurp("hf-trainer-state-whisper-ja.json"));
+  auto whisper = Parse(Excerpt("hf-trainer-state-whisper-ja.json"));
   REQUIRE(whisper.ok());
   CHECK(whisper->format() == MetricsFormat::kHfTrainerState);
   REQUIRE(whisper->size() == 6);
@@ -219,13 +210,13 @@ TEST_CASE("Hugging Face trainer_state.json: real files from model repositories",
 }
 
 TEST_CASE("Hugging Face trainer_state.json: an output folder is read through its newest",
-          "[cli][formats][hf-state]") {
+          "[logs][formats][hf-state]") {
   namespace fs = std::filesystem;
   const fs::path out = fs::temp_directory_path() / ("tw-hf-output-" + std::to_string(::getpid()));
   fs::remove_all(out);
   fs::create_directories(out / "checkpoint-10");
   fs::create_directories(out / "checkpoint-30");
-  const std::string full = Slurp("hf-trainer-state-from-source.json");
+  const std::string full = Excerpt("hf-trainer-state-from-source.json");
   std::ofstream(out / "checkpoint-30" / "trainer_state.json") << full;
   std::ofstream(out / "checkpoint-10" / "trainer_state.json") << "{\"log_history\": []}\n";
   // checkpoint-10's is older, whatever the order the writes landed in.
@@ -243,9 +234,9 @@ TEST_CASE("Hugging Face trainer_state.json: an output folder is read through its
 }
 
 TEST_CASE("torchtitan: rank 0's step lines with colours and other ranks read past",
-          "[cli][formats][torchtitan]") {
+          "[logs][formats][torchtitan]") {
   // pytorch/torchtitan#3393: the current shape, with torchrun's [rank0]:.
-  auto t = Parse(Slurp("torchtitan-rank0.log"));
+  auto t = Parse(Excerpt("torchtitan-rank0.log"));
   REQUIRE(t.ok());
   CHECK(t->format() == MetricsFormat::kTorchTitan);
   REQUIRE(t->size() == 8);
@@ -255,7 +246,7 @@ TEST_CASE("torchtitan: rank 0's step lines with colours and other ranks read pas
   CHECK(t->Record(7).step == 21);
   // pytorch/torchtitan#1287: the older shape, no grad_norm, 4 decimals,
   // between the GC and profiler lines.
-  auto older = Parse(Slurp("torchtitan-older-no-grad-norm.log"));
+  auto older = Parse(Excerpt("torchtitan-older-no-grad-norm.log"));
   REQUIRE(older.ok());
   CHECK(older->format() == MetricsFormat::kTorchTitan);
   REQUIRE(older->size() == 6);
@@ -263,7 +254,7 @@ TEST_CASE("torchtitan: rank 0's step lines with colours and other ranks read pas
   CHECK(older->Record(5).Get(Signal::kLoss) == 5.8383);
   CHECK_FALSE(older->Record(0).Has(Signal::kGradNorm));
   // pytorch/torchtitan#2389: every rank's line, no prefix: one record a step.
-  auto every = Parse(Slurp("torchtitan-every-rank.log"));
+  auto every = Parse(Excerpt("torchtitan-every-rank.log"));
   REQUIRE(every.ok());
   CHECK(every->format() == MetricsFormat::kTorchTitan);
   REQUIRE(every->size() == 2);
@@ -295,8 +286,8 @@ TEST_CASE("torchtitan: rank 0's step lines with colours and other ranks read pas
 }
 
 TEST_CASE("Composer: a ConsoleLogger block is one record at its batch",
-          "[cli][formats][composer]") {
-  auto t = Parse(Slurp("composer-console-from-source.log"));
+          "[logs][formats][composer]") {
+  auto t = Parse(Excerpt("composer-console-from-source.log"));
   REQUIRE(t.ok());
   CHECK(t->format() == MetricsFormat::kComposer);
   REQUIRE(t->size() == 3);  // the eval blocks are read past
@@ -309,12 +300,12 @@ TEST_CASE("Composer: a ConsoleLogger block is one record at its batch",
   CHECK(HaltedAt(*t) == 3);
   // princeton-nlp/LLM-Shearing#15: a real header and its Train lines, cut
   // before the loss: detected, and nothing to replay.
-  const std::string real = Slurp("composer-llm-shearing-header.log");
+  const std::string real = Excerpt("composer-llm-shearing-header.log");
   CHECK(ErrorOf(real) ==
         "run.log:1:1: no Composer \"[batch=N/M]:\" blocks with Train lines: nothing to replay");
   // Helios113/dyna: tab-indented blocks of a Composer 0.31 run, W&B
   // objects as values, per-layer norms, then the global one.
-  auto dyna = Parse(Slurp("composer-dyna-console.log"));
+  auto dyna = Parse(Excerpt("composer-dyna-console.log"));
   REQUIRE(dyna.ok());
   CHECK(dyna->format() == MetricsFormat::kComposer);
   REQUIRE(dyna->size() == 2);
@@ -328,7 +319,7 @@ TEST_CASE("Composer: a ConsoleLogger block is one record at its batch",
   CHECK(HaltedAt(*dyna) == -1);
   // mosaicml/llm-foundry's scripts/train/README.md: an older console, its
   // tabs shown as spaces, no grad norm.
-  auto foundry = Parse(Slurp("composer-llm-foundry-readme.log"));
+  auto foundry = Parse(Excerpt("composer-llm-foundry-readme.log"));
   REQUIRE(foundry.ok());
   CHECK(foundry->format() == MetricsFormat::kComposer);
   REQUIRE(foundry->size() == 4);
@@ -352,9 +343,9 @@ TEST_CASE("Composer: a ConsoleLogger block is one record at its batch",
         "run.log:2:27: loss/train/total \"1.2.3\" is not a number");
 }
 
-TEST_CASE("NeMo 2: Training epoch lines at their global_step", "[cli][formats][nemo]") {
+TEST_CASE("NeMo 2: Training epoch lines at their global_step", "[logs][formats][nemo]") {
   // NVIDIA-BioNeMo/bionemo-recipes#740.
-  auto t = Parse(Slurp("nemo2-training-epoch.log"));
+  auto t = Parse(Excerpt("nemo2-training-epoch.log"));
   REQUIRE(t.ok());
   CHECK(t->format() == MetricsFormat::kNemo);
   REQUIRE(t->size() == 6);
@@ -375,9 +366,9 @@ TEST_CASE("NeMo 2: Training epoch lines at their global_step", "[cli][formats][n
 }
 
 TEST_CASE("NeMo 1: Lightning's progress bar gives one record per step it shows",
-          "[cli][formats][nemo]") {
+          "[logs][formats][nemo]") {
   // NVIDIA/NeMo-Framework-Launcher#55: global_step one behind the bar's N.
-  auto t = Parse(Slurp("nemo1-progress-bar.log"));
+  auto t = Parse(Excerpt("nemo1-progress-bar.log"));
   REQUIRE(t.ok());
   CHECK(t->format() == MetricsFormat::kNemo);
   REQUIRE(t->size() == 1);
@@ -385,7 +376,7 @@ TEST_CASE("NeMo 1: Lightning's progress bar gives one record per step it shows",
   CHECK(t->Record(0).Get(Signal::kLoss) == 3.09);
   // NVIDIA/NeMo#7957 (NVIDIA-NeMo/Speech in the index): "nan.0", and a
   // global_step shortened to "9e+3"; the checkpoint line is read past.
-  auto nan = Parse(Slurp("nemo1-nan-progress-bar.log"));
+  auto nan = Parse(Excerpt("nemo1-nan-progress-bar.log"));
   REQUIRE(nan.ok());
   REQUIRE(nan->size() == 1);
   CHECK(nan->Record(0).step == 9000);
@@ -411,8 +402,8 @@ TEST_CASE("NeMo 1: Lightning's progress bar gives one record per step it shows",
 }
 
 TEST_CASE("Lightning's metrics.csv is a wandb-csv: train rows read and val rows read past",
-          "[cli][formats][lightning]") {
-  auto t = Parse(Slurp("lightning-metrics-from-source.csv"));
+          "[logs][formats][lightning]") {
+  auto t = Parse(Excerpt("lightning-metrics-from-source.csv"));
   REQUIRE(t.ok());
   CHECK(t->format() == MetricsFormat::kGenericCsv);
   REQUIRE(t->size() == 4);
@@ -422,7 +413,7 @@ TEST_CASE("Lightning's metrics.csv is a wandb-csv: train rows read and val rows 
   CHECK(HaltedAt(*t) == 199);
   // HySonLab/ArcRoute's lightning_logs/version_0, epochs 10-12: an RL
   // loss (train/loss) with a spike at 6249, a validation row per epoch.
-  auto real = Parse(Slurp("lightning-arcroute-metrics.csv"));
+  auto real = Parse(Excerpt("lightning-arcroute-metrics.csv"));
   REQUIRE(real.ok());
   CHECK(real->format() == MetricsFormat::kGenericCsv);
   REQUIRE(real->size() == 30);  // 33 rows, the val/reward rows at 5378, 5867, 6356 read past
@@ -442,7 +433,7 @@ TEST_CASE("Lightning's metrics.csv is a wandb-csv: train rows read and val rows 
   CHECK(both->Record(0).Get(Signal::kLoss) == 2.5);
 }
 
-TEST_CASE("format names: the frameworks' round-trip", "[cli][formats]") {
+TEST_CASE("format names: the frameworks' round-trip", "[logs][formats]") {
   for (MetricsFormat f :
        {MetricsFormat::kHfTrainer, MetricsFormat::kHfTrainerState, MetricsFormat::kTorchTitan,
         MetricsFormat::kComposer, MetricsFormat::kNemo}) {
@@ -452,50 +443,21 @@ TEST_CASE("format names: the frameworks' round-trip", "[cli][formats]") {
   }
 }
 
-TEST_CASE("the frameworks' readers never crash on damaged input", "[cli][formats][robustness]") {
-  const std::vector<std::string> names = {
-      "hf-deepspeed-min-scale.log",        "hf-modernbert-grad-norm-nan.log",
-      "hf-trainer-state-from-source.json", "torchtitan-rank0.log",
-      "torchtitan-every-rank.log",         "composer-console-from-source.log",
-      "composer-llm-shearing-header.log",  "nemo2-training-epoch.log",
-      "lightning-metrics-from-source.csv", "hf-trainer-state-bart-samsum.json",
-      "hf-trainer-state-whisper-ja.json",  "composer-llm-foundry-readme.log",
-      "lightning-arcroute-metrics.csv",    "composer-dyna-console.log"};
-  const char kJunk[] = {'\0',   '\n', ':', ',', '|',  '[', ']',  '9',    '-', 'e',
-                        '\xff', ' ',  '{', '}', '\'', '"', '\r', '\x1b', '\t'};
-  int parsed = 0, refused = 0;
-  for (const std::string& name : names) {
-    const std::string text = Slurp(name);
-    std::vector<std::string> variants;
-    for (size_t cut = 0; cut < text.size(); cut += 11) variants.push_back(text.substr(0, cut));
-    for (size_t at = 0; at < text.size(); at += 7) {
-      std::string v = text;
-      v[at] = kJunk[at % sizeof(kJunk)];
-      variants.push_back(v);
-    }
-    variants.push_back(text + text);
-    for (const std::string& v : variants) {
-      for (MetricsFormat f :
-           {MetricsFormat::kAuto, MetricsFormat::kHfTrainer, MetricsFormat::kHfTrainerState,
-            MetricsFormat::kTorchTitan, MetricsFormat::kComposer, MetricsFormat::kNemo}) {
-        ReadOptions o;
-        o.format = f;
-        o.logging_steps = 5;
-        auto t = ParseMetrics(v, "damaged.log", o);
-        if (!t.ok()) {
-          ++refused;
-          CHECK(t.status().message().find("damaged.log") != absl::string_view::npos);
-          continue;
-        }
-        ++parsed;
-        auto r = Replay(*t, core::RuleConfig());
-        REQUIRE(r.ok());
-        CHECK(r->records == static_cast<int64_t>(t->size()));
-      }
-    }
-  }
-  CHECK(parsed > 0);
-  CHECK(refused > 0);
+// Damaged copies of every excerpt (excerpts.h).
+TEST_CASE("the frameworks' readers never crash on damaged input", "[logs][formats][robustness]") {
+  ReadOptions o;
+  o.logging_steps = 5;
+  CheckDamagedCopies(
+      {"hf-deepspeed-min-scale.log", "hf-modernbert-grad-norm-nan.log",
+       "hf-trainer-state-from-source.json", "torchtitan-rank0.log", "torchtitan-every-rank.log",
+       "composer-console-from-source.log", "composer-llm-shearing-header.log",
+       "nemo2-training-epoch.log", "lightning-metrics-from-source.csv",
+       "hf-trainer-state-bart-samsum.json", "hf-trainer-state-whisper-ja.json",
+       "composer-llm-foundry-readme.log", "lightning-arcroute-metrics.csv",
+       "composer-dyna-console.log"},
+      {MetricsFormat::kAuto, MetricsFormat::kHfTrainer, MetricsFormat::kHfTrainerState,
+       MetricsFormat::kTorchTitan, MetricsFormat::kComposer, MetricsFormat::kNemo},
+      o, 11, 7);
 }
 
 }  // namespace

@@ -43,7 +43,7 @@ Run Replay(std::vector<std::string> args) {
   return r;
 }
 
-TEST_CASE("replay of the demo trace finds all three tiers - in JSON", "[cli][replay]") {
+TEST_CASE("replay of the demo trace finds all three tiers - in JSON", "[logs][replay]") {
   const std::string path = TempFile("demo.csv", synth::ToCsv(synth::Generate(synth::DemoOptions())));
   const Run r = Replay({path, "-o", "json"});
   INFO(r.err << r.out);
@@ -88,7 +88,7 @@ TEST_CASE("replay of the demo trace finds all three tiers - in JSON", "[cli][rep
 }
 
 TEST_CASE("replay of a CSV whose shard column holds names reports them in the tier 1 event",
-          "[cli][replay][shards]") {
+          "[logs][replay][shards]") {
   // The demo trace, its shard ids written as the names a loader would use.
   // Field 6 of each line (after the header) is the shard.
   std::string csv;
@@ -139,7 +139,7 @@ TEST_CASE("replay of a CSV whose shard column holds names reports them in the ti
 }
 
 TEST_CASE("replay: bad input exits 2 with file - line - column and no output",
-          "[cli][replay][errors]") {
+          "[logs][replay][errors]") {
   const std::string good = "step,loss,grad_norm,log_z,nan_frac\n";
   struct Case {
     std::string name, content, message;
@@ -161,7 +161,7 @@ TEST_CASE("replay: bad input exits 2 with file - line - column and no output",
   }
 }
 
-TEST_CASE("replay: usage errors and configuration", "[cli][replay]") {
+TEST_CASE("replay: usage errors and configuration", "[logs][replay]") {
   CHECK(Replay({}).code == 2);
   CHECK(Replay({"a.csv", "-o", "yaml"}).code == 2);
   CHECK(Replay({"a.csv", "--bogus"}).code == 2);
@@ -191,7 +191,7 @@ TEST_CASE("replay: usage errors and configuration", "[cli][replay]") {
 }
 
 TEST_CASE("replay: --print-config shows the bounds and reads back - a value past one is refused",
-          "[cli][replay][bounds]") {
+          "[logs][replay][bounds]") {
   const Run printed = Replay({"--print-config"});
   REQUIRE(printed.code == 0);
   CHECK(printed.out.find("\"bounds\": {") != std::string::npos);
@@ -209,7 +209,7 @@ TEST_CASE("replay: --print-config shows the bounds and reads back - a value past
         std::string::npos);
 }
 
-TEST_CASE("replay: --format csv is strict and --map reaches the reader", "[cli][replay]") {
+TEST_CASE("replay: --format csv is strict and --map reaches the reader", "[logs][replay]") {
   const std::string partial = TempFile("partial.csv", "step,loss,log_z\n1,2.5,8\n2,2.5,8\n");
   const Run lenient = Replay({partial, "-o", "json"});
   CHECK(lenient.code == 0);  // an export: grad_norm and nan_frac unknown
@@ -231,7 +231,7 @@ TEST_CASE("replay: --format csv is strict and --map reaches the reader", "[cli][
   CHECK(Replay({wandb, "--map", "bogus=my_loss"}).code == 2);
 }
 
-TEST_CASE("replay --summary counts incidents per tier and skipped steps", "[cli][replay]") {
+TEST_CASE("replay --summary counts incidents per tier and skipped steps", "[logs][replay]") {
   const std::string trace =
       TempFile("sum_demo.csv", synth::ToCsv(synth::Generate(synth::DemoOptions())));
   const Run r = Replay({trace, "--summary", "-o", "json"});
@@ -244,7 +244,7 @@ TEST_CASE("replay --summary counts incidents per tier and skipped steps", "[cli]
 }
 
 TEST_CASE("replay: a pipe named by its path (a FIFO or /dev/stdin) is read like a file",
-          "[cli][replay]") {
+          "[logs][replay]") {
   // A pipe has no size: the reader must not size its buffer by one.
   std::signal(SIGPIPE, SIG_IGN);  // a writer left without a reader fails, not dies
   const std::string fifo = std::string(P_tmpdir) + "/tw_replay_test_fifo_" +
@@ -267,7 +267,7 @@ TEST_CASE("replay: a pipe named by its path (a FIFO or /dev/stdin) is read like 
   CHECK(r.out.find("{\"tier\":1,\"incidents\":1,") != std::string::npos);
 }
 
-TEST_CASE("the twctl binary: table output and exit codes", "[cli][binary]") {
+TEST_CASE("the twctl binary: table output and exit codes", "[logs][binary]") {
   const std::string trace =
       TempFile("bin_demo.csv", synth::ToCsv(synth::Generate(synth::DemoOptions())));
   FILE* p = popen((std::string(TWCTL_PATH) + " replay " + trace + " 2>&1").c_str(), "r");

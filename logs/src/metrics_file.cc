@@ -15,8 +15,8 @@
 #include "absl/strings/str_split.h"
 #include "trainwatch/logs/tensorboard.h"
 #include "trainwatch/core/json.h"
-#include "lines.h"
-#include "trace_builder.h"
+#include "trainwatch/logs/lines.h"
+#include "trainwatch/logs/trace_builder.h"
 
 namespace trainwatch::logs {
 

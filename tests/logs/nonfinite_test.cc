@@ -46,7 +46,7 @@ const core::Event& FirstHalt(const ReplayResult& r) {
   return *it;
 }
 
-TEST_CASE("a metric written only as nan halts at its first step", "[cli][nonfinite]") {
+TEST_CASE("a metric written only as nan halts at its first step", "[logs][nonfinite]") {
   // grad_norm is never finite in this file: before, the reader took it for
   // "never reported" and replay said nothing.
   const ReplayResult r =
@@ -61,7 +61,7 @@ TEST_CASE("a metric written only as nan halts at its first step", "[cli][nonfini
   CHECK((e.lacked_signals & core::Bit(Signal::kGradNorm)) == 0);
 }
 
-TEST_CASE("an inf written in a trainer's log halts", "[cli][nonfinite]") {
+TEST_CASE("an inf written in a trainer's log halts", "[logs][nonfinite]") {
   const ReplayResult r = ReplayText(
       "s:0 trl:11.01 lr:0.000001 norm:inf\ns:1 trl:10.95 lr:0.000002 norm:inf\n",
       MetricsFormat::kLlmc);
@@ -69,7 +69,7 @@ TEST_CASE("an inf written in a trainer's log halts", "[cli][nonfinite]") {
 }
 
 TEST_CASE("Megatron-DeepSpeed silent NaN: grad norm nan and no lm loss halts at once",
-          "[cli][nonfinite][megatron]") {
+          "[logs][nonfinite][megatron]") {
   // bigscience-workshop/Megatron-DeepSpeed#396: bf16, "grad norm: nan", no
   // "lm loss" and "number of nan iterations: 0" on every line.
   const ReplayResult r =
@@ -80,7 +80,7 @@ TEST_CASE("Megatron-DeepSpeed silent NaN: grad norm nan and no lm loss halts at 
 }
 
 TEST_CASE("Megatron: a line with a grad norm and no lm loss is a failed step",
-          "[cli][nonfinite][megatron]") {
+          "[logs][nonfinite][megatron]") {
   // Megatron prints "lm loss" only when the interval's average is above
   // zero: a NaN loss drops the field while the grad norm is still printed.
   const std::string ok =
@@ -110,7 +110,7 @@ TEST_CASE("Megatron: a line with a grad norm and no lm loss is a failed step",
   CHECK(ReplayText(ok + skipped, MetricsFormat::kMegatron).halted_at == -1);
 }
 
-TEST_CASE("nanoGPT loss nan halts at the first nan iter", "[cli][nonfinite][nanogpt]") {
+TEST_CASE("nanoGPT loss nan halts at the first nan iter", "[logs][nonfinite][nanogpt]") {
   // karpathy/nanoGPT#215: fp16 on a V100, loss nan from iter 3010 on.
   const ReplayResult r = ReplayFile("nanogpt-fp16-nan.log", MetricsFormat::kNanoGpt);
   CHECK(r.halted_at == 3010);
@@ -118,7 +118,7 @@ TEST_CASE("nanoGPT loss nan halts at the first nan iter", "[cli][nonfinite][nano
 }
 
 TEST_CASE("nanoGPT: a run whose every loss is nan halts at its first line",
-          "[cli][nonfinite][nanogpt]") {
+          "[logs][nonfinite][nanogpt]") {
   const ReplayResult r = ReplayText(
       "iter 0: loss nan, time 9371.81ms, mfu -100.00%\niter 10: loss nan, time 893.76ms, mfu "
       "16.68%\n",

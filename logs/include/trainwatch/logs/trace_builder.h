@@ -1,9 +1,9 @@
-// Private to cli/: the pieces every metrics reader shares — building a
+// The pieces every metrics reader (and twctl follow) shares: building a
 // Trace row by row with the ordering rules enforced once, and the error and
 // number helpers that make every message name file, line and column.
 
-#ifndef TRAINWATCH_CLI_SRC_TRACE_BUILDER_H_
-#define TRAINWATCH_CLI_SRC_TRACE_BUILDER_H_
+#ifndef TRAINWATCH_LOGS_TRACE_BUILDER_H_
+#define TRAINWATCH_LOGS_TRACE_BUILDER_H_
 
 #include <cstdint>
 #include <memory>
@@ -190,4 +190,4 @@ MetricsFormat DetectFormat(absl::string_view content);
 
 }  // namespace trainwatch::logs
 
-#endif  // TRAINWATCH_CLI_SRC_TRACE_BUILDER_H_
+#endif  // TRAINWATCH_LOGS_TRACE_BUILDER_H_

@@ -12,8 +12,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "lines.h"
-#include "trace_builder.h"
+#include "trainwatch/logs/lines.h"
+#include "trainwatch/logs/trace_builder.h"
 
 namespace trainwatch::logs {
 

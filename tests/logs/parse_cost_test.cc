@@ -21,8 +21,8 @@
 #include <catch2/catch.hpp>
 
 #include "absl/strings/str_format.h"
-#include "lines.h"
-#include "trace_builder.h"
+#include "trainwatch/logs/lines.h"
+#include "trainwatch/logs/trace_builder.h"
 #include "trainwatch/logs/metrics_file.h"
 
 namespace {
@@ -64,7 +64,7 @@ long AllocationsToRead(const std::string& path, size_t* rows) {
   return used;
 }
 
-TEST_CASE("CSV: reading an export allocates the same whatever its length", "[cli][csv][cost]") {
+TEST_CASE("CSV: reading an export allocates the same whatever its length", "[logs][csv][cost]") {
   const std::string small = WriteExport(2000), large = WriteExport(20000);
   size_t small_rows = 0, large_rows = 0;
   const long small_allocs = AllocationsToRead(small, &small_rows);
@@ -93,7 +93,7 @@ void CheckAgainstFromChars(const std::string& text) {
 }
 
 TEST_CASE("numbers: the fast decimal path gives from_chars's double bit for bit",
-          "[cli][numbers]") {
+          "[logs][numbers]") {
   std::mt19937_64 rng(16);
   std::uniform_real_distribution<double> mantissa(-10.0, 10.0);
   std::uniform_int_distribution<int> exponent(-25, 25), digits(1, 17);
@@ -123,7 +123,7 @@ TEST_CASE("numbers: the fast decimal path gives from_chars's double bit for bit"
 }
 
 TEST_CASE("numbers: what the fast path declines still parses or fails as before",
-          "[cli][numbers]") {
+          "[logs][numbers]") {
   // Past its exact range, or not a plain decimal: the fast path says no.
   for (const char* text : {"nan", "inf", "-Infinity", ".5", "1.", "1e", "1e+", "--1", "",
                            "9007199254740993", "1e23", "1e-23", "12345678901234567890",

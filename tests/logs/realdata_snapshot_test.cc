@@ -14,7 +14,7 @@ namespace trainwatch::logs {
 namespace {
 
 TEST_CASE("real logs: an engine restored from a snapshot decides as the one that never stopped",
-          "[cli][realdata][snapshot]") {
+          "[logs][realdata][snapshot]") {
   const std::string dir = TRAINWATCH_REALDATA_DIR;
   size_t events = 0;
   for (const char* name : {"llmc-gpt2-124m.main.log", "modded-nanogpt-1p5b.log",

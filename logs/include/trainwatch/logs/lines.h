@@ -2,8 +2,8 @@
 // a trailing '\r' dropped, numbered from 1 for error messages; and the
 // number fast path every reader's ParseDouble takes first.
 
-#ifndef TRAINWATCH_CLI_LINES_H_
-#define TRAINWATCH_CLI_LINES_H_
+#ifndef TRAINWATCH_LOGS_LINES_H_
+#define TRAINWATCH_LOGS_LINES_H_
 
 #include <algorithm>
 #include <cstdint>
@@ -137,4 +137,4 @@ class LineReader {
 
 }  // namespace trainwatch::logs
 
-#endif  // TRAINWATCH_CLI_LINES_H_
+#endif  // TRAINWATCH_LOGS_LINES_H_

@@ -113,6 +113,29 @@ struct PieceResult {
   float max_abs = 0.0f;
 };
 
+// The end of a masked pass over [start, end), whatever the element type:
+// the elements past the last full block one at a time, then the lanes folded
+// (in fp64 again when the float lanes overflowed). The caller adds its
+// vector counters and maximum.
+template <DType D>
+TW_AVX2 PieceResult FinishMaskedPiece(const void* p, int64_t i, int64_t start, int64_t end,
+                                      __m256 acc0, __m256 acc1, __m256 acc2, __m256 acc3) {
+  PieceResult r;
+  float tail = 0.0f;
+  for (; i < end; ++i) {
+    bool finite;
+    float a = ElemTraits<D>::Abs(p, i, &finite);
+    a = finite ? a : 0.0f;
+    r.nonfinite += finite ? 0 : 1;
+    r.max_abs = std::max(r.max_abs, a);
+    tail += a * a;
+  }
+  bool overflow;
+  r.sum = FoldLanes(acc0, acc1, acc2, acc3, tail, &overflow);
+  if (overflow) r.sum = SumSquaresFp64<D>(p, start, end);
+  return r;
+}
+
 // ----------------------------------------------------------------- fp32
 
 TW_AVX2 uint32_t MaxU32(__m256i v) {
@@ -151,21 +174,9 @@ TW_AVX2 PieceResult MaskedPieceF32(const uint32_t* p, int64_t start,
     TW_F32_MASKED(acc3, 24)
   }
 #undef TW_F32_MASKED
-  PieceResult r;
-  float tail = 0.0f, tail_max = 0.0f;
-  for (; i < end; ++i) {
-    bool finite;
-    float a = ElemTraits<DType::kFloat32>::Abs(p, i, &finite);
-    a = finite ? a : 0.0f;
-    r.nonfinite += finite ? 0 : 1;
-    tail_max = std::max(tail_max, a);
-    tail += a * a;
-  }
-  bool overflow;
-  r.sum = FoldLanes(acc0, acc1, acc2, acc3, tail, &overflow);
-  if (overflow) r.sum = SumSquaresFp64<DType::kFloat32>(p, start, end);
+  PieceResult r = FinishMaskedPiece<DType::kFloat32>(p, i, start, end, acc0, acc1, acc2, acc3);
   r.nonfinite += SumI32(cnt);
-  r.max_abs = std::max(MaxF32(vmax), tail_max);
+  r.max_abs = std::max(MaxF32(vmax), r.max_abs);
   return r;
 }
 
@@ -301,21 +312,9 @@ TW_AVX2 PieceResult MaskedPiece16(const uint16_t* p, int64_t start,
     TW_16_MASKED(acc2, acc3, 16)
   }
 #undef TW_16_MASKED
-  PieceResult r;
-  float tail = 0.0f, tail_max = 0.0f;
-  for (; i < end; ++i) {
-    bool finite;
-    float a = ElemTraits<Ops::kDType>::Abs(p, i, &finite);
-    a = finite ? a : 0.0f;
-    r.nonfinite += finite ? 0 : 1;
-    tail_max = std::max(tail_max, a);
-    tail += a * a;
-  }
-  bool overflow;
-  r.sum = FoldLanes(acc0, acc1, acc2, acc3, tail, &overflow);
-  if (overflow) r.sum = SumSquaresFp64<Ops::kDType>(p, start, end);
+  PieceResult r = FinishMaskedPiece<Ops::kDType>(p, i, start, end, acc0, acc1, acc2, acc3);
   r.nonfinite += SumI32(_mm256_madd_epi16(cnt, ones));
-  r.max_abs = std::max(Ops::BitsToFloat(MaxU16(vmax)), tail_max);
+  r.max_abs = std::max(Ops::BitsToFloat(MaxU16(vmax)), r.max_abs);
   return r;
 }
 

@@ -309,9 +309,7 @@ CrossEntropyGpu::~CrossEntropyGpu() = default;
 
 Status CrossEntropyGpu::Create(int64_t max_rows,
                                std::unique_ptr<CrossEntropyGpu>* out) {
-  if (out == nullptr) return InvalidArgumentError("out is null");
-  if (max_rows < 0) return InvalidArgumentError("negative max_rows");
-  TRAINWATCH_KERNELS_RETURN_IF_ERROR(internal::RequireDevice());
+  TRAINWATCH_KERNELS_RETURN_IF_ERROR(internal::CheckCreate(max_rows, out));
   auto impl = std::make_unique<Impl>();
   impl->max_rows = max_rows;
   TRAINWATCH_KERNELS_RETURN_IF_ERROR(internal::SmCount(&impl->sm_count));

@@ -42,6 +42,12 @@ Status RequireDevice() {
   return OkStatus();
 }
 
+Status CheckCreate(int64_t max_rows, const void* out) {
+  if (out == nullptr) return InvalidArgumentError("out is null");
+  if (max_rows < 0) return InvalidArgumentError("negative max_rows");
+  return RequireDevice();
+}
+
 }  // namespace internal
 
 int CudaDeviceCount() {

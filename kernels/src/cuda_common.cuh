@@ -38,6 +38,10 @@ inline Status CudaError(cudaError_t err, const char* what) {
 // Fails with Unavailable when no device is usable.
 Status RequireDevice();
 
+// What every Create(max_rows, out) checks first: its arguments, then the
+// device.
+Status CheckCreate(int64_t max_rows, const void* out);
+
 // One host-to-device copy out of pinned memory.
 struct Upload {
   void* device;

@@ -174,7 +174,9 @@ Trainwatchd::Trainwatchd(const TempDir& dir, const std::string& rules, const std
   REQUIRE(metrics_port_ > 0);
 }
 
-Alertmanager::Alertmanager(const TempDir& dir, int webhook_port) : port_(FreePort()) {
+Alertmanager::Alertmanager(const TempDir& dir, int webhook_port, int gossip_port,
+                           const std::vector<int>& peers)
+    : port_(FreePort()) {
   const std::string config = dir.File("alertmanager.yml");
   std::ofstream(config) << "route:\n"
                            "  receiver: hook\n"
@@ -187,22 +189,52 @@ Alertmanager::Alertmanager(const TempDir& dir, int webhook_port) : port_(FreePor
                            "    webhook_configs:\n"
                            "      - url: http://127.0.0.1:"
                         << webhook_port << "/am-webhook\n        send_resolved: true\n";
-  child_ = StartChecked(
-      "amtool check-config", config,
-      {"/usr/bin/prometheus-alertmanager", "--config.file=" + config,
-       "--storage.path=" + dir.File("am-data"),
-       "--web.listen-address=127.0.0.1:" + std::to_string(port_), "--cluster.listen-address="},
-      dir.File("alertmanager.log"), port_, "/-/ready", "OK");
+  std::vector<std::string> argv = {"/usr/bin/prometheus-alertmanager", "--config.file=" + config,
+                                   "--storage.path=" + dir.File("am-data"),
+                                   "--web.listen-address=127.0.0.1:" + std::to_string(port_)};
+  if (gossip_port <= 0) {
+    argv.push_back("--cluster.listen-address=");
+  } else {
+    // On loopback memberlist finds no private address to advertise, so it is
+    // named. A peer waits its position times peer-timeout before notifying
+    // (the default 15 s): 2 s keeps a test short and still lets the first
+    // instance's notification reach the others' logs first.
+    const std::string self = "127.0.0.1:" + std::to_string(gossip_port);
+    argv.push_back("--cluster.listen-address=" + self);
+    argv.push_back("--cluster.advertise-address=" + self);
+    argv.push_back("--cluster.peer-timeout=2s");
+    for (int peer : peers) argv.push_back("--cluster.peer=127.0.0.1:" + std::to_string(peer));
+  }
+  child_ = StartChecked("amtool check-config", config, argv, dir.File("alertmanager.log"), port_,
+                        "/-/ready", "OK");
 }
 
 std::string Alertmanager::WritePagerConfig(const TempDir& dir,
                                            const std::string& grafana_url) const {
+  return WritePagerConfig(dir, grafana_url, {this});
+}
+
+std::string Alertmanager::WritePagerConfig(const TempDir& dir, const std::string& grafana_url,
+                                           const std::vector<const Alertmanager*>& cluster) {
   const std::string path = dir.File("pager.json");
-  std::ofstream(path) << "{\"grafana_url\": \"" << grafana_url
-                      << "\", \"receivers\": [{\"name\": \"am\", \"type\": \"alertmanager\", "
-                         "\"url\": \"http://127.0.0.1:"
-                      << port_ << "\"}]}";
+  std::ofstream out(path);
+  out << "{\"grafana_url\": \"" << grafana_url << "\", \"receivers\": [";
+  for (size_t i = 0; i < cluster.size(); ++i) {
+    out << (i > 0 ? ", " : "") << "{\"name\": \"am" << (i > 0 ? std::to_string(i) : "")
+        << "\", \"type\": \"alertmanager\", \"url\": \"http://127.0.0.1:" << cluster[i]->port()
+        << "\"}";
+  }
+  out << "]}";
   return path;
+}
+
+int Alertmanager::ClusterSize() const {
+  const std::string body = HttpGet(port_, "/api/v2/status");
+  auto json = core::ParseJson(body, "alertmanager status");
+  if (!json.ok()) return -1;
+  const core::JsonValue* cluster = json->Find("cluster");
+  const core::JsonValue* peers = cluster != nullptr ? cluster->Find("peers") : nullptr;
+  return peers != nullptr ? static_cast<int>(peers->array.size()) : -1;
 }
 
 Prometheus::Prometheus(const TempDir& dir, int metrics_port, const std::string& rule_file)

@@ -81,14 +81,25 @@ class Trainwatchd {
   std::unique_ptr<Child> child_;
 };
 
-// Debian's prometheus-alertmanager routing everything to a webhook.
+// Debian's prometheus-alertmanager routing everything to a webhook. Alone,
+// or one of a gossip cluster (Alertmanager's HA): `gossip_port` > 0 is this
+// instance's cluster port, `peers` the other instances' (127.0.0.1 each).
+// Instances of one cluster need folders of their own.
 class Alertmanager {
  public:
-  Alertmanager(const TempDir& dir, int webhook_port);
+  Alertmanager(const TempDir& dir, int webhook_port, int gossip_port = 0,
+               const std::vector<int>& peers = {});
   int port() const { return port_; }
   // Writes a trainwatchd --pager_config that pages this Alertmanager;
   // returns its path.
   std::string WritePagerConfig(const TempDir& dir, const std::string& grafana_url) const;
+  // The same for every instance of a cluster: a client sends each alert to
+  // every instance, and the cluster notifies once (their gossip).
+  static std::string WritePagerConfig(const TempDir& dir, const std::string& grafana_url,
+                                      const std::vector<const Alertmanager*>& cluster);
+  // Members of the cluster this instance sees, itself included (its
+  // /api/v2/status); -1 when it does not answer.
+  int ClusterSize() const;
 
  private:
   int port_;

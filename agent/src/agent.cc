@@ -18,6 +18,7 @@
 #include "sender.h"
 #include "spill.h"
 #include "step_message.h"
+#include "trainwatch/agent/server_addresses.h"
 #include "trainwatch/core/file_system.h"
 #include "trainwatch/core/rule_config_hash.h"
 #include "trainwatch/v1/agent.pb.h"
@@ -367,7 +368,13 @@ absl::StatusOr<AgentConfig> AgentConfig::FromEnvironment(AgentConfig c) {
     const char* v = std::getenv(name);
     return v != nullptr && *v != '\0' ? v : nullptr;
   };
-  if (const char* v = env("TRAINWATCH_SERVER")) c.server_address = v;
+  if (const char* v = env("TRAINWATCH_SERVER")) {
+    // Checked here too, so that the error names the variable to fix.
+    if (absl::Status s = ParseServerAddresses(v).status(); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("TRAINWATCH_SERVER: ", s.message()));
+    }
+    c.server_address = v;
+  }
   if (const char* v = env("TRAINWATCH_RUN_ID")) c.run_id = v;
   if (const char* v = env("TRAINWATCH_TOKEN")) c.token = v;
   // The TLS files, read where twctl reads them too.
@@ -458,6 +465,9 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
         absl::StrCat("sender_nice ", config.sender_nice, " is outside 0..19"));
   }
   if (!config.server_address.empty()) {
+    if (absl::Status s = ParseServerAddresses(config.server_address).status(); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("server_address: ", s.message()));
+    }
     // The sender builds its channel from the same files; reading them here
     // makes a mistake Create's error, not a handshake that fails forever.
     absl::Status tls = wire::ClientCredentials({config.ca_file, config.cert_file, config.key_file}).status();

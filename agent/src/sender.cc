@@ -13,6 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "server_rotation.h"
+#include "trainwatch/agent/server_addresses.h"
 #include "trainwatch/core/rule_config_hash.h"
 #include "trainwatch/core/version.h"
 #include "trainwatch/wire/client_tls.h"
@@ -391,6 +393,23 @@ bool Sender::Write(Stream* stream, const v1::AgentMessage& m, bool more) {
   return ok;
 }
 
+namespace {
+
+// One channel per address, each with the client keepalive (server_addresses.h).
+// A channel dials nothing until the writer streams on it.
+std::unique_ptr<v1::AgentService::Stub> StubFor(
+    const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& creds) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kClientKeepaliveTimeMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kClientKeepaliveTimeoutMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+  // The stream may go quiet for a heartbeat's interval: keep pinging it.
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  return v1::AgentService::NewStub(grpc::CreateCustomChannel(address, creds, args));
+}
+
+}  // namespace
+
 void Sender::WriterLoop() {
   std::mt19937_64 rng(std::hash<std::string>()(origin_.run_id) + origin_.rank);
   int backoff_ms = config_.reconnect_initial_ms;
@@ -399,13 +418,19 @@ void Sender::WriterLoop() {
   // falling back to plaintext, which would send the token in clear.
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
       wire::ClientCredentials({config_.ca_file, config_.cert_file, config_.key_file});
-  if (!creds.ok()) {
+  // Create checked the list too; a config built without Create is the one
+  // way to get here with a bad one.
+  absl::StatusOr<std::vector<std::string>> addresses =
+      ParseServerAddresses(config_.server_address);
+  if (!creds.ok() || !addresses.ok()) {
     std::fprintf(stderr, "trainwatch agent: not connecting to %s: %s\n",
-                 config_.server_address.c_str(), std::string(creds.status().message()).c_str());
+                 config_.server_address.c_str(),
+                 std::string((creds.ok() ? addresses.status() : creds.status()).message()).c_str());
     return;
   }
-  auto channel = grpc::CreateChannel(config_.server_address, *creds);
-  auto stub = v1::AgentService::NewStub(channel);
+  ServerRotation rotation(*std::move(addresses));
+  std::vector<std::unique_ptr<v1::AgentService::Stub>> stubs;
+  for (const std::string& address : rotation.addresses()) stubs.push_back(StubFor(address, *creds));
   for (;;) {
     {
       absl::MutexLock lock(&mu_);
@@ -419,13 +444,16 @@ void Sender::WriterLoop() {
       absl::MutexLock lock(&mu_);
       ctx_ = std::move(context);
     }
-    auto stream = stub->Stream(c);
+    const std::string address = rotation.address();
+    auto stream = stubs[rotation.index()]->Stream(c);
     // Watched like every write: a server that accepts and never answers
     // must not hold the writer until the connect timeout.
     std::thread reader;
     // The server ended the call (its status is there for Finish() to read)
     // rather than this side breaking it.
     std::atomic<bool> server_ended{false};
+    // The server answered on this stream: it serves the run.
+    std::atomic<bool> answered{false};
     if (Write(stream.get(), HelloMessage())) {
       {
         absl::MutexLock lock(&mu_);
@@ -433,10 +461,12 @@ void Sender::WriterLoop() {
         ++gen_;
         spill_resend_ = spill_ != nullptr && spill_->records() > 0;
       }
-      backoff_ms = config_.reconnect_initial_ms;
-      reader = std::thread([this, &stream, &server_ended] {
+      reader = std::thread([this, &stream, &server_ended, &answered] {
         v1::ServerMessage m;
-        while (stream->Read(&m)) HandleServerMessage(m);
+        while (stream->Read(&m)) {
+          answered = true;
+          HandleServerMessage(m);
+        }
         server_ended = true;
         absl::MutexLock lock(&mu_);
         connected_ = false;
@@ -459,6 +489,10 @@ void Sender::WriterLoop() {
       if (reader.joinable()) reader.join();
     }
     const grpc::Status finished = stream->Finish();
+    // A server that answered and then broke off (a restart, a failover) is
+    // reconnected to soon; only refusals and failed dials back off further.
+    if (answered) backoff_ms = config_.reconnect_initial_ms;
+    const ServerRotation::Next next = rotation.StreamEnded(finished.error_code());
     {
       absl::MutexLock lock(&mu_);
       connected_ = false;
@@ -467,19 +501,30 @@ void Sender::WriterLoop() {
       // The server's answer to a newer launch of the same run (or to a
       // protocol mistake): retrying cannot change it, so stop streaming
       // rather than reconnect in a loop. The step's local verdicts go on.
-      if (finished.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      if (next.replaced) {
         replaced_ = true;
         dropped_ += static_cast<int64_t>(memory_.size());
         memory_.clear();
         std::fprintf(stderr,
                      "trainwatch agent (run %s, rank %d): trainwatchd at %s ended the stream "
                      "for good: %s. Not streaming any more; local verdicts go on.\n",
-                     origin_.run_id.c_str(), origin_.rank, config_.server_address.c_str(),
+                     origin_.run_id.c_str(), origin_.rank, address.c_str(),
                      finished.error_message().c_str());
         break;
       }
       ++reconnects_;
     }
+    // A replica that served the run is gone: say once where the records go
+    // now (rank 0 only: a job of thousands of ranks needs one line).
+    if (answered && rotation.addresses().size() > 1 && origin_.rank == 0) {
+      std::fprintf(stderr,
+                   "trainwatch agent (run %s): the stream to trainwatchd at %s ended (%s); "
+                   "trying %s, re-sending what was not acknowledged\n",
+                   origin_.run_id.c_str(), address.c_str(),
+                   finished.ok() ? "closed" : finished.error_message().c_str(),
+                   rotation.address().c_str());
+    }
+    if (!next.back_off) continue;
     // Exponential backoff with full jitter.
     const int wait = std::uniform_int_distribution<int>(backoff_ms / 2, backoff_ms)(rng);
     backoff_ms = std::min(config_.reconnect_max_ms, backoff_ms * 2);

@@ -7,9 +7,11 @@
 #include <cstdlib>
 #include <iterator>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "trainwatch/agent/server_addresses.h"
 #include "trainwatch/core/file_system.h"
 #include "trainwatch/core/json.h"
 #include "trainwatch/v1/operator.grpc.pb.h"
@@ -21,11 +23,30 @@ namespace {
 
 constexpr const char kConfigKeys[] = "server, token, ca_file, cert_file, key_file";
 
+// One channel per address: the client keepalive (trainwatch/agent/
+// server_addresses.h) on each, and nothing dialled before its first call.
+std::unique_ptr<v1::OperatorService::Stub> StubFor(
+    const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& creds) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, agent::kClientKeepaliveTimeMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, agent::kClientKeepaliveTimeoutMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+  // twctl watch may wait long for an event: keep pinging the quiet call.
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  return v1::OperatorService::NewStub(grpc::CreateCustomChannel(address, creds, args));
+}
+
+// Every call goes to the addresses in their order until one answers: a
+// replica that is UNAVAILABLE (not running, not reachable, shutting down)
+// is skipped, and any other status, OK or a real error, is the answer, as
+// with a single server. Every replica serves the operator's reads.
 class GrpcOperatorClient : public OperatorClient {
  public:
-  GrpcOperatorClient(const Connection& c, std::shared_ptr<grpc::ChannelCredentials> creds)
-      : token_(c.token),
-        stub_(v1::OperatorService::NewStub(grpc::CreateChannel(c.server, std::move(creds)))) {}
+  GrpcOperatorClient(const Connection& c, const std::vector<std::string>& addresses,
+                     const std::shared_ptr<grpc::ChannelCredentials>& creds)
+      : token_(c.token) {
+    for (const std::string& address : addresses) stubs_.push_back(StubFor(address, creds));
+  }
 
   grpc::Status ListRuns(const v1::ListRunsRequest& req, v1::ListRunsResponse* resp) override {
     return Call(&v1::OperatorService::Stub::ListRuns, req, resp);
@@ -58,17 +79,27 @@ class GrpcOperatorClient : public OperatorClient {
   grpc::Status WatchIncidents(
       const v1::WatchIncidentsRequest& req, int64_t timeout_s,
       const std::function<bool(const v1::IncidentEvent&)>& on_event) override {
-    grpc::ClientContext ctx;
-    Prepare(&ctx);
-    ctx.set_deadline(timeout_s > 0
-                         ? std::chrono::system_clock::now() + std::chrono::seconds(timeout_s)
-                         : std::chrono::system_clock::time_point::max());
-    auto reader = stub_->WatchIncidents(&ctx, req);
-    v1::IncidentEvent ev;
-    bool more = true;
-    while (more && reader->Read(&ev)) more = on_event(ev);
-    if (!more) ctx.TryCancel();
-    return reader->Finish();
+    grpc::Status status;
+    for (const auto& stub : stubs_) {
+      grpc::ClientContext ctx;
+      Prepare(&ctx);
+      ctx.set_deadline(timeout_s > 0
+                           ? std::chrono::system_clock::now() + std::chrono::seconds(timeout_s)
+                           : std::chrono::system_clock::time_point::max());
+      auto reader = stub->WatchIncidents(&ctx, req);
+      v1::IncidentEvent ev;
+      bool more = true, any = false;
+      while (more && reader->Read(&ev)) {
+        any = true;
+        more = on_event(ev);
+      }
+      if (!more) ctx.TryCancel();
+      status = reader->Finish();
+      // Once events were shown, a break is the watch's end, as with one
+      // server: starting over elsewhere would show the snapshot again.
+      if (any || status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    }
+    return status;
   }
 
  private:
@@ -77,18 +108,25 @@ class GrpcOperatorClient : public OperatorClient {
     c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   }
 
-  // Every unary call: the token, the deadline, the stub's method.
+  // Every unary call: the token, the deadline (each address's own), the
+  // stub's method, the addresses in order.
   template <typename Req, typename Resp>
   grpc::Status Call(grpc::Status (v1::OperatorService::Stub::*method)(grpc::ClientContext*,
                                                                       const Req&, Resp*),
                     const Req& req, Resp* resp) {
-    grpc::ClientContext ctx;
-    Prepare(&ctx);
-    return (stub_.get()->*method)(&ctx, req, resp);
+    grpc::Status status;
+    for (const auto& stub : stubs_) {
+      grpc::ClientContext ctx;
+      Prepare(&ctx);
+      resp->Clear();
+      status = (stub.get()->*method)(&ctx, req, resp);
+      if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    }
+    return status;
   }
 
   std::string token_;
-  std::unique_ptr<v1::OperatorService::Stub> stub_;
+  std::vector<std::unique_ptr<v1::OperatorService::Stub>> stubs_;
 };
 
 // Fills the fields still empty from the config file, if there is one. A
@@ -157,7 +195,9 @@ absl::StatusOr<std::unique_ptr<OperatorClient>> DialOperator(const Connection& c
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
       wire::ClientCredentials({c.ca_file, c.cert_file, c.key_file});
   if (!creds.ok()) return creds.status();
-  return std::make_unique<GrpcOperatorClient>(c, *std::move(creds));
+  absl::StatusOr<std::vector<std::string>> addresses = agent::ParseServerAddresses(c.server);
+  if (!addresses.ok()) return addresses.status();
+  return std::make_unique<GrpcOperatorClient>(c, *addresses, *creds);
 }
 
 }  // namespace trainwatch::cli

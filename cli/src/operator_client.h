@@ -63,10 +63,13 @@ struct Connection {
 Connection ResolveConnection(Connection c);
 
 // A gRPC client of `c.server` (TLS when a TLS file is named); nothing is
-// dialled until the first call, but every TLS file is read first. Each
-// unary call has a 30 s deadline. c.error, or a TLS file that is missing,
-// unreadable or not PEM, or a cert without its key, is returned as the
-// error, naming the file.
+// dialled until the first call, but every TLS file is read first. c.server
+// may name several replicas separated by commas (trainwatch/agent/
+// server_addresses.h): each call tries them in order, skipping one that is
+// UNAVAILABLE, and returns the first other answer. Each unary call has a
+// 30 s deadline per address tried. c.error, a malformed address list, or a
+// TLS file that is missing, unreadable or not PEM, or a cert without its
+// key, is returned as the error, naming the file or the list's entry.
 absl::StatusOr<std::unique_ptr<OperatorClient>> DialOperator(const Connection& c);
 
 }  // namespace trainwatch::cli

@@ -112,7 +112,9 @@ std::string CommandRegistry::Usage() const {
                           absl::StrCat(c->name(), operands.empty() ? "" : " ", operands),
                           c->spec().summary);
   }
-  u += "--ca-file: TLS, trusting the server by this CA; --cert and --key (together): mutual\n"
+  u += "--server: host:port, or several replicas' host:port,host:port: each call tries them\n"
+       "in order, skipping one that is unavailable.\n"
+       "--ca-file: TLS, trusting the server by this CA; --cert and --key (together): mutual\n"
        "TLS, for a trainwatchd started with --tls_client_ca. Each setting: the flag, else\n"
        "TRAINWATCH_SERVER / _TOKEN / _CA_FILE / _CERT_FILE / _KEY_FILE, else $TWCTL_CONFIG or\n"
        "~/.config/trainwatch/twctl.json ({\"server\", \"token\", \"ca_file\", \"cert_file\",\n"

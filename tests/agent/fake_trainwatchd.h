@@ -39,6 +39,9 @@ class FakeServer final : public v1::AgentService::Service {
   // Answer every hello by ending the stream with FAILED_PRECONDITION, as
   // trainwatchd does for an incarnation a newer one replaced.
   std::atomic<bool> replace_incarnation{false};
+  // Answer every hello by ending the stream with this status (OK: serve),
+  // as a replica that does not own the run would.
+  std::atomic<grpc::StatusCode> refuse_hello{grpc::StatusCode::OK};
 
   grpc::Status Stream(grpc::ServerContext* ctx,
                       grpc::ServerReaderWriter<v1::ServerMessage, v1::AgentMessage>* s) override {
@@ -52,6 +55,9 @@ class FakeServer final : public v1::AgentService::Service {
       if (m.has_hello() && replace_incarnation) {
         return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                             "run run-t: incarnation x was replaced by incarnation y");
+      }
+      if (m.has_hello() && refuse_hello != grpc::StatusCode::OK) {
+        return grpc::Status(refuse_hello, "this replica does not own run run-t");
       }
       if (m.has_hello() && send_command) {
         v1::ServerMessage c;

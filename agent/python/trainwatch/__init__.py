@@ -172,10 +172,33 @@ class AgentStats(_KeyAccess):
     replaced: bool
 
 
+def _server_list(server: Union[str, Sequence[str]]) -> str:
+    """The comma-separated form the native agent reads (and checks: an
+    empty or malformed entry is its ValueError); a list's entries may not
+    hold a comma themselves, which would split one address in two."""
+    if isinstance(server, str):
+        return server
+    entries = list(server)
+    if not entries:
+        raise ValueError("server: the list of addresses is empty")
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, str):
+            raise TypeError(f"server[{i}]: an address is a str, not {type(entry).__name__}")
+        if "," in entry or not entry.strip():
+            raise ValueError(f"server[{i}] ({entry!r}): each entry is one non-empty address")
+    return ",".join(entries)
+
+
 class Agent:
     """The in-process agent.
 
-    server: trainwatchd's address ("" for local decisions only).
+    server: trainwatchd's address ("" for local decisions only), or its
+        replicas' addresses: a list of strings, or one string separated by
+        commas ("10.0.0.1:7070,10.0.0.2:7070"). The records stream to the
+        first; when that stream ends (the server died or refused the run)
+        the agent tries the next and re-sends every record after the last
+        one acknowledged, so nothing acknowledged is lost; the step never
+        waits for it. An empty or malformed entry raises ValueError.
     run_id: the run's name, 1 to 128 characters of [A-Za-z0-9._:-] (else
         ValueError); "" takes TRAINWATCH_RUN_ID, then torchrun's
         TORCHELASTIC_RUN_ID (unless "none"), then SLURM_ARRAY_JOB_ID +
@@ -213,13 +236,14 @@ class Agent:
     Used as a context manager, it closes (flushing its records) on the way out.
     """
 
-    def __init__(self, server: str = "", run_id: str = "", rank: int = 0, world_size: int = 1,
-                 token: Optional[str] = None, spill_dir: Optional[str] = None,
-                 rules: Optional[Mapping[str, Any]] = None, reduce: Optional[Reduce] = None,
-                 ca_file: Optional[str] = None, cert_file: Optional[str] = None,
-                 key_file: Optional[str] = None, resume_step: Optional[int] = None) -> None:
+    def __init__(self, server: Union[str, Sequence[str]] = "", run_id: str = "", rank: int = 0,
+                 world_size: int = 1, token: Optional[str] = None,
+                 spill_dir: Optional[str] = None, rules: Optional[Mapping[str, Any]] = None,
+                 reduce: Optional[Reduce] = None, ca_file: Optional[str] = None,
+                 cert_file: Optional[str] = None, key_file: Optional[str] = None,
+                 resume_step: Optional[int] = None) -> None:
         self._native = _NativeAgent(
-            server=server, run_id=run_id, rank=rank, world_size=world_size, token=token,
+            server=_server_list(server), run_id=run_id, rank=rank, world_size=world_size, token=token,
             spill_dir=spill_dir, rules_json=None if rules is None else _json.dumps(rules),
             reduce=reduce, ca_file=ca_file, cert_file=cert_file, key_file=key_file,
             resume_step=resume_step)

@@ -41,8 +41,16 @@ using core::Decision;
 using core::Verdict;
 
 struct AgentConfig {
-  // trainwatchd's address ("127.0.0.1:7070"); empty: no server, local
-  // decisions only. Env: TRAINWATCH_SERVER.
+  // trainwatchd's address ("127.0.0.1:7070"), or the addresses of its
+  // replicas separated by commas ("10.0.0.1:7070,10.0.0.2:7070"; each entry
+  // as server_addresses.h says, an empty or malformed one is Create's
+  // error); empty: no server, local decisions only. Env: TRAINWATCH_SERVER.
+  // With several, the stream goes to the first; when a stream ends (the
+  // server died, keepalive found it gone, or it refused the run) the agent
+  // tries the next, and on every new stream re-sends each record after the
+  // last step acknowledged durable, as after a server restart: nothing
+  // acknowledged is lost, and what was not acknowledged is sent again. The
+  // step never waits for any of it.
   std::string server_address;
   // The run this job's records belong to: 1 to 128 bytes of
   // [A-Za-z0-9._:-] (an id breaking the rule is Create's error). Env:
@@ -300,7 +308,9 @@ struct AgentStats {
 // step) from a reconnect (re-sent records, deduplicated). When a newer
 // launch of the same run streams, the server ends this one's stream with
 // FAILED_PRECONDITION: the agent logs one line, stops streaming and keeps
-// no more records (Stats().replaced); its local verdicts go on.
+// no more records (Stats().replaced); its local verdicts go on. With several
+// server addresses this is believed once every address in a row answered
+// so, since a replica that does not own the run may answer the same.
 class Agent {
  public:
   static absl::StatusOr<std::unique_ptr<Agent>> Create(const AgentConfig& config,

@@ -247,7 +247,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     impl->metrics_port = ports.empty() ? 0 : ports.front();
   }
   LOG(INFO) << "trainwatchd: gRPC on port " << impl->port << ", metrics on port "
-            << impl->metrics_port << ", database " << options.db_path << ", authentication "
+            << impl->metrics_port << ", database "
+            // A conninfo may hold a password: only a file's name is logged.
+            << (Store::IsPostgres(options.db_path) ? std::string("PostgreSQL") : options.db_path)
+            << ", authentication "
             << (impl->state->auth().enabled() ? "on" : "off") << ", TLS "
             << (tls ? (options.tls_client_ca_file.empty() ? "on" : "mutual") : "off")
             << ", reflection "

@@ -28,8 +28,9 @@ struct ServerOptions {
   std::string listen = "127.0.0.1:7070";
   // Prometheus /metrics listen address, host:port; empty disables the exporter.
   std::string metrics_listen = "127.0.0.1:9464";
-  // The SQLite file; not empty, not ":memory:" and not a directory (an
-  // acknowledged record must survive a restart).
+  // The store (Store::Open): a SQLite file, not empty, not ":memory:" and
+  // not a directory (an acknowledged record must survive a restart); or a
+  // PostgreSQL conninfo, a postgresql:// URI or libpq keywords.
   std::string db_path = "trainwatch.db";
   std::string tokens_file;  // empty: authentication off
   // TLS (PEM files); mutual TLS when client_ca_file is set.

@@ -130,14 +130,28 @@ absl::Status CheckServerOptions(const ServerOptions& o) {
           absl::StrCat("--metrics_listen ", s.message(), " (empty: no metrics)"));
     }
   }
+  // A PostgreSQL conninfo is checked by libpq when the store connects; the
+  // checks below are of a SQLite file's name.
+  const bool postgres = Store::IsPostgres(o.db_path);
+  if (postgres && o.store.max_bytes != 0) {
+    return absl::InvalidArgumentError(
+        "--db_max_bytes is a quota on a SQLite file: with PostgreSQL, set quotas on its server");
+  }
+  if (postgres && o.store.synchronous != StoreOptions::Synchronous::kFull) {
+    return absl::InvalidArgumentError(
+        "--db_synchronous normal is SQLite's: with PostgreSQL, what a commit waits for is the "
+        "server's synchronous_commit");
+  }
   // SQLite takes "" and ":memory:" as databases that vanish with the
   // process: every acknowledged record would be lost at a restart.
-  if (o.db_path.empty() || o.db_path == ":memory:") {
+  if (postgres) {
+    // Nothing of a file to check.
+  } else if (o.db_path.empty() || o.db_path == ":memory:") {
     return absl::InvalidArgumentError(absl::StrCat(
         "--db must name a database file, not '", o.db_path, "' (a database gone at exit)"));
   }
   struct stat st;
-  if (stat(o.db_path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+  if (!postgres && stat(o.db_path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--db ", o.db_path, " is a directory: name a database file"));
   }

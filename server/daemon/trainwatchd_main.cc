@@ -31,7 +31,11 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Prometheus /metrics address, host:port; empty disables it");
 ABSL_FLAG(std::string, db, "trainwatch.db",
-          "SQLite database file (not empty, not :memory:, not a directory)");
+          "the store: a SQLite database file (the default; not empty, not :memory:, not a "
+          "directory), or a PostgreSQL database as a postgresql:// (postgres://) URI or libpq "
+          "keywords ('host=... dbname=...'; several hosts with target_session_attrs=read-write "
+          "reach whichever is the primary). --db_max_bytes and --db_synchronous normal are "
+          "SQLite's only");
 ABSL_FLAG(std::string, tokens, "", "bearer tokens file (JSON); empty: authentication off");
 ABSL_FLAG(std::string, tls_cert, "", "server certificate (PEM)");
 ABSL_FLAG(std::string, tls_key, "", "server private key (PEM)");

@@ -232,15 +232,11 @@ class Exporter : public prometheus::Collectable {
     add(family("trainwatch_store_errors_total", "Batches the store failed to write.",
                MetricType::Counter),
         {}, double(st.store_errors_total));
-    add(family("trainwatch_store_wal_checkpoints_total",
-               "WAL checkpoints run beside the commits, on a thread of their own.",
-               MetricType::Counter),
-        {}, double(state_->store()->background_checkpoints()));
-    add(family("trainwatch_store_writer_checkpoints_total",
-               "WAL checkpoints the writer ran inside a commit, the WAL past 8,000 pages: the "
-               "checkpoints beside the commits fell behind.",
-               MetricType::Counter),
-        {}, double(state_->store()->writer_checkpoints()));
+    // The backend's own counters (WAL checkpoints for SQLite, commits the
+    // ack rule refused for PostgreSQL), read live from the store.
+    for (const StoreCounter& c : state_->store()->Counters()) {
+      add(family(c.name.c_str(), c.help.c_str(), MetricType::Counter), {}, double(c.value));
+    }
     add(family("trainwatch_agent_streams_rejected_total",
                "Agent streams ended for a bad token or a malformed message.",
                MetricType::Counter),

@@ -1,30 +1,28 @@
-// The system of record: one SQLite file (WAL) holding
-// every run, every step record, every event and incident, the shards they
-// flagged, checkpoints, commands and their acknowledgements, decisions (the
-// audit log), the pager's outbox, and each run's attempts (how each began)
-// and incarnations (the launches of its job).
+// The system of record, behind one domain-level interface: every run, every
+// step record, every event and incident, the shards they flagged,
+// checkpoints, commands and their acknowledgements, decisions (the audit
+// log), the pager's outbox, each run's attempts (how each began) and
+// incarnations (the launches of its job), and the rule engine's snapshots.
+//
+// Two backends implement it, chosen by Store::Open from the database's name:
+//   - SQLite (sqlite_store.h), one file on one disk: the default, embedded
+//     and single-node;
+//   - PostgreSQL (pg/pg_store.h), through libpq: a server that platform
+//     teams already replicate. A commit is acknowledged only once the server
+//     says it is durable, never when its synchronous-replication wait was
+//     cancelled (pg/pg_connection.h, the ack rule).
+// The same conformance suite (tests/server/store_conformance_test.cc) runs
+// against both, so what a caller sees does not depend on the backend.
 //
 // Writes come in batches, one transaction each, from a single writer (the
-// ingest thread): a batch is durable when Write() returns, and only then is
-// anything acknowledged to an agent. What durable means is
-// StoreOptions::synchronous (trainwatchd --db_synchronous):
-//   kFull (default): the commit is fsynced before Write() returns, so an
-//     acknowledged record survives a crash of trainwatchd, of the kernel,
-//     and a power loss.
-//   kNormal: the commit is in the OS's page cache (written to the WAL file)
-//     when Write() returns, and fsynced at the next WAL checkpoint (about
-//     every 1,000 pages, 8 MB). An acknowledged record survives a crash of
-//     trainwatchd (SIGKILL, abort, OOM kill); a power loss or kernel crash
-//     may lose the commits since the last checkpoint, never the database's
-//     consistency. Agents hold records only until acknowledged, so such
-//     records are lost for good; choose it where the disk's fsync is slow
-//     and a host's power loss is acceptable to lose seconds of records. Reads may come from any thread; they
-// use their own connection (WAL readers do not block the writer).
+// ingest thread): a batch is durable when Write() returns OK, and only then
+// is anything acknowledged to an agent. A failed Write() stored nothing the
+// caller may count on; the ingest retries it.
 //
-// Thread-safety: Write() and the Load*() rebuild readers are for the writer
-// thread; the query methods marked "any thread" serialise on their own
-// connection. WAL checkpoints run on a thread and connection of their own
-// (store.cc, Store::Checkpointer): a commit does not wait for one.
+// Thread-safety: Write() and the rebuild readers (LoadRuns through
+// CommandAcks below) are for the writer thread; the query methods marked
+// "any thread" serialise on a connection of their own, so a reader never
+// waits for a commit in flight.
 
 #ifndef TRAINWATCH_SERVER_STORE_H_
 #define TRAINWATCH_SERVER_STORE_H_
@@ -35,20 +33,15 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "trainwatch/core/event.h"
 #include "trainwatch/core/step_record.h"
 
-struct sqlite3;
-
 namespace trainwatch::server {
-
-class StatementCache;  // sql_statement.h
 
 // One global step of a run as the store keeps it: the step (core::Step),
 // what the engine decided, and how the step arrived.
@@ -296,17 +289,19 @@ struct IncidentFilter {
 
 struct StoreOptions {
   enum class Synchronous { kFull, kNormal };
-  // What a commit waits for; see the header comment. kFull is the safe
-  // default.
+  // SQLite: what a commit waits for (sqlite_store.h). kFull is the safe
+  // default. PostgreSQL takes only kFull: there the server's
+  // synchronous_commit decides, and the ack rule holds whatever it says.
   Synchronous synchronous = Synchronous::kFull;
-  // A quota on the database file (PRAGMA max_page_count on every
+  // SQLite: a quota on the database file (PRAGMA max_page_count on every
   // connection): past it a write fails as on a full disk (SQLITE_FULL), the
   // batch is not acknowledged and the agents re-send it later (ingest.h).
   // 0: no quota. A quota below the file's current size holds it at that
-  // size.
+  // size. PostgreSQL takes only 0: its quotas are the server's.
   int64_t max_bytes = 0;
-  // How long a write waits for another connection's lock before it fails
-  // (SQLITE_BUSY, handled like any store error).
+  // SQLite: how long a write waits for another connection's lock before it
+  // fails (SQLITE_BUSY, handled like any store error). Unused by PostgreSQL,
+  // where nothing on the commit path is timed out.
   int busy_timeout_ms = 5000;
   // Rule-engine snapshots kept per run attempt, the newest (>= 1): the
   // newest serves a restart, older ones a resume or rollback to an earlier
@@ -314,101 +309,108 @@ struct StoreOptions {
   int engine_snapshots_kept = 3;
 };
 
+// A counter a backend keeps of its own work, read live at scrape time
+// (Store::Counters): the exporter prints each under its name.
+struct StoreCounter {
+  std::string name;  // a Prometheus counter name, trainwatch_store_..._total
+  std::string help;
+  int64_t value = 0;
+};
+
 class Store {
  public:
-  // Opens (creating if needed) and migrates the database at `path`.
-  static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path,
+  // Opens (creating if needed) and migrates the database `db`: a
+  // "postgresql://" or "postgres://" URI, or a libpq keyword string
+  // ("host=... dbname=..."), selects PostgreSQL; anything else is the path
+  // of a SQLite file.
+  static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& db,
                                                      const StoreOptions& options = {});
-  ~Store();
+  // Whether Open would take `db` for PostgreSQL.
+  static bool IsPostgres(const std::string& db);
+
+  virtual ~Store() = default;
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
 
   // Writes the batch in one transaction; durable when it returns OK. A
   // repeated step (same run, attempt and step) or rank record is ignored:
   // this is where (run, rank, step) deduplication becomes durable.
-  absl::Status Write(const WriteBatch& batch);
+  virtual absl::Status Write(const WriteBatch& batch) = 0;
 
   // ---- rebuild on start (writer thread)
-  absl::StatusOr<std::vector<RunRow>> LoadRuns();
-  // Every step of the run's attempt after `after_step` in step order, with
-  // the checkpoint uri reported at that step (empty if none).
-  absl::Status ForEachStep(const std::string& run_id, int64_t attempt,
-                           const std::function<void(const StepRow&, const std::string&)>& fn,
-                           int64_t after_step = -1);
+  virtual absl::StatusOr<std::vector<RunRow>> LoadRuns() = 0;
+  // Every evaluated (not late) step of the run's attempt after `after_step`
+  // in step order, with the checkpoint uri reported at that step (empty if
+  // none).
+  virtual absl::Status ForEachStep(
+      const std::string& run_id, int64_t attempt,
+      const std::function<void(const StepRow&, const std::string&)>& fn,
+      int64_t after_step = -1) = 0;
   // The attempt's newest rule-engine snapshot at or before `max_step`.
-  absl::StatusOr<std::optional<EngineSnapshotRow>> LatestEngineSnapshot(
-      const std::string& run_id, int64_t attempt, int64_t max_step);
-  // Per-rank reports of one step (any thread).
-  absl::StatusOr<std::vector<RankStepRow>> RankStepsAt(const std::string& run_id,
-                                                       int64_t attempt, int64_t step);
-  absl::StatusOr<std::vector<RankStepRow>> LoadRankStepsAfter(const std::string& run_id,
-                                                              int64_t attempt, int64_t step);
+  virtual absl::StatusOr<std::optional<EngineSnapshotRow>> LatestEngineSnapshot(
+      const std::string& run_id, int64_t attempt, int64_t max_step) = 0;
+  // Per-rank reports of one step (any thread), by rank.
+  virtual absl::StatusOr<std::vector<RankStepRow>> RankStepsAt(const std::string& run_id,
+                                                               int64_t attempt, int64_t step) = 0;
+  // Per-rank reports after `step`, by step then rank.
+  virtual absl::StatusOr<std::vector<RankStepRow>> LoadRankStepsAfter(const std::string& run_id,
+                                                                      int64_t attempt,
+                                                                      int64_t step) = 0;
   // Every incarnation the run has seen.
-  absl::StatusOr<std::vector<std::string>> Incarnations(const std::string& run_id);
-  absl::StatusOr<int64_t> MaxIncidentId();
-  absl::StatusOr<int64_t> MaxDecisionId();
+  virtual absl::StatusOr<std::vector<std::string>> Incarnations(const std::string& run_id) = 0;
+  // The largest id stored; 0 when none.
+  virtual absl::StatusOr<int64_t> MaxIncidentId() = 0;
+  virtual absl::StatusOr<int64_t> MaxDecisionId() = 0;
   // The decision recorded under an idempotency key, if any.
-  absl::StatusOr<std::optional<DecisionRow>> FindDecisionByKey(const std::string& key);
+  virtual absl::StatusOr<std::optional<DecisionRow>> FindDecisionByKey(const std::string& key) = 0;
   // The latest rollback command of an incident, and every acknowledgement
   // of it by `run_id`'s agents: (rank, status, resumed step).
-  absl::StatusOr<std::optional<CommandRow>> LatestCommand(int64_t incident_id);
-  absl::StatusOr<std::vector<CommandAckRow>> CommandAcks(const std::string& run_id,
-                                                         const std::string& command_id);
+  virtual absl::StatusOr<std::optional<CommandRow>> LatestCommand(int64_t incident_id) = 0;
+  virtual absl::StatusOr<std::vector<CommandAckRow>> CommandAcks(
+      const std::string& run_id, const std::string& command_id) = 0;
 
   // ---- queries (any thread)
-  absl::StatusOr<std::vector<IncidentRow>> ListIncidents(const IncidentFilter& filter);
-  absl::StatusOr<std::optional<IncidentRow>> GetIncident(int64_t id);
-  absl::StatusOr<std::vector<EventRow>> EventsOfIncident(int64_t id);
-  // The last `limit` steps of the run's current attempt, oldest first.
-  absl::StatusOr<std::vector<StepRow>> RecentSteps(const std::string& run_id, int64_t attempt,
-                                                      int limit);
-  absl::StatusOr<std::vector<StepRow>> StepsBetween(const std::string& run_id,
-                                                       int64_t attempt, int64_t first,
-                                                       int64_t last);
-  absl::StatusOr<std::vector<CheckpointRow>> Checkpoints(const std::string& run_id);
-  absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> FlaggedShards(
-      const std::string& run_id);  // (shard, incident id)
-  absl::StatusOr<int64_t> CountSteps(const std::string& run_id);
+  virtual absl::StatusOr<std::vector<IncidentRow>> ListIncidents(const IncidentFilter& filter) = 0;
+  virtual absl::StatusOr<std::optional<IncidentRow>> GetIncident(int64_t id) = 0;
+  virtual absl::StatusOr<std::vector<EventRow>> EventsOfIncident(int64_t id) = 0;
+  // The last `limit` steps of the run's attempt, oldest first.
+  virtual absl::StatusOr<std::vector<StepRow>> RecentSteps(const std::string& run_id,
+                                                           int64_t attempt, int limit) = 0;
+  virtual absl::StatusOr<std::vector<StepRow>> StepsBetween(const std::string& run_id,
+                                                            int64_t attempt, int64_t first,
+                                                            int64_t last) = 0;
+  virtual absl::StatusOr<std::vector<CheckpointRow>> Checkpoints(const std::string& run_id) = 0;
+  // (shard, incident id), by shard.
+  virtual absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> FlaggedShards(
+      const std::string& run_id) = 0;
+  // Steps of every attempt of the run.
+  virtual absl::StatusOr<int64_t> CountSteps(const std::string& run_id) = 0;
   // The run's attempts, 0 first, up to `current` (the run's attempt), each
   // with the first and last step stored in it.
-  absl::StatusOr<std::vector<AttemptRow>> Attempts(const std::string& run_id, int64_t current);
+  virtual absl::StatusOr<std::vector<AttemptRow>> Attempts(const std::string& run_id,
+                                                           int64_t current) = 0;
   // Evaluated (not late) steps of the attempt whose update the rules
-  // skipped; read from a partial index, at any history's length.
-  absl::StatusOr<int64_t> CountSkipped(const std::string& run_id, int64_t attempt);
-  absl::StatusOr<int64_t> CountLossScaleOverflows(const std::string& run_id, int64_t attempt);
-  absl::StatusOr<std::vector<DecisionRow>> DecisionsOfIncident(int64_t incident_id);
-  absl::StatusOr<std::vector<QuarantineRow>> Quarantines(const std::string& run_id);
+  // skipped, and those with a loss-scale overflow; read from partial
+  // indexes, at any history's length.
+  virtual absl::StatusOr<int64_t> CountSkipped(const std::string& run_id, int64_t attempt) = 0;
+  virtual absl::StatusOr<int64_t> CountLossScaleOverflows(const std::string& run_id,
+                                                          int64_t attempt) = 0;
+  virtual absl::StatusOr<std::vector<DecisionRow>> DecisionsOfIncident(int64_t incident_id) = 0;
+  virtual absl::StatusOr<std::vector<QuarantineRow>> Quarantines(const std::string& run_id) = 0;
   // Pages due for delivery (pending, next attempt reached), oldest first.
-  absl::StatusOr<std::vector<OutboxRow>> DueOutbox(int64_t now_ms, int limit);
-  absl::StatusOr<std::vector<OutboxRow>> Outbox(int64_t incident_id);
+  virtual absl::StatusOr<std::vector<OutboxRow>> DueOutbox(int64_t now_ms, int limit) = 0;
+  virtual absl::StatusOr<std::vector<OutboxRow>> Outbox(int64_t incident_id) = 0;
   // Records a delivery attempt's outcome.
-  absl::Status MarkOutbox(int64_t id, bool sent, int attempts, int64_t next_attempt_ms,
-                          const std::string& error, int64_t now_ms);
+  virtual absl::Status MarkOutbox(int64_t id, bool sent, int attempts, int64_t next_attempt_ms,
+                                  const std::string& error, int64_t now_ms) = 0;
 
-  // Schema version after migrations.
-  int schema_version() const { return schema_version_; }
-  // WAL checkpoints done off the writer's thread, and by the writer itself
-  // when the WAL outgrew them (Store::Checkpointer); any thread.
-  int64_t background_checkpoints() const;
-  int64_t writer_checkpoints() const;
-  // Returns once no background checkpoint is due or running: commits spaced
-  // by this are spaced as a steady rate spaces them, whatever else loads the
-  // machine (the checkpoint's own test).
-  void AwaitBackgroundCheckpoint();
+  // Schema version after migrations (each backend counts its own).
+  virtual int schema_version() const = 0;
+  // The backend's own counters, read live (any thread).
+  virtual std::vector<StoreCounter> Counters() const = 0;
 
- private:
+ protected:
   Store() = default;
-  absl::Status Migrate();
-  class Checkpointer;
-
-  sqlite3* db_ = nullptr;  // the writer's connection
-  std::unique_ptr<Checkpointer> checkpointer_;
-  // db_'s prepared statements, kept between commits.
-  std::unique_ptr<StatementCache> statements_;
-  absl::Mutex read_mu_;
-  sqlite3* read_db_ ABSL_GUARDED_BY(read_mu_) = nullptr;
-  int schema_version_ = 0;
-  int engine_snapshots_kept_ = 3;
 };
 
 }  // namespace trainwatch::server

@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 
 #include "test_util.h"
+#include "store/sqlite_store.h"
 #include "store/store.h"
 
 namespace trainwatch::server {
@@ -201,7 +202,7 @@ TEST_CASE("store: WAL checkpoints run off the writer's commits - the WAL stays b
           "[server][store]") {
   TempDir dir;
   const std::string db = dir.File("tw.db");
-  auto store = Store::Open(db, {StoreOptions::Synchronous::kNormal});
+  auto store = SqliteStore::Open(db, {StoreOptions::Synchronous::kNormal});
   REQUIRE(store.ok());
   // 30 commits of 1 MB, 3,900 pages in all: SQLite's own checkpoint would
   // have run three times inside a commit. Spaced as a steady rate spaces
@@ -229,7 +230,7 @@ TEST_CASE("store: a WAL past 8000 pages is checkpointed by the writer itself",
           "[server][store]") {
   TempDir dir;
   const std::string db = dir.File("tw.db");
-  auto store = Store::Open(db, {StoreOptions::Synchronous::kNormal});
+  auto store = SqliteStore::Open(db, {StoreOptions::Synchronous::kNormal});
   REQUIRE(store.ok());
   // One commit of 66 MB: no checkpoint beside it can keep the WAL under the
   // bound, so the commit that crosses it checkpoints, as SQLite's would.

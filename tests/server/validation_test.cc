@@ -129,7 +129,15 @@ TEST_CASE("validation: trainwatchd exits 2 on a bad flag with one line naming it
            {db + " --max_world_size=0",
             "trainwatchd: --max_world_size must be in [1, 1000000], not 0\n"},
            {db + " --db_synchronous=off",
-            "trainwatchd: --db_synchronous must be 'full' or 'normal', not 'off'\n"}}) {
+            "trainwatchd: --db_synchronous must be 'full' or 'normal', not 'off'\n"},
+           // SQLite's knobs with a PostgreSQL database, refused before it
+           // is reached.
+           {" --db=postgresql:///tw --db_max_bytes=8192",
+            "trainwatchd: --db_max_bytes is a quota on a SQLite file: with PostgreSQL, set "
+            "quotas on its server\n"},
+           {" '--db=host=/nonexistent dbname=tw' --db_synchronous=normal",
+            "trainwatchd: --db_synchronous normal is SQLite's: with PostgreSQL, what a commit "
+            "waits for is the server's synchronous_commit\n"}}) {
     INFO(c.flags);
     std::string out;
     CHECK(Trainwatchd(c.flags, &out) == 2);

@@ -255,6 +255,28 @@ TEMPLATE_TEST_CASE("store conformance", "[server][store][conformance]", SqliteBa
     CHECK(Get(store->CountSkipped("run-a", 1)) == 0);
   }
 
+  SECTION("the rebuild reads a long history whole and in order") {
+    // Past any chunk a backend reads a history in (PostgreSQL's: 10,000).
+    constexpr int64_t kSteps = 20'005;
+    auto store = Open(db);
+    WriteBatch b;
+    for (int64_t s = 0; s < kSteps; ++s) b.steps.push_back(In("r", 0, Step(s, 1.0)));
+    REQUIRE_OK(store->Write(b));
+    int64_t next = 0;
+    bool in_order = true;
+    REQUIRE_OK(store->ForEachStep("r", 0, [&](const StepRow& s, const std::string&) {
+      in_order = in_order && s.step == next;
+      ++next;
+    }));
+    CHECK(in_order);
+    CHECK(next == kSteps);
+    next = 10'000;
+    REQUIRE_OK(store->ForEachStep(
+        "r", 0, [&](const StepRow& s, const std::string&) { next += s.step == next + 1; },
+        10'000));
+    CHECK(next == kSteps - 1);
+  }
+
   SECTION("a repeated step or rank report is ignored: the first write wins") {
     auto store = Open(db);
     WriteBatch b;

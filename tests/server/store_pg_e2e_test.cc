@@ -131,6 +131,29 @@ TEST_CASE("pg store: a batch whose commit lost its wait for the standby is refus
         return r.ok() && r->Int(0, 0) == 10;
       },
       20s, 20ms));
+
+  // Connections the server ends (a restart, an administrator) fail what was
+  // in flight on them, and are opened again at the next use.
+  REQUIRE((*admin)
+              ->Execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                        "backend_type = 'client backend' AND pid <> pg_backend_pid()")
+              .ok());
+  WriteBatch more;
+  for (int64_t s = 10; s < 20; ++s) {
+    WriteBatch::Step step;
+    step.run_id = "r";
+    step.step.step = s;
+    more.steps.push_back(step);
+  }
+  absl::Status first = (*store)->Write(more);
+  if (!first.ok()) {
+    CHECK(first.code() == absl::StatusCode::kUnavailable);
+    REQUIRE((*store)->Write(more).ok());  // the ingest's retry
+  }
+  absl::StatusOr<int64_t> count = (*store)->CountSteps("r");
+  if (!count.ok()) count = (*store)->CountSteps("r");
+  REQUIRE(count.ok());
+  CHECK(*count == 20);
 }
 
 std::string Twctl(const std::string& command, std::vector<std::string> args,

@@ -157,34 +157,53 @@ absl::Status Run(PgConnection& c, absl::string_view sql, const Params& params) {
   return c.Execute(sql, params).status();
 }
 
-// Inserts `rows` several to a statement: `head` up to VALUES, `types` the
-// type of each parameter of a row (the placeholders carry them, so nothing
-// depends on how PostgreSQL would guess a type from a VALUES list), and
-// fill(row, &params) appends a row's parameters. A round trip and a parse
-// per row would cost more than the rows' own inserts; a statement holds at
-// most kMaxParams parameters, well under libpq's 65,535.
+// Appends one element to a PostgreSQL array literal: quoted, so that any
+// text (commas, braces, quotes, a bytea's backslash) stays one element.
+void AppendArrayElement(std::string* array, const PgParam& value) {
+  if (array->size() > 1) array->push_back(',');
+  if (value.is_null()) {
+    array->append("NULL");
+    return;
+  }
+  array->push_back('"');
+  for (char ch : value.text()) {
+    if (ch == '"' || ch == '\\') array->push_back('\\');
+    array->push_back(ch);
+  }
+  array->push_back('"');
+}
+
+// Inserts `rows` in statements of up to kRowsPerStatement: `head` is the
+// INSERT up to its column list, `types` the type of each column, and
+// fill(row, &params) appends a row's values. Each column goes as one array
+// parameter, and the rows come out of unnest() in the batch's order: a
+// statement of a few parameters, where a VALUES list of one placeholder per
+// value cost PostgreSQL more to parse and plan than the rows' inserts
+// (../shared/HA.md measured unnest ahead of multi-row VALUES too).
 template <typename Row, typename Fill>
 absl::Status InsertRows(PgConnection& c, absl::string_view head,
                         const std::vector<const char*>& types, const std::vector<Row>& rows,
                         Fill fill, absl::string_view tail) {
-  constexpr size_t kMaxParams = 16384;
+  constexpr size_t kRowsPerStatement = 5000;
   const size_t width = types.size();
-  const size_t per_statement = std::max<size_t>(1, kMaxParams / width);
-  Params params;
-  for (size_t first = 0; first < rows.size(); first += per_statement) {
-    const size_t n = std::min(per_statement, rows.size() - first);
-    std::string sql(head);
-    params.clear();
-    params.reserve(n * width);
+  std::string sql = absl::StrCat(head, " SELECT * FROM unnest(");
+  for (size_t k = 0; k < width; ++k) {
+    absl::StrAppend(&sql, k == 0 ? "" : ", ", "$", k + 1, "::", types[k], "[]");
+  }
+  absl::StrAppend(&sql, ")", tail.empty() ? "" : " ", tail);
+  Params row;
+  std::vector<std::string> arrays(width);
+  for (size_t first = 0; first < rows.size(); first += kRowsPerStatement) {
+    const size_t n = std::min(kRowsPerStatement, rows.size() - first);
+    for (std::string& a : arrays) a.assign("{");
     for (size_t r = 0; r < n; ++r) {
-      absl::StrAppend(&sql, r == 0 ? " (" : ", (");
-      for (size_t k = 0; k < width; ++k) {
-        absl::StrAppend(&sql, k == 0 ? "" : ", ", "$", r * width + k + 1, "::", types[k]);
-      }
-      sql += ")";
-      fill(rows[first + r], &params);
+      row.clear();
+      fill(rows[first + r], &row);
+      for (size_t k = 0; k < width; ++k) AppendArrayElement(&arrays[k], row[k]);
     }
-    if (!tail.empty()) absl::StrAppend(&sql, " ", tail);
+    Params params;
+    params.reserve(width);
+    for (std::string& a : arrays) params.emplace_back(a + "}");
     if (absl::Status s = Run(c, sql, params); !s.ok()) return s;
   }
   return absl::OkStatus();
@@ -283,7 +302,7 @@ absl::Status InsertSteps(PgConnection& c, const std::vector<WriteBatch::Step>& s
       "float8", "float8", "float8", "integer", "float8", "bigint", "bigint", "integer",
       "text",   "text",   "boolean", "bigint", "text",  "float8", "boolean"};
   return InsertRows(
-      c, absl::StrCat("INSERT INTO steps (run_id, attempt, ", kStepColumns, ") VALUES"), kTypes,
+      c, absl::StrCat("INSERT INTO steps (run_id, attempt, ", kStepColumns, ")"), kTypes,
       steps,
       [](const WriteBatch::Step& w, Params* p) {
         const StepRow& s = w.step;
@@ -370,7 +389,7 @@ absl::StatusOr<std::vector<AttemptRow>> Attempts(PgConnection& c, const std::str
 
 absl::Status InsertIncarnations(PgConnection& c, const std::vector<IncarnationRow>& rows) {
   return InsertRows(
-      c, "INSERT INTO incarnations (run_id, incarnation, seen_ms) VALUES",
+      c, "INSERT INTO incarnations (run_id, incarnation, seen_ms)",
       {"text", "text", "bigint"}, rows,
       [](const IncarnationRow& r, Params* p) {
         p->emplace_back(r.run_id);
@@ -382,7 +401,7 @@ absl::Status InsertIncarnations(PgConnection& c, const std::vector<IncarnationRo
 
 absl::Status InsertRankSteps(PgConnection& c, const std::vector<RankStepRow>& rows) {
   return InsertRows(
-      c, "INSERT INTO rank_steps (run_id, attempt, rank, step, report) VALUES",
+      c, "INSERT INTO rank_steps (run_id, attempt, rank, step, report)",
       {"text", "bigint", "integer", "bigint", "bytea"}, rows,
       [](const RankStepRow& r, Params* p) {
         p->emplace_back(r.run_id);
@@ -504,7 +523,7 @@ absl::Status InsertEvents(PgConnection& c, const std::vector<EventRow>& events) 
   return InsertRows(
       c,
       "INSERT INTO events (run_id, incident_id, episode, step, onset_step, tier, action, kind, "
-      "reason, shards, checkpoint_step, created_ms) VALUES",
+      "reason, shards, checkpoint_step, created_ms)",
       {"text", "bigint", "bigint", "bigint", "bigint", "integer", "integer", "integer", "text",
        "text", "bigint", "bigint"},
       events,
@@ -552,7 +571,7 @@ absl::Status InsertDecisions(PgConnection& c, const std::vector<DecisionRow>& de
   return InsertRows(
       c,
       "INSERT INTO decisions (id, incident_id, run_id, actor, kind, comment, payload, "
-      "idempotency_key, at_ms) VALUES",
+      "idempotency_key, at_ms)",
       {"bigint", "bigint", "text", "text", "text", "text", "bytea", "text", "bigint"}, decisions,
       [](const DecisionRow& d, Params* p) {
         p->emplace_back(d.id);
@@ -571,7 +590,7 @@ absl::Status InsertDecisions(PgConnection& c, const std::vector<DecisionRow>& de
 
 absl::Status InsertCommands(PgConnection& c, const std::vector<CommandRow>& commands) {
   return InsertRows(
-      c, "INSERT INTO commands (id, run_id, incident_id, kind, payload, created_ms) VALUES",
+      c, "INSERT INTO commands (id, run_id, incident_id, kind, payload, created_ms)",
       {"text", "text", "bigint", "text", "bytea", "bigint"}, commands,
       [](const CommandRow& r, Params* p) {
         p->emplace_back(r.id);
@@ -588,7 +607,7 @@ absl::Status InsertCommandAcks(PgConnection& c, const std::vector<CommandAckRow>
   return InsertRows(
       c,
       "INSERT INTO command_acks (command_id, run_id, rank, status, message, resumed_step, "
-      "at_ms) VALUES",
+      "at_ms)",
       {"text", "text", "integer", "integer", "text", "bigint", "bigint"}, acks,
       [](const CommandAckRow& a, Params* p) {
         p->push_back(AgentText(a.command_id));
@@ -606,7 +625,7 @@ absl::Status InsertQuarantines(PgConnection& c, const std::vector<QuarantineRow>
   return InsertRows(
       c,
       "INSERT INTO quarantined_shards (run_id, first_shard, last_shard, incident_id, "
-      "decision_id, created_ms, name) VALUES",
+      "decision_id, created_ms, name)",
       {"text", "bigint", "bigint", "bigint", "bigint", "bigint", "text"}, rows,
       [](const QuarantineRow& r, Params* p) {
         p->emplace_back(r.run_id);
@@ -643,12 +662,12 @@ OutboxRow ReadOutbox(const Cells& q) {
 }
 
 absl::Status InsertOutbox(PgConnection& c, const std::vector<OutboxRow>& pages) {
-  // Ids in the batch's order: the identity numbers a multi-row VALUES list
-  // in its order, and pages are delivered by id.
+  // Ids in the batch's order: the identity numbers unnest()'s rows in their
+  // order, and pages are delivered by id.
   return InsertRows(
       c,
       "INSERT INTO outbox (incident_id, channel, kind, payload, state, attempts, "
-      "next_attempt_ms, created_ms) VALUES",
+      "next_attempt_ms, created_ms)",
       {"bigint", "text", "text", "bytea", "text", "integer", "bigint", "bigint"}, pages,
       [](const OutboxRow& o, Params* p) {
         p->emplace_back(o.incident_id);

@@ -272,10 +272,19 @@ TEST_CASE("failover: twctl with a dead first address answers from the second",
   INFO(out << err);
   CHECK(missing == 1);
   CHECK(err.find("no incident I-424242 (5)") != std::string::npos);  // NOT_FOUND
+  // The watch stream too: the second replica's watch runs to its timeout
+  // (exit 0), where the dead address alone is an error.
+  out.clear();
+  err.clear();
+  CHECK(cli::OperatorCommand("watch", {"--server", dead + "," + b.address(), "--timeout", "1"},
+                             nullptr, &out, &err) == 0);
+  CHECK(cli::OperatorCommand("watch", {"--server", dead, "--timeout", "1"}, nullptr, &out,
+                             &err) == 1);
   // Every address down: the last one's UNAVAILABLE, as with one server.
   out.clear();
   err.clear();
   CHECK(cli::OperatorCommand("runs", {"--server", dead + "," + dead}, nullptr, &out, &err) == 1);
+  CHECK(err.find("(14)") != std::string::npos);  // UNAVAILABLE
 }
 
 TEST_CASE("failover: malformed address lists are refused with a message naming the entry",

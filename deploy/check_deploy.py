@@ -9,6 +9,10 @@
   Recreate strategy, no gRPC probe on a TLS port);
 - every trainwatchd flag in the Kubernetes manifests and the systemd unit is
   one the binary accepts (from its --help, when its path is given);
+- the replicated deployment (deploy/ha/): two or more Kubernetes replicas
+  on a shared PostgreSQL --db, each naming itself with --replica, the
+  Service selecting them; the systemd drop-in reading trainwatchd-ha.flags
+  with the host as --replica; every flag one trainwatchd accepts;
 - the `twctl follow` sidecar (issue 17): the Kubernetes Job parses, runs
   twctl follow SOURCE --run $(JOB) --server trainwatchd:PORT beside a trainer
   container, both mounting one emptyDir (the trainer read-write, the log
@@ -30,7 +34,9 @@ import sys
 import yaml
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-exporter = open(os.path.join(root, "server/exporter/exporter.cc")).read()
+# The exporter's names, and the store backends' own counters it prints.
+exporter = "".join(open(os.path.join(root, f)).read() for f in (
+    "server/exporter/exporter.cc", "server/store/sqlite_store.cc", "server/store/pg/pg_store.cc"))
 exported = set(re.findall(r'"(trainwatch_[a-z_]+)"', exporter))
 errors = []
 
@@ -151,13 +157,45 @@ for a in unit_args:
         errors.append(f"systemd: {a} names a file the package does not ship")
 if len(unit_args) < 2:
     errors.append("systemd: ExecStart passes no flags")
+# ---- the replicated deployment on PostgreSQL (deploy/ha/)
+ha_docs = [d for d in yaml.safe_load_all(open(os.path.join(root, "deploy/ha/kubernetes.yaml")))
+           if d]
+ha_deploy = next((d for d in ha_docs if d["kind"] == "Deployment"), None)
+ha_args = []
+if ha_deploy is None:
+    errors.append("ha kubernetes: no Deployment")
+else:
+    spec = ha_deploy["spec"]
+    if spec.get("replicas", 1) < 2:
+        errors.append("ha kubernetes: a standby needs replicas: 2 or more")
+    ha_args = [a for a in spec["template"]["spec"]["containers"][0]["args"] if a.startswith("--")]
+    ha_flags = dict(a[2:].split("=", 1) for a in ha_args)
+    if not ha_flags.get("replica", "").startswith("$("):
+        errors.append("ha kubernetes: each pod must name itself (--replica=$(POD_NAME))")
+    if not ha_flags.get("db", "").startswith(("$(", "postgres")):
+        errors.append("ha kubernetes: --db must be the shared PostgreSQL database")
+    ha_svc = next((d for d in ha_docs if d["kind"] == "Service"), None)
+    if ha_svc is None or ha_svc["spec"]["selector"] != spec["selector"]["matchLabels"]:
+        errors.append("ha kubernetes: the Service does not select the replicas")
+ha_flags_file = [l.strip() for l in open(os.path.join(root, "deploy/ha/trainwatchd-ha.flags"))
+                 if l.strip().startswith("--")]
+ha_unit = open(os.path.join(root, "deploy/ha/trainwatchd.service.d/ha.conf")).read()
+ha_exec = re.findall(r"^ExecStart=(.+)$", ha_unit, re.M)
+if not ha_exec or "--replica=" not in ha_exec[-1] or "trainwatchd-ha.flags" not in ha_exec[-1]:
+    errors.append("ha systemd: ExecStart must read trainwatchd-ha.flags and name the replica")
+ha_unit_args = ha_flags_file + [a for a in (ha_exec[-1].split() if ha_exec else [])
+                                if a.startswith("--")]
+if not any(a.startswith("--db=host=") or a.startswith("--db=postgres") for a in ha_flags_file):
+    errors.append("ha systemd: --db must be the shared PostgreSQL database")
+
 checked = 0
 if len(sys.argv) > 1:
     helptext = subprocess.run([sys.argv[1], "--helpfull"], capture_output=True, text=True)
     known = set(re.findall(r"^\s+--([a-z_]+) ", helptext.stdout + helptext.stderr, re.M))
     if "db" not in known:
         errors.append("cannot read trainwatchd's flags from its --help")
-    for where, args in (("kubernetes", k8s_args), ("systemd", unit_args)):
+    for where, args in (("kubernetes", k8s_args), ("systemd", unit_args),
+                        ("ha kubernetes", ha_args), ("ha systemd", ha_unit_args)):
         for a in args:
             name = a[2:].split("=", 1)[0]
             checked += 1

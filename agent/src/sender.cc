@@ -395,11 +395,20 @@ bool Sender::Write(Stream* stream, const v1::AgentMessage& m, bool more) {
 
 namespace {
 
+constexpr int kReplicasMaxBackoffMs = 1'000;
+
 // One channel per address, each with the client keepalive (server_addresses.h).
-// A channel dials nothing until the writer streams on it.
+// A channel dials nothing until the writer streams on it. Its own reconnect
+// backoff is held to the agent's: left to gRPC's (1 s growing by 1.6x), a
+// standby's address refused a few times while it stood by was dialled again
+// only seconds after it began to serve.
 std::unique_ptr<v1::AgentService::Stub> StubFor(
-    const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& creds) {
+    const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& creds,
+    int reconnect_initial_ms, int reconnect_max_ms) {
   grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, reconnect_initial_ms);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, reconnect_initial_ms);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, reconnect_max_ms);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kClientKeepaliveTimeMs);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kClientKeepaliveTimeoutMs);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
@@ -429,8 +438,17 @@ void Sender::WriterLoop() {
     return;
   }
   ServerRotation rotation(*std::move(addresses));
+  // With several replicas, one is expected to serve again within a lease
+  // (a standby taking over): a round of them is retried at least every
+  // second rather than backing off to reconnect_max_ms.
+  const int max_backoff_ms = rotation.addresses().size() > 1
+                                 ? std::min(config_.reconnect_max_ms, kReplicasMaxBackoffMs)
+                                 : config_.reconnect_max_ms;
   std::vector<std::unique_ptr<v1::AgentService::Stub>> stubs;
-  for (const std::string& address : rotation.addresses()) stubs.push_back(StubFor(address, *creds));
+  for (const std::string& address : rotation.addresses()) {
+    stubs.push_back(StubFor(address, *creds, std::min(config_.reconnect_initial_ms, max_backoff_ms),
+                            max_backoff_ms));
+  }
   for (;;) {
     {
       absl::MutexLock lock(&mu_);
@@ -445,7 +463,8 @@ void Sender::WriterLoop() {
       ctx_ = std::move(context);
     }
     const std::string address = rotation.address();
-    auto stream = stubs[rotation.index()]->Stream(c);
+    const size_t tried = rotation.index();
+    auto stream = stubs[tried]->Stream(c);
     // Watched like every write: a server that accepts and never answers
     // must not hold the writer until the connect timeout.
     std::thread reader;
@@ -492,6 +511,14 @@ void Sender::WriterLoop() {
     // A server that answered and then broke off (a restart, a failover) is
     // reconnected to soon; only refusals and failed dials back off further.
     if (answered) backoff_ms = config_.reconnect_initial_ms;
+    // A replica that refused the dial gets a fresh channel for the next
+    // round: a failed channel waits out gRPC's own reconnect backoff before
+    // it dials again, which held agents off a standby for seconds after it
+    // began to serve.
+    if (!answered && stubs.size() > 1) {
+      stubs[tried] = StubFor(address, *creds, std::min(config_.reconnect_initial_ms, max_backoff_ms),
+                             max_backoff_ms);
+    }
     const ServerRotation::Next next = rotation.StreamEnded(finished.error_code());
     {
       absl::MutexLock lock(&mu_);
@@ -527,7 +554,7 @@ void Sender::WriterLoop() {
     if (!next.back_off) continue;
     // Exponential backoff with full jitter.
     const int wait = std::uniform_int_distribution<int>(backoff_ms / 2, backoff_ms)(rng);
-    backoff_ms = std::min(config_.reconnect_max_ms, backoff_ms * 2);
+    backoff_ms = std::min(max_backoff_ms, backoff_ms * 2);
     absl::MutexLock lock(&mu_);
     mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(wait));
   }

@@ -27,6 +27,7 @@
 #include "api/operator_service.h"
 #include "api/service_state.h"
 #include "admission/auth.h"
+#include "daemon/lease_keeper.h"
 #include "pager/pager.h"
 #include "trainwatch/core/file_system.h"
 
@@ -100,12 +101,32 @@ class WithoutReflection : public grpc::ServerBuilderOption {
   }
 };
 
+// The pager's poster while this replica owns the shards: a replica whose
+// lease lapsed (paused, cut off) sends no page, however briefly it runs on
+// before it exits; the new owner's pager sends what is due.
+class FencedPoster final : public HttpPoster {
+ public:
+  FencedPoster(HttpPoster* poster, const ShardLeases* leases) : poster_(poster), leases_(leases) {}
+  absl::StatusOr<HttpResponse> Post(const std::string& url, const Headers& headers,
+                                    const std::string& body, absl::Duration timeout) override {
+    if (!leases_->MayAcknowledge(0)) {
+      return absl::UnavailableError("fenced: this replica's lease lapsed");
+    }
+    return poster_->Post(url, headers, body, timeout);
+  }
+
+ private:
+  HttpPoster* const poster_;
+  const ShardLeases* const leases_;
+};
+
 }  // namespace
 
 struct Server::Impl {
   ServerOptions options;
   std::unique_ptr<Store> store;
   std::unique_ptr<Ingestor> ingestor;
+  std::unique_ptr<FencedPoster> fenced_poster;
   std::unique_ptr<Pager> pager;
   std::unique_ptr<ServiceState> state;
   std::unique_ptr<grpc::Service> agent_service;
@@ -127,7 +148,7 @@ Ingestor* Server::ingestor() { return impl_->ingestor.get(); }
 Store* Server::store() { return impl_->store.get(); }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
-                                                      core::Clock* clock) {
+                                                      core::Clock* clock, LeaseKeeper* leases) {
   if (absl::Status s = CheckServerOptions(options); !s.ok()) return s;
   auto impl = std::make_unique<Impl>();
   impl->options = options;
@@ -156,7 +177,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                       "stream records and read incidents. Use --tokens. ***";
     }
   }
-  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options.db_path, options.store);
+  StoreOptions store_options = options.store;
+  if (leases != nullptr) store_options.fence = leases->leases();
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options.db_path, store_options);
   if (!store.ok()) return store.status();
   impl->store = *std::move(store);
   PagerConfig pager_config;
@@ -166,7 +189,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     pager_config = *std::move(pc);
   }
   if (pager_config.grafana_url.empty()) pager_config.grafana_url = options.grafana_url;
-  impl->pager = std::make_unique<Pager>(impl->store.get(), pager_config, clock);
+  HttpPoster* poster = DefaultHttpPoster();
+  if (leases != nullptr) {
+    impl->fenced_poster = std::make_unique<FencedPoster>(poster, leases->leases());
+    poster = impl->fenced_poster.get();
+  }
+  impl->pager = std::make_unique<Pager>(impl->store.get(), pager_config, clock, poster);
   impl->ingestor = std::make_unique<Ingestor>(impl->store.get(), options.ingest, clock);
   impl->ingestor->SetPager(impl->pager.get());
   // Reads the runs only: their engines are rebuilt by the writer thread
@@ -241,7 +269,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       return absl::UnavailableError(
           absl::StrCat("cannot serve metrics on ", options.metrics_listen, ": ", e.what()));
     }
-    impl->exporter = NewExporter(&impl->ingestor->views(), impl->state.get(), options.metrics);
+    impl->exporter =
+        NewExporter(&impl->ingestor->views(), impl->state.get(), options.metrics, leases);
     impl->exposer->RegisterCollectable(impl->exporter);
     const std::vector<int> ports = impl->exposer->GetListeningPorts();
     impl->metrics_port = ports.empty() ? 0 : ports.front();
@@ -255,6 +284,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
             << (tls ? (options.tls_client_ca_file.empty() ? "on" : "mutual") : "off")
             << ", reflection "
             << (!options.reflection ? "off" : impl->state->auth().enabled() ? "token" : "on");
+  if (leases != nullptr) {
+    // Crash-only: a replica that lost its lease stops at once (the store's
+    // fence already refuses its commits), and its restart is a standby.
+    leases->StartRenewing([](const std::string& why) {
+      LOG(ERROR) << "trainwatchd: fenced: " << why
+                 << "; exiting without acknowledging anything more (a restart is a standby)";
+      std::fflush(nullptr);
+      std::_Exit(3);
+    });
+  }
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 

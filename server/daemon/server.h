@@ -20,6 +20,8 @@
 
 namespace trainwatch::server {
 
+class LeaseKeeper;  // daemon/lease_keeper.h
+
 // Each field is the trainwatchd flag of the same name; CheckServerOptions
 // says which values are accepted.
 struct ServerOptions {
@@ -54,6 +56,13 @@ struct ServerOptions {
   std::string grafana_url;
   // Pager receivers (JSON, see pager.h); empty: no pages.
   std::string pager_config_file;
+  // Replicas on one PostgreSQL database (daemon/lease_keeper.h): this
+  // replica's name in the lease table, 1 to 64 of [A-Za-z0-9._-]; empty: a
+  // single trainwatchd, no leases. main() waits as a standby until the
+  // replica owns every shard, then starts the server with its LeaseKeeper.
+  std::string replica;
+  int64_t lease_ms = 10'000;  // in [kMinLeaseMs, kMaxLeaseMs]
+  int shards = 64;            // in [1, kMaxShards]; the same on every replica
   StoreOptions store;  // the database quota, the busy timeout
   IngestOptions ingest;
   // What /metrics exports (stale runs, how many runs at most).
@@ -64,6 +73,9 @@ inline constexpr int kMinMessageBytes = 1024;
 inline constexpr int kMaxMessageBytes = 1 << 30;
 inline constexpr int kMaxWorldSizeLimit = 1'000'000;
 inline constexpr int kMaxRunsPerTokenLimit = 1'000'000;
+inline constexpr int64_t kMinLeaseMs = 1'000;
+inline constexpr int64_t kMaxLeaseMs = 600'000;
+inline constexpr int kMaxShards = 4'096;
 // --aggregation_timeout_ms: 1 ms to a day.
 inline constexpr int64_t kMaxAggregationTimeoutMs = 86'400'000;
 // --max_runs_in_memory and --metrics_max_runs.
@@ -102,8 +114,14 @@ class Server {
   // with a clear status on a bad option (INVALID_ARGUMENT; unreadable tokens
   // or certificates: the file system's code) or when it cannot start
   // (UNAVAILABLE: a port in use, the database cannot be opened).
+  // With `leases` (options.replica set; they own every shard), every write
+  // is fenced by them, pages are sent only while they hold, and they are
+  // renewed from then on; when they are lost the process exits with status
+  // 3 at once, acknowledging nothing more. REQUIRES: `leases` outlives the
+  // server.
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options,
-                                                       core::Clock* clock = core::SystemClock());
+                                                       core::Clock* clock = core::SystemClock(),
+                                                       LeaseKeeper* leases = nullptr);
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;

@@ -150,6 +150,23 @@ absl::Status CheckServerOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--db must name a database file, not '", o.db_path, "' (a database gone at exit)"));
   }
+  if (!o.replica.empty()) {
+    if (!postgres) {
+      return absl::InvalidArgumentError(
+          "--replica needs a PostgreSQL --db that every replica shares (a SQLite file is one "
+          "machine's)");
+    }
+    if (o.replica.size() > 64 ||
+        o.replica.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                    "0123456789._-") != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--replica '", o.replica, "': 1 to 64 characters of [A-Za-z0-9._-]"));
+    }
+  }
+  if (absl::Status s = CheckFlagRange("lease_ms", o.lease_ms, kMinLeaseMs, kMaxLeaseMs); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckFlagRange("shards", o.shards, 1, kMaxShards); !s.ok()) return s;
   struct stat st;
   if (!postgres && stat(o.db_path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     return absl::InvalidArgumentError(

@@ -3,12 +3,18 @@
 // Exit status: 0 after a signal; 2 for a bad flag (a value out of range or
 // of the wrong form, checked by CheckServerOptions before anything starts,
 // or a file a flag names that cannot be used); 1 when the server cannot
-// start (a port in use, the database cannot be opened) or fails. absl
+// start (a port in use, the database cannot be opened) or fails; 3 when a
+// replica lost its lease (--replica: fenced; restarted, it stands by). absl
 // itself exits 1 for a flag it cannot parse at all (--max_message_bytes=x).
 
 #include <pthread.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -24,6 +30,8 @@
 #include "trainwatch/core/config.h"
 #include "trainwatch/core/file_system.h"
 #include "trainwatch/core/version.h"
+#include "common/log.h"
+#include "daemon/lease_keeper.h"
 #include "daemon/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
@@ -71,6 +79,19 @@ ABSL_FLAG(std::string, db_synchronous, "full",
           "loss) or 'normal' (the OS has it; fsync at each WAL checkpoint: it survives a crash "
           "of trainwatchd, while a power loss or kernel crash may lose the last seconds of "
           "acknowledged records)");
+ABSL_FLAG(std::string, replica, "",
+          "this replica's name (1 to 64 of [A-Za-z0-9._-], unique among the replicas) when "
+          "several trainwatchd share one PostgreSQL --db: one replica owns every shard and "
+          "serves, the others stand by (serving nothing) and take over when its lease runs "
+          "out. A replica that loses its lease exits with status 3; restarted, it is a "
+          "standby. Empty: a single trainwatchd, no leases");
+ABSL_FLAG(int64_t, lease_ms, 10000,
+          "with --replica: how long an owner's lease lasts without renewal (renewed every "
+          "third of it), in [1000, 600000]; a standby takes over within about this long of the "
+          "owner's death, and the owner stops acknowledging a tenth of it before");
+ABSL_FLAG(int, shards, 64,
+          "with --replica: the shards runs hash to, in [1, 4096]; fixed when the database's "
+          "lease table is made, the same on every replica");
 ABSL_FLAG(int64_t, max_runs_in_memory, 256,
           "runs whose rule-engine state (about 0.3 MB each with the default rules) stays in "
           "memory; the least recently used beyond it is evicted and rebuilt from the database "
@@ -133,6 +154,9 @@ int Run(int argc, char** argv) {
   o.listen = absl::GetFlag(FLAGS_listen);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.db_path = absl::GetFlag(FLAGS_db);
+  o.replica = absl::GetFlag(FLAGS_replica);
+  o.lease_ms = absl::GetFlag(FLAGS_lease_ms);
+  o.shards = absl::GetFlag(FLAGS_shards);
   o.tokens_file = absl::GetFlag(FLAGS_tokens);
   o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
@@ -217,8 +241,46 @@ int Run(int argc, char** argv) {
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // One thread takes the signals, whether they come while a standby waits
+  // or while the server runs.
+  std::atomic<bool> stop{false};
+  std::mutex stop_mu;
+  std::condition_variable stopped;
+  std::thread([&] {
+    int received = 0;
+    sigwait(&stop_signals, &received);
+    {
+      std::lock_guard<std::mutex> lock(stop_mu);
+      stop = true;
+    }
+    stopped.notify_all();
+  }).detach();
 
-  auto server = trainwatch::server::Server::Start(o);
+  std::unique_ptr<trainwatch::server::LeaseKeeper> leases;
+  if (!o.replica.empty()) {
+    // Checked first: a standby with a bad flag would only say so at takeover.
+    if (absl::Status s = trainwatch::server::CheckServerOptions(o); !s.ok()) {
+      std::fprintf(stderr, "trainwatchd: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+    trainwatch::server::ShardLeaseOptions lo;
+    lo.holder = o.replica;
+    lo.shards = o.shards;
+    lo.lease_ms = o.lease_ms;
+    lo.margin_ms = o.lease_ms / 10;
+    auto keeper = trainwatch::server::LeaseKeeper::Open(o.db_path, lo);
+    if (!keeper.ok()) {
+      std::fprintf(stderr, "trainwatchd: --replica: %s\n",
+                   std::string(keeper.status().message()).c_str());
+      return keeper.status().code() == absl::StatusCode::kUnavailable ? 1 : 2;
+    }
+    leases = std::move(*keeper);
+    if (!leases->AwaitOwnership(stop)) return 0;  // a signal while standing by
+    LOG(INFO) << "trainwatchd: replica " << o.replica << " owns all " << o.shards
+              << " shards; serving";
+  }
+
+  auto server = trainwatch::server::Server::Start(o, trainwatch::core::SystemClock(), leases.get());
   if (!server.ok()) {
     std::fprintf(stderr, "trainwatchd: %s\n", std::string(server.status().message()).c_str());
     // UNAVAILABLE: could not bind or open; anything else: a flag's file.
@@ -228,10 +290,14 @@ int Run(int argc, char** argv) {
   std::printf("metrics on 127.0.0.1:%d\nlistening on 127.0.0.1:%d\n", (*server)->metrics_port(),
               (*server)->port());
   std::fflush(stdout);
-  int received = 0;
-  sigwait(&stop_signals, &received);
+  {
+    std::unique_lock<std::mutex> lock(stop_mu);
+    stopped.wait(lock, [&] { return stop.load(); });
+  }
   std::fprintf(stderr, "trainwatchd: signal received, draining\n");
   (*server)->Shutdown();
+  // Given back, so that a standby takes over without waiting out the lease.
+  if (leases != nullptr) leases->Release().IgnoreError();
   return 0;
 }
 

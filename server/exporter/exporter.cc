@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "api/service_state.h"
+#include "daemon/lease_keeper.h"
 #include "ingest/run_views.h"
 
 namespace trainwatch::server {
@@ -23,8 +24,9 @@ namespace {
 // Reads live state at scrape time: no shadow counters to keep in step.
 class Exporter : public prometheus::Collectable {
  public:
-  Exporter(const RunViews* runs, ServiceState* state, ExporterOptions options)
-      : runs_(runs), state_(state), options_(options) {}
+  Exporter(const RunViews* runs, ServiceState* state, ExporterOptions options,
+           const LeaseKeeper* leases)
+      : runs_(runs), state_(state), options_(options), leases_(leases) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     using prometheus::MetricFamily;
@@ -246,6 +248,25 @@ class Exporter : public prometheus::Collectable {
     add(family("trainwatch_pages_failed_total", "Page delivery attempts that failed.",
                MetricType::Counter),
         {}, double(state_->pager()->failed_total()));
+    if (leases_ != nullptr) {
+      // A replica exports these only while it serves, that is while it owns
+      // its shards; the rules' TrainwatchShardsUnowned sums them over replicas.
+      const ShardLeases& l = *leases_->leases();
+      int64_t epoch = 0;
+      for (int s = 0; s < l.shards(); ++s) epoch = std::max(epoch, l.epoch(s));
+      add(family("trainwatch_lease_shards_owned", "Shards this replica owns.", MetricType::Gauge),
+          {}, double(l.owned()));
+      add(family("trainwatch_lease_shards_total", "Shards runs hash to (--shards).",
+                 MetricType::Gauge),
+          {}, double(l.shards()));
+      add(family("trainwatch_lease_epoch", "The highest epoch this replica owns a shard at.",
+                 MetricType::Gauge),
+          {}, double(epoch));
+      add(family("trainwatch_lease_takeovers_total",
+                 "Shards this replica took over (each a failover to it, or its first start).",
+                 MetricType::Counter),
+          {}, double(leases_->takeovers()));
+    }
     return {std::make_move_iterator(families.begin()), std::make_move_iterator(families.end())};
   }
 
@@ -288,13 +309,15 @@ class Exporter : public prometheus::Collectable {
   const RunViews* runs_;
   ServiceState* state_;
   ExporterOptions options_;
+  const LeaseKeeper* leases_;
 };
 
 }  // namespace
 
 std::shared_ptr<prometheus::Collectable> NewExporter(const RunViews* runs, ServiceState* state,
-                                                     ExporterOptions options) {
-  return std::make_shared<Exporter>(runs, state, options);
+                                                     ExporterOptions options,
+                                                     const LeaseKeeper* leases) {
+  return std::make_shared<Exporter>(runs, state, options, leases);
 }
 
 }  // namespace trainwatch::server

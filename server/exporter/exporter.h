@@ -17,6 +17,7 @@ class Collectable;
 
 namespace trainwatch::server {
 
+class LeaseKeeper;
 class RunViews;
 class ServiceState;
 
@@ -35,8 +36,10 @@ struct ExporterOptions {
 
 // Reads the runs' views (`runs`, the run table's) and the service's own
 // figures (`state`) at scrape time. REQUIRES: both outlive the exporter.
+// `leases`, for a replica (trainwatchd --replica): its shards and epoch.
 std::shared_ptr<prometheus::Collectable> NewExporter(const RunViews* runs, ServiceState* state,
-                                                     ExporterOptions options = {});
+                                                     ExporterOptions options = {},
+                                                     const LeaseKeeper* leases = nullptr);
 
 }  // namespace trainwatch::server
 

@@ -43,6 +43,8 @@
 
 namespace trainwatch::server {
 
+class ShardLeases;  // pg/shard_leases.h
+
 // One global step of a run as the store keeps it: the step (core::Step),
 // what the engine decided, and how the step arrived.
 struct StepRow : core::Step {
@@ -307,6 +309,11 @@ struct StoreOptions {
   // newest serves a restart, older ones a resume or rollback to an earlier
   // step. Each is ~0.3 MB with the default windows.
   int engine_snapshots_kept = 3;
+  // PostgreSQL with replicas (trainwatchd --replica): this replica's shard
+  // leases. Every write transaction then checks them (ShardLeases::
+  // CheckFence) and a commit is acknowledged only while they hold; nullptr:
+  // no fencing (one trainwatchd per database). Must outlive the store.
+  ShardLeases* fence = nullptr;
 };
 
 // A counter a backend keeps of its own work, read live at scrape time

@@ -11,12 +11,21 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "store/pg/pg_migrations.h"
+#include "store/pg/shard_leases.h"
 #include "trainwatch/core/event.h"
 #include "trainwatch/core/json.h"
 
 namespace trainwatch::server {
 
 namespace {
+
+// Phase 1 (active/standby): a writer owns every shard, and a batch's rows
+// (runs, incidents, the outbox) are checked against all of them.
+std::vector<int> AllShards(const ShardLeases& leases) {
+  std::vector<int> all(static_cast<size_t>(leases.shards()));
+  for (int s = 0; s < leases.shards(); ++s) all[static_cast<size_t>(s)] = s;
+  return all;
+}
 
 using Params = std::vector<PgParam>;
 
@@ -789,7 +798,8 @@ absl::StatusOr<std::unique_ptr<PgStore>> PgStore::Open(const std::string& connin
         "--db_synchronous normal applies to SQLite only: with PostgreSQL, what a commit waits "
         "for is the server's synchronous_commit");
   }
-  std::unique_ptr<PgStore> store(new PgStore(conninfo, options.engine_snapshots_kept));
+  std::unique_ptr<PgStore> store(
+      new PgStore(conninfo, options.engine_snapshots_kept, options.fence));
   absl::StatusOr<std::unique_ptr<PgConnection>> writer =
       PgConnection::Connect(conninfo, &store->counters_);
   if (!writer.ok()) return writer.status();
@@ -818,8 +828,22 @@ absl::Status PgStore::Write(const WriteBatch& b) {
   if (b.empty()) return absl::OkStatus();
   return OnWriter([&](PgConnection& c) -> absl::Status {
     if (absl::Status s = c.Begin(); !s.ok()) return s;
-    absl::Status s = WriteTables(c, b, engine_snapshots_kept_);
-    if (s.ok()) return c.Commit();  // the ack rule is Commit's
+    // Fenced first: the lease rows read FOR SHARE make a takeover wait for
+    // this commit, or this transaction sees the takeover's epoch.
+    absl::Status s = fence_ != nullptr ? fence_->CheckFence(c, AllShards(*fence_))
+                                       : absl::OkStatus();
+    if (s.ok()) s = WriteTables(c, b, engine_snapshots_kept_);
+    if (s.ok()) {
+      s = c.Commit();  // the ack rule is Commit's
+      // Committed, but the lease may have lapsed while the commit waited (a
+      // slow standby, a pause): acknowledged now, it could follow a
+      // takeover. The agents re-send it to the new owner, which stores it
+      // once.
+      if (s.ok() && fence_ != nullptr && !fence_->MayAcknowledge(0)) {
+        return absl::UnavailableError("fenced: the lease lapsed during the commit; not acknowledged");
+      }
+      return s;
+    }
     if (absl::Status r = c.Rollback(); !r.ok()) {
       // A connection left inside a transaction would refuse every later
       // batch: as unavailable, it is dropped and opened again.

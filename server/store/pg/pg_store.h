@@ -97,8 +97,10 @@ class PgStore final : public Store {
   int64_t replication_doubts() const { return counters_.replication_doubts(); }
 
  private:
-  PgStore(std::string conninfo, int engine_snapshots_kept)
-      : conninfo_(std::move(conninfo)), engine_snapshots_kept_(engine_snapshots_kept) {}
+  PgStore(std::string conninfo, int engine_snapshots_kept, ShardLeases* fence)
+      : conninfo_(std::move(conninfo)),
+        engine_snapshots_kept_(engine_snapshots_kept),
+        fence_(fence) {}
 
   // Runs fn on the writer's connection (the writer thread), connecting first
   // if there is none; a connection that failed as unavailable is dropped.
@@ -110,6 +112,7 @@ class PgStore final : public Store {
 
   const std::string conninfo_;
   const int engine_snapshots_kept_;
+  ShardLeases* const fence_;  // StoreOptions::fence
   int schema_version_ = 0;
   PgCommitCounters counters_;  // shared by every connection, over reconnects
   std::unique_ptr<PgConnection> writer_;

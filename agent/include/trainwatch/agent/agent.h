@@ -124,6 +124,8 @@ struct AgentConfig {
   // only where the sender's core share is safe (a few steps a second need
   // a tiny fraction of a core). 0..19. Env: TRAINWATCH_SENDER_NICE.
   int sender_nice = 0;
+  // Backoff between reconnects; with several server addresses at most 1 s,
+  // since a standby replica takes over within its lease.
   int reconnect_initial_ms = 100;
   int reconnect_max_ms = 30'000;
   int heartbeat_ms = 5000;

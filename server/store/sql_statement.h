@@ -114,6 +114,7 @@ class SqlStatement {
   int64_t Int(int col) const;
   double Real(int col) const;  // NULL reads as NaN
   bool IsNull(int col) const;
+  bool Bool(int col) const { return Int(col) != 0; }
   std::string Text(int col) const;
   std::string Blob(int col) const;
   std::vector<uint64_t> Shards(int col) const;

@@ -1,29 +1,14 @@
 #include "store/store_decision_rows.h"
 
 #include "absl/strings/str_cat.h"
+#include "store/row_readers.h"
 #include "store/sql_statement.h"
 
 namespace trainwatch::server::rows {
 
 namespace {
 
-constexpr char kDecisionColumns[] =
-    "id, incident_id, run_id, actor, kind, comment, payload, COALESCE(idempotency_key, ''), "
-    "at_ms";
 
-DecisionRow ReadDecision(const SqlStatement& q) {
-  DecisionRow d;
-  d.id = q.Int(0);
-  d.incident_id = q.Int(1);
-  d.run_id = q.Text(2);
-  d.actor = q.Text(3);
-  d.kind = q.Text(4);
-  d.comment = q.Text(5);
-  d.payload = q.Blob(6);
-  d.idempotency_key = q.Text(7);
-  d.at_ms = q.Int(8);
-  return d;
-}
 
 }  // namespace
 
@@ -49,14 +34,14 @@ absl::StatusOr<std::optional<DecisionRow>> FindDecisionByKey(sqlite3* db, const 
   SqlStatement q(
       db, absl::StrCat("SELECT ", kDecisionColumns, " FROM decisions WHERE idempotency_key = ?1"));
   q.Bind(1, key);
-  return q.First(ReadDecision);
+  return q.First(ReadDecision<SqlStatement>);
 }
 
 absl::StatusOr<std::vector<DecisionRow>> DecisionsOfIncident(sqlite3* db, int64_t incident_id) {
   SqlStatement q(db, absl::StrCat("SELECT ", kDecisionColumns,
                                   " FROM decisions WHERE incident_id = ?1 ORDER BY id"));
   q.Bind(1, incident_id);
-  return q.All(ReadDecision);
+  return q.All(ReadDecision<SqlStatement>);
 }
 
 absl::StatusOr<int64_t> MaxDecisionId(sqlite3* db) {

@@ -2,48 +2,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "trainwatch/core/json.h"
+#include "store/row_readers.h"
 #include "store/sql_statement.h"
 
 namespace trainwatch::server::rows {
 
 namespace {
 
-constexpr char kIncidentColumns[] =
-    "id, run_id, episode, tier, state, kind, title, onset_step, detection_step, "
-    "checkpoint_step, checkpoint_uri, shards, actions, opened_ms, updated_ms, closed_ms, "
-    "shard_names, observed";
 
-// The recommended actions are stored as the JSON replay prints; a column
-// that does not parse whole fails the read (`error`) rather than giving half
-// a recommendation.
-IncidentRow ReadIncident(const SqlStatement& q, absl::Status* error) {
-  IncidentRow r;
-  r.id = q.Int(0);
-  r.run_id = q.Text(1);
-  r.episode = static_cast<uint64_t>(q.Int(2));
-  r.tier = static_cast<int>(q.Int(3));
-  r.state = static_cast<IncidentState>(q.Int(4));
-  r.kind = static_cast<core::EventKind>(q.Int(5));
-  r.title = q.Text(6);
-  r.onset_step = q.Int(7);
-  r.detection_step = q.Int(8);
-  r.recommended_checkpoint_step = q.Int(9);
-  r.recommended_checkpoint_uri = q.Text(10);
-  r.shards = q.Shards(11);
-  absl::StatusOr<std::vector<core::RecommendedAction>> actions = core::ParseRecommendedActionsJson(
-      q.Text(12), absl::StrCat("actions of incident I-", r.id));
-  if (actions.ok()) {
-    r.actions = *std::move(actions);
-  } else if (error->ok()) {
-    *error = absl::DataLossError(actions.status().message());
-  }
-  r.opened_ms = q.Int(13);
-  r.updated_ms = q.Int(14);
-  r.closed_ms = q.Int(15);
-  r.shard_names = q.ShardNames(16);
-  r.observed = q.Int(17) != 0;
-  return r;
-}
 
 }  // namespace
 
@@ -131,26 +97,10 @@ absl::Status InsertEvents(sqlite3* db, const std::vector<EventRow>& events) {
 }
 
 absl::StatusOr<std::vector<EventRow>> EventsOfIncident(sqlite3* db, int64_t incident_id) {
-  SqlStatement q(db,
-                 "SELECT run_id, episode, step, onset_step, tier, action, kind, reason, shards, "
-                 "checkpoint_step, created_ms FROM events WHERE incident_id = ?1 ORDER BY id");
+  SqlStatement q(db, absl::StrCat("SELECT ", kEventColumns,
+                                   " FROM events WHERE incident_id = ?1 ORDER BY id"));
   q.Bind(1, incident_id);
-  return q.All([&](const SqlStatement& q) {
-    EventRow r;
-    r.run_id = q.Text(0);
-    r.incident_id = incident_id;
-    r.event.episode = static_cast<uint64_t>(q.Int(1));
-    r.event.step = q.Int(2);
-    r.event.onset_step = q.Int(3);
-    r.event.tier = static_cast<int>(q.Int(4));
-    r.event.action = static_cast<core::Action>(q.Int(5));
-    r.event.kind = static_cast<core::EventKind>(q.Int(6));
-    r.event.reason = q.Text(7);
-    r.event.shards = q.Shards(8);
-    r.event.recommended_checkpoint_step = q.Int(9);
-    r.created_ms = q.Int(10);
-    return r;
-  });
+  return q.All([&](const SqlStatement& q) { return ReadEvent(q, incident_id); });
 }
 
 }  // namespace trainwatch::server::rows

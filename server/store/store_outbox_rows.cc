@@ -1,31 +1,14 @@
 #include "store/store_outbox_rows.h"
 
 #include "absl/strings/str_cat.h"
+#include "store/row_readers.h"
 #include "store/sql_statement.h"
 
 namespace trainwatch::server::rows {
 
 namespace {
 
-constexpr char kOutboxColumns[] =
-    "id, incident_id, channel, kind, payload, state, attempts, next_attempt_ms, last_error, "
-    "created_ms, sent_ms";
 
-OutboxRow ReadOutbox(const SqlStatement& q) {
-  OutboxRow o;
-  o.id = q.Int(0);
-  o.incident_id = q.Int(1);
-  o.channel = q.Text(2);
-  o.kind = q.Text(3);
-  o.payload = q.Blob(4);
-  o.state = q.Text(5);
-  o.attempts = static_cast<int>(q.Int(6));
-  o.next_attempt_ms = q.Int(7);
-  o.last_error = q.Text(8);
-  o.created_ms = q.Int(9);
-  o.sent_ms = q.Int(10);
-  return o;
-}
 
 }  // namespace
 
@@ -46,14 +29,14 @@ absl::StatusOr<std::vector<OutboxRow>> DueOutbox(sqlite3* db, int64_t now_ms, in
                                   " FROM outbox WHERE state = 'pending' AND next_attempt_ms <= ?1 "
                                   "ORDER BY id LIMIT ?2"));
   q.Bind(1, now_ms).Bind(2, int64_t{limit});
-  return q.All(ReadOutbox);
+  return q.All(ReadOutbox<SqlStatement>);
 }
 
 absl::StatusOr<std::vector<OutboxRow>> OutboxOfIncident(sqlite3* db, int64_t incident_id) {
   SqlStatement q(db, absl::StrCat("SELECT ", kOutboxColumns,
                                   " FROM outbox WHERE incident_id = ?1 ORDER BY id"));
   q.Bind(1, incident_id);
-  return q.All(ReadOutbox);
+  return q.All(ReadOutbox<SqlStatement>);
 }
 
 absl::Status MarkOutbox(sqlite3* db, int64_t id, bool sent, int attempts, int64_t next_attempt_ms,

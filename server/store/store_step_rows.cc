@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "store/row_readers.h"
 #include "store/sql_statement.h"
 #include "trainwatch/core/event.h"
 
@@ -11,14 +12,6 @@ namespace trainwatch::server::rows {
 
 namespace {
 
-// The step's columns after (run_id, attempt): the signals in Signal order,
-// then the rest. Shared by the insert, the attempt copy and every read.
-constexpr char kStepColumns[] =
-    "step, loss, grad_norm, log_z, nan_frac, lr, z_loss_alpha, activation_max, attention_p99, "
-    "present, loss_ema_ratio, nonfinite, elements, decision, shards, missing_ranks, late, "
-    "received_ms, shard_names, loss_scale, loss_scale_overflow";
-// How many: a query selecting more after them reads those from this index.
-constexpr int kStepColumnCount = 21;
 
 // No counts (core::GradCounts) are stored as NULL, NULL.
 void BindCounts(SqlStatement& q, int i, const core::GradCounts& c) {
@@ -29,31 +22,6 @@ void BindCounts(SqlStatement& q, int i, const core::GradCounts& c) {
   }
 }
 
-StepRow ReadStep(const SqlStatement& q) {
-  StepRow s;
-  s.step = q.Int(0);
-  const auto present = static_cast<uint32_t>(q.Int(9));
-  for (int i = 0; i < core::kNumSignals; ++i) {
-    // A reported NaN is stored as NULL and comes back as NaN; presence says
-    // whether it was reported.
-    const auto signal = static_cast<core::Signal>(i);
-    if (present & core::Bit(signal)) s.Set(signal, q.Real(1 + i));
-  }
-  s.loss_ema_ratio = q.Real(10);
-  if (!q.IsNull(12)) {  // NULL: no counts
-    s.nonfinite = static_cast<uint64_t>(q.Int(11));
-    s.elements = static_cast<uint64_t>(q.Int(12));
-  }
-  s.decision = static_cast<int>(q.Int(13));
-  s.shards = q.Shards(14);
-  s.missing_ranks = q.Text(15);
-  s.late = q.Int(16) != 0;
-  s.received_ms = q.Int(17);
-  s.shard_names = q.ShardNames(18);
-  // The flag's NULL says "no loss scale"; the scale's may be a NaN's.
-  if (!q.IsNull(20)) s.SetLossScale(q.Real(19), q.Int(20) != 0);
-  return s;
-}
 
 // The run's reports of the steps `op` ?3 ("=", ">"), by step then rank.
 absl::StatusOr<std::vector<RankStepRow>> SelectRankSteps(sqlite3* db, const std::string& run_id,
@@ -63,15 +31,7 @@ absl::StatusOr<std::vector<RankStepRow>> SelectRankSteps(sqlite3* db, const std:
                                   "AND attempt = ?2 AND step ",
                                   op, " ?3 ORDER BY step, rank"));
   q.Bind(1, run_id).Bind(2, attempt).Bind(3, step);
-  return q.All([&](const SqlStatement& r) {
-    RankStepRow row;
-    row.run_id = run_id;
-    row.attempt = attempt;
-    row.rank = static_cast<int32_t>(r.Int(0));
-    row.step = r.Int(1);
-    row.report = r.Blob(2);
-    return row;
-  });
+  return q.All([&](const SqlStatement& r) { return ReadRankStep(r, run_id, attempt); });
 }
 
 }  // namespace
@@ -117,21 +77,7 @@ absl::StatusOr<std::vector<RunRow>> Runs(sqlite3* db) {
                  "incarnation, resume_step, observed, ifnull(rules_json, ''), "
                  "ifnull(rules_source, '') FROM runs LEFT JOIN run_rules USING (run_id) "
                  "ORDER BY runs.run_id");
-  return q.All([](const SqlStatement& r) {
-    RunRow row;
-    row.run_id = r.Text(0);
-    row.world_size = static_cast<int32_t>(r.Int(1));
-    row.attempt = r.Int(2);
-    row.last_step = r.Int(3);
-    row.created_ms = r.Int(4);
-    row.last_seen_ms = r.Int(5);
-    row.incarnation = r.Text(6);
-    if (!r.IsNull(7)) row.resume_step = r.Int(7);
-    row.observed = r.Int(8) != 0;
-    row.rules_json = r.Text(9);
-    row.rules_source = r.Text(10);
-    return row;
-  });
+  return q.All(ReadRun<SqlStatement>);
 }
 
 absl::Status InsertSteps(sqlite3* db, const std::vector<WriteBatch::Step>& steps) {
@@ -251,7 +197,7 @@ absl::StatusOr<std::vector<StepRow>> RecentSteps(sqlite3* db, const std::string&
                                   " FROM steps WHERE run_id = ?1 AND attempt = ?2 ORDER BY step "
                                   "DESC LIMIT ?3"));
   q.Bind(1, run_id).Bind(2, attempt).Bind(3, int64_t{limit});
-  absl::StatusOr<std::vector<StepRow>> out = q.All(ReadStep);
+  absl::StatusOr<std::vector<StepRow>> out = q.All(ReadStep<SqlStatement>);
   if (out.ok()) std::reverse(out->begin(), out->end());
   return out;
 }
@@ -262,7 +208,7 @@ absl::StatusOr<std::vector<StepRow>> StepsBetween(sqlite3* db, const std::string
                                   " FROM steps WHERE run_id = ?1 AND attempt = ?2 AND "
                                   "step >= ?3 AND step <= ?4 ORDER BY step"));
   q.Bind(1, run_id).Bind(2, attempt).Bind(3, first).Bind(4, last);
-  return q.All(ReadStep);
+  return q.All(ReadStep<SqlStatement>);
 }
 
 absl::StatusOr<int64_t> CountSteps(sqlite3* db, const std::string& run_id) {

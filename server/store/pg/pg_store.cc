@@ -12,12 +12,23 @@
 #include "absl/strings/string_view.h"
 #include "store/pg/pg_migrations.h"
 #include "store/pg/shard_leases.h"
+#include "store/row_readers.h"
 #include "trainwatch/core/event.h"
 #include "trainwatch/core/json.h"
 
 namespace trainwatch::server {
 
 namespace {
+
+using rows::kDecisionColumns;
+using rows::kIncidentColumns;
+using rows::kOutboxColumns;
+using rows::kStepColumnCount;
+using rows::kStepColumns;
+using rows::ReadDecision;
+using rows::ReadIncident;
+using rows::ReadOutbox;
+using rows::ReadStep;
 
 // Phase 1 (active/standby): a writer owns every shard, and a batch's rows
 // (runs, incidents, the outbox) are checked against all of them.
@@ -97,7 +108,7 @@ class Cells {
     return t == "t" || t == "true";
   }
   // bytea arrives hex-encoded ("\x0a1b").
-  std::string Bytes(int col) const {
+  std::string Blob(int col) const {
     const std::string t = Text(col);
     std::string out;
     if (t.size() < 2 || t[0] != '\\' || t[1] != 'x') return out;
@@ -222,35 +233,7 @@ absl::Status InsertRows(PgConnection& c, absl::string_view head,
 
 // The step's columns after (run_id, attempt), as in the SQLite backend: the
 // signals in Signal order, then the rest.
-constexpr char kStepColumns[] =
-    "step, loss, grad_norm, log_z, nan_frac, lr, z_loss_alpha, activation_max, attention_p99, "
-    "present, loss_ema_ratio, nonfinite, elements, decision, shards, missing_ranks, late, "
-    "received_ms, shard_names, loss_scale, loss_scale_overflow";
-constexpr int kStepColumnCount = 21;
-static_assert(core::kNumSignals == 8, "kStepColumns names eight signals");
 
-StepRow ReadStep(const Cells& q) {
-  StepRow s;
-  s.step = q.Int(0);
-  const auto present = static_cast<uint32_t>(q.Int(9));
-  for (int i = 0; i < core::kNumSignals; ++i) {
-    const auto signal = static_cast<core::Signal>(i);
-    if (present & core::Bit(signal)) s.Set(signal, q.Real(1 + i));
-  }
-  s.loss_ema_ratio = q.Real(10);
-  if (!q.IsNull(12)) {  // NULL: no counts
-    s.nonfinite = static_cast<uint64_t>(q.Int(11));
-    s.elements = static_cast<uint64_t>(q.Int(12));
-  }
-  s.decision = static_cast<int>(q.Int(13));
-  s.shards = q.Shards(14);
-  s.missing_ranks = q.Text(15);
-  s.late = q.Bool(16);
-  s.received_ms = q.Int(17);
-  s.shard_names = q.ShardNames(18);
-  if (!q.IsNull(20)) s.SetLossScale(q.Real(19), q.Bool(20));
-  return s;
-}
 
 absl::Status UpsertRuns(PgConnection& c, const std::vector<RunRow>& runs) {
   // One statement a row: DO UPDATE may not touch a row twice in one
@@ -288,21 +271,7 @@ absl::StatusOr<std::vector<RunRow>> Runs(PgConnection& c) {
                "incarnation, resume_step, observed, COALESCE(rules_json, ''), "
                "COALESCE(rules_source, '') FROM runs LEFT JOIN run_rules USING (run_id) "
                "ORDER BY runs.run_id",
-               {}, [](const Cells& r) {
-                 RunRow row;
-                 row.run_id = r.Text(0);
-                 row.world_size = static_cast<int32_t>(r.Int(1));
-                 row.attempt = r.Int(2);
-                 row.last_step = r.Int(3);
-                 row.created_ms = r.Int(4);
-                 row.last_seen_ms = r.Int(5);
-                 row.incarnation = r.Text(6);
-                 if (!r.IsNull(7)) row.resume_step = r.Int(7);
-                 row.observed = r.Bool(8);
-                 row.rules_json = r.Text(9);
-                 row.rules_source = r.Text(10);
-                 return row;
-               });
+               {}, rows::ReadRun<Cells>);
 }
 
 absl::Status InsertSteps(PgConnection& c, const std::vector<WriteBatch::Step>& steps) {
@@ -430,15 +399,8 @@ absl::StatusOr<std::vector<RankStepRow>> SelectRankSteps(PgConnection& c,
                absl::StrCat("SELECT rank, step, report FROM rank_steps WHERE run_id = $1::text "
                             "AND attempt = $2::bigint AND step ",
                             op, " $3::bigint ORDER BY step, rank"),
-               {run_id, attempt, step}, [&](const Cells& r) {
-                 RankStepRow row;
-                 row.run_id = run_id;
-                 row.attempt = attempt;
-                 row.rank = static_cast<int32_t>(r.Int(0));
-                 row.step = r.Int(1);
-                 row.report = r.Bytes(2);
-                 return row;
-               });
+               {run_id, attempt, step},
+               [&](const Cells& r) { return rows::ReadRankStep(r, run_id, attempt); });
 }
 
 absl::Status UpsertCheckpoints(PgConnection& c, const std::vector<CheckpointRow>& rows) {
@@ -455,40 +417,7 @@ absl::Status UpsertCheckpoints(PgConnection& c, const std::vector<CheckpointRow>
 
 // ---- incidents, events, flagged shards
 
-constexpr char kIncidentColumns[] =
-    "id, run_id, episode, tier, state, kind, title, onset_step, detection_step, "
-    "checkpoint_step, checkpoint_uri, shards, actions, opened_ms, updated_ms, closed_ms, "
-    "shard_names, observed";
 
-IncidentRow ReadIncident(const Cells& q, absl::Status* error) {
-  IncidentRow r;
-  r.id = q.Int(0);
-  r.run_id = q.Text(1);
-  r.episode = static_cast<uint64_t>(q.Int(2));
-  r.tier = static_cast<int>(q.Int(3));
-  r.state = static_cast<IncidentState>(q.Int(4));
-  r.kind = static_cast<core::EventKind>(q.Int(5));
-  r.title = q.Text(6);
-  r.onset_step = q.Int(7);
-  r.detection_step = q.Int(8);
-  r.recommended_checkpoint_step = q.Int(9);
-  r.recommended_checkpoint_uri = q.Text(10);
-  r.shards = q.Shards(11);
-  // A column that does not parse whole fails the read, as in SQLite's.
-  absl::StatusOr<std::vector<core::RecommendedAction>> actions = core::ParseRecommendedActionsJson(
-      q.Text(12), absl::StrCat("actions of incident I-", r.id));
-  if (actions.ok()) {
-    r.actions = *std::move(actions);
-  } else if (error->ok()) {
-    *error = absl::DataLossError(actions.status().message());
-  }
-  r.opened_ms = q.Int(13);
-  r.updated_ms = q.Int(14);
-  r.closed_ms = q.Int(15);
-  r.shard_names = q.ShardNames(16);
-  r.observed = q.Bool(17);
-  return r;
-}
 
 absl::Status UpsertIncidents(PgConnection& c, const std::vector<IncidentRow>& incidents) {
   for (const IncidentRow& r : incidents) {
@@ -556,23 +485,7 @@ absl::Status InsertEvents(PgConnection& c, const std::vector<EventRow>& events) 
 
 // ---- decisions, commands, acknowledgements, quarantines
 
-constexpr char kDecisionColumns[] =
-    "id, incident_id, run_id, actor, kind, comment, payload, COALESCE(idempotency_key, ''), "
-    "at_ms";
 
-DecisionRow ReadDecision(const Cells& q) {
-  DecisionRow d;
-  d.id = q.Int(0);
-  d.incident_id = q.Int(1);
-  d.run_id = q.Text(2);
-  d.actor = q.Text(3);
-  d.kind = q.Text(4);
-  d.comment = q.Text(5);
-  d.payload = q.Bytes(6);
-  d.idempotency_key = q.Text(7);
-  d.at_ms = q.Int(8);
-  return d;
-}
 
 absl::Status InsertDecisions(PgConnection& c, const std::vector<DecisionRow>& decisions) {
   // No conflict clause: a repeated id or idempotency key fails the batch, as
@@ -650,25 +563,7 @@ absl::Status InsertQuarantines(PgConnection& c, const std::vector<QuarantineRow>
 
 // ---- the outbox and engine snapshots
 
-constexpr char kOutboxColumns[] =
-    "id, incident_id, channel, kind, payload, state, attempts, next_attempt_ms, last_error, "
-    "created_ms, sent_ms";
 
-OutboxRow ReadOutbox(const Cells& q) {
-  OutboxRow o;
-  o.id = q.Int(0);
-  o.incident_id = q.Int(1);
-  o.channel = q.Text(2);
-  o.kind = q.Text(3);
-  o.payload = q.Bytes(4);
-  o.state = q.Text(5);
-  o.attempts = static_cast<int>(q.Int(6));
-  o.next_attempt_ms = q.Int(7);
-  o.last_error = q.Text(8);
-  o.created_ms = q.Int(9);
-  o.sent_ms = q.Int(10);
-  return o;
-}
 
 absl::Status InsertOutbox(PgConnection& c, const std::vector<OutboxRow>& pages) {
   // Ids in the batch's order: the identity numbers unnest()'s rows in their
@@ -892,7 +787,7 @@ absl::StatusOr<std::optional<EngineSnapshotRow>> PgStore::LatestEngineSnapshot(
                       "ORDER BY step DESC LIMIT 1",
                       {run_id, attempt, max_step}, [&](const Cells& r) {
                         return EngineSnapshotRow{run_id,   attempt,  r.Int(0),  r.Int(1),
-                                                 r.Int(2), r.Int(3), r.Bytes(4)};
+                                                 r.Int(2), r.Int(3), r.Blob(4)};
                       });
   });
 }
@@ -929,7 +824,7 @@ absl::StatusOr<std::optional<DecisionRow>> PgStore::FindDecisionByKey(const std:
         c,
         absl::StrCat("SELECT ", kDecisionColumns,
                      " FROM decisions WHERE idempotency_key = $1::text"),
-        {key}, ReadDecision);
+        {key}, ReadDecision<Cells>);
   });
 }
 
@@ -940,7 +835,7 @@ absl::StatusOr<std::optional<CommandRow>> PgStore::LatestCommand(int64_t inciden
                       "WHERE incident_id = $1::bigint ORDER BY created_ms DESC, id DESC LIMIT 1",
                       {incident_id}, [](const Cells& r) {
                         return CommandRow{r.Text(0), r.Text(1),  r.Int(2),
-                                          r.Text(3), r.Bytes(4), r.Int(5)};
+                                          r.Text(3), r.Blob(4), r.Int(5)};
                       });
   });
 }
@@ -1003,25 +898,9 @@ absl::StatusOr<std::optional<IncidentRow>> PgStore::GetIncident(int64_t id) {
 absl::StatusOr<std::vector<EventRow>> PgStore::EventsOfIncident(int64_t id) {
   return OnReader([&](PgConnection& c) {
     return Query(c,
-                 "SELECT run_id, episode, step, onset_step, tier, action, kind, reason, shards, "
-                 "checkpoint_step, created_ms FROM events WHERE incident_id = $1::bigint "
-                 "ORDER BY id",
-                 {id}, [&](const Cells& q) {
-                   EventRow r;
-                   r.run_id = q.Text(0);
-                   r.incident_id = id;
-                   r.event.episode = static_cast<uint64_t>(q.Int(1));
-                   r.event.step = q.Int(2);
-                   r.event.onset_step = q.Int(3);
-                   r.event.tier = static_cast<int>(q.Int(4));
-                   r.event.action = static_cast<core::Action>(q.Int(5));
-                   r.event.kind = static_cast<core::EventKind>(q.Int(6));
-                   r.event.reason = q.Text(7);
-                   r.event.shards = q.Shards(8);
-                   r.event.recommended_checkpoint_step = q.Int(9);
-                   r.created_ms = q.Int(10);
-                   return r;
-                 });
+                 absl::StrCat("SELECT ", rows::kEventColumns,
+                              " FROM events WHERE incident_id = $1::bigint ORDER BY id"),
+                 {id}, [&](const Cells& q) { return rows::ReadEvent(q, id); });
   });
 }
 
@@ -1033,7 +912,7 @@ absl::StatusOr<std::vector<StepRow>> PgStore::RecentSteps(const std::string& run
               absl::StrCat("SELECT ", kStepColumns,
                            " FROM steps WHERE run_id = $1::text AND attempt = $2::bigint "
                            "ORDER BY step DESC LIMIT $3::bigint"),
-              {run_id, attempt, limit}, ReadStep);
+              {run_id, attempt, limit}, ReadStep<Cells>);
     if (out.ok()) std::reverse(out->begin(), out->end());
     return out;
   });
@@ -1047,7 +926,7 @@ absl::StatusOr<std::vector<StepRow>> PgStore::StepsBetween(const std::string& ru
                  absl::StrCat("SELECT ", kStepColumns,
                               " FROM steps WHERE run_id = $1::text AND attempt = $2::bigint AND "
                               "step >= $3::bigint AND step <= $4::bigint ORDER BY step"),
-                 {run_id, attempt, first, last}, ReadStep);
+                 {run_id, attempt, first, last}, ReadStep<Cells>);
   });
 }
 
@@ -1113,7 +992,7 @@ absl::StatusOr<std::vector<DecisionRow>> PgStore::DecisionsOfIncident(int64_t in
     return Query(c,
                  absl::StrCat("SELECT ", kDecisionColumns,
                               " FROM decisions WHERE incident_id = $1::bigint ORDER BY id"),
-                 {incident_id}, ReadDecision);
+                 {incident_id}, ReadDecision<Cells>);
   });
 }
 
@@ -1140,7 +1019,7 @@ absl::StatusOr<std::vector<OutboxRow>> PgStore::DueOutbox(int64_t now_ms, int li
                  absl::StrCat("SELECT ", kOutboxColumns,
                               " FROM outbox WHERE state = 'pending' AND "
                               "next_attempt_ms <= $1::bigint ORDER BY id LIMIT $2::bigint"),
-                 {now_ms, limit}, ReadOutbox);
+                 {now_ms, limit}, ReadOutbox<Cells>);
   });
 }
 
@@ -1149,7 +1028,7 @@ absl::StatusOr<std::vector<OutboxRow>> PgStore::Outbox(int64_t incident_id) {
     return Query(c,
                  absl::StrCat("SELECT ", kOutboxColumns,
                               " FROM outbox WHERE incident_id = $1::bigint ORDER BY id"),
-                 {incident_id}, ReadOutbox);
+                 {incident_id}, ReadOutbox<Cells>);
   });
 }
 

@@ -60,6 +60,10 @@ PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executabl
 GOALS = [
     ("ingest", "ingest vs a fair (batch-acking) sink", r"ingest.*fair sink", "ratio", ">=", 0.8),
     ("ingest", "p99 durable-ack latency at 10,000 records/s (ms)", r"p99.*ack", "value", "<=", 20.0),
+    ("ingest_pg", "PostgreSQL: p99 durable-ack latency at 10,000 records/s, synchronous standby (ms)",
+     r"^PostgreSQL: p99 durable-ack", "value", "<=", 50.0),
+    ("ingest_pg", "PostgreSQL failover: kill -9 of the owner to the standby's first durable ack (s)",
+     r"^PostgreSQL failover: .*first durable ack", "value", "<=", 15.0),
     ("restart", "restart to serving, 8 runs x 500k steps (s)", r"^restart to serving", "value",
      "<=", 1.0),
     ("rule_engine", "rule engine (M records/s, idle)", r"^rule engine", "value", ">=", 3.0),
@@ -259,6 +263,13 @@ def benches(build, out_dir, smoke):
     ingest = script(os.path.join(ROOT, "bench", "ingest", "run_side_by_side.sh"))
     out.append(("ingest", ingest and exe(b("bin", "tw-ingest-load")) and [ingest, build],
                 "minutes long; not shortened" if smoke else None))
+    # trainwatchd on PostgreSQL with a synchronous standby against SQLite,
+    # and a replica's failover (issue 36): about 70 s, 7 s at smoke sizes.
+    pg = script(os.path.join(ROOT, "bench", "ha", "pg_bench.py"))
+    pg_ok = pg and os.path.exists("/usr/lib/postgresql/15/bin/initdb") and all(
+        exe(b("bin", x)) for x in ("trainwatchd", "tw-ingest-load"))
+    out.append(("ingest_pg", pg_ok and [PY, pg, "--build", build]
+                + (["--smoke", "--budget", "60"] if smoke else []), None))
     restart = exe(b("bin", "restart_bench"))
     out.append(("restart", restart and [restart] + (["--smoke"] if smoke else []), None))
     # The same traces through trainwatch's engine and the peers' own code

@@ -197,12 +197,12 @@ Alertmanager::Alertmanager(const TempDir& dir, int webhook_port, int gossip_port
   } else {
     // On loopback memberlist finds no private address to advertise, so it is
     // named. A peer waits its position times peer-timeout before notifying
-    // (the default 15 s): 2 s keeps a test short and still lets the first
-    // instance's notification reach the others' logs first.
+    // (the default 15 s): 4 s keeps a test short and still lets the first
+    // instance's notification gossip to the others first on a loaded machine.
     const std::string self = "127.0.0.1:" + std::to_string(gossip_port);
     argv.push_back("--cluster.listen-address=" + self);
     argv.push_back("--cluster.advertise-address=" + self);
-    argv.push_back("--cluster.peer-timeout=2s");
+    argv.push_back("--cluster.peer-timeout=4s");
     for (int peer : peers) argv.push_back("--cluster.peer=127.0.0.1:" + std::to_string(peer));
   }
   child_ = StartChecked("amtool check-config", config, argv, dir.File("alertmanager.log"), port_,

@@ -91,12 +91,23 @@ absl::Status FencedWrite(ShardLeases& l, PgConnection& conn, int64_t value) {
   return conn.Commit();
 }
 
-TEST_CASE("shard leases: one holder takes every shard and another stands by",
-          "[server][pg][lease]") {
-  auto pg = StartCluster();
+// Two replicas' leases on one database, each on a clock of its own, an
+// admin connection, and a table the owner writes to through its fence.
+struct TwoReplicas {
+  TwoReplicas() : pg(StartCluster()), admin(Connect(pg->Conninfo(Node::kPrimary))) {
+    REQUIRE(admin->Execute("CREATE TABLE written (v bigint)").ok());
+    a = Leases(pg->Conninfo(Node::kPrimary), "replica-a", &clock_a);
+    b = Leases(pg->Conninfo(Node::kPrimary), "replica-b", &clock_b);
+  }
+  std::unique_ptr<PgCluster> pg;
+  std::unique_ptr<PgConnection> admin;
   FakeClock clock_a, clock_b;
-  auto a = Leases(pg->Conninfo(Node::kPrimary), "replica-a", &clock_a);
-  auto b = Leases(pg->Conninfo(Node::kPrimary), "replica-b", &clock_b);
+  std::unique_ptr<ShardLeases> a, b;
+};
+
+TEST_CASE_METHOD(TwoReplicas,
+                 "shard leases: one holder takes every shard and another stands by",
+                 "[server][pg][lease]") {
   CHECK(Acquire(*a) == kShards);
   CHECK(Acquire(*b) == 0);
   for (int s = 0; s < kShards; ++s) {
@@ -112,14 +123,9 @@ TEST_CASE("shard leases: one holder takes every shard and another stands by",
   CHECK_FALSE(a->MayAcknowledge(kShards));  // out of range is never ours
 }
 
-TEST_CASE("shard leases: an expired lease is taken at a new epoch and fences the old owner",
-          "[server][pg][lease]") {
-  auto pg = StartCluster();
-  auto admin = Connect(pg->Conninfo(Node::kPrimary));
-  REQUIRE(admin->Execute("CREATE TABLE written (v bigint)").ok());
-  FakeClock clock_a, clock_b;
-  auto a = Leases(pg->Conninfo(Node::kPrimary), "replica-a", &clock_a);
-  auto b = Leases(pg->Conninfo(Node::kPrimary), "replica-b", &clock_b);
+TEST_CASE_METHOD(TwoReplicas,
+                 "shard leases: an expired lease is taken at a new epoch and fences the old owner",
+                 "[server][pg][lease]") {
   auto a_writer = Connect(pg->Conninfo(Node::kPrimary));
   REQUIRE(Acquire(*a) == kShards);
   REQUIRE(FencedWrite(*a, *a_writer, 1).ok());
@@ -145,14 +151,9 @@ TEST_CASE("shard leases: an expired lease is taken at a new epoch and fences the
   CHECK(rows->Int(1, 0) == 3);
 }
 
-TEST_CASE("shard leases: a takeover waits for the owner's write in flight",
-          "[server][pg][lease]") {
-  auto pg = StartCluster();
-  auto admin = Connect(pg->Conninfo(Node::kPrimary));
-  REQUIRE(admin->Execute("CREATE TABLE written (v bigint)").ok());
-  FakeClock clock_a, clock_b;
-  auto a = Leases(pg->Conninfo(Node::kPrimary), "replica-a", &clock_a);
-  auto b = Leases(pg->Conninfo(Node::kPrimary), "replica-b", &clock_b);
+TEST_CASE_METHOD(TwoReplicas,
+                 "shard leases: a takeover waits for the owner's write in flight",
+                 "[server][pg][lease]") {
   auto a_writer = Connect(pg->Conninfo(Node::kPrimary));
   REQUIRE(Acquire(*a) == kShards);
   Expire(*admin);  // A's lease has run out by the database's clock ...
@@ -229,12 +230,9 @@ TEST_CASE("shard leases: a restarted replica waits out its previous lease",
   CHECK(after->epoch(0) == 2);
 }
 
-TEST_CASE("shard leases: a release lets the standby take over at once",
-          "[server][pg][lease]") {
-  auto pg = StartCluster();
-  FakeClock clock_a, clock_b;
-  auto a = Leases(pg->Conninfo(Node::kPrimary), "replica-a", &clock_a);
-  auto b = Leases(pg->Conninfo(Node::kPrimary), "replica-b", &clock_b);
+TEST_CASE_METHOD(TwoReplicas,
+                 "shard leases: a release lets the standby take over at once",
+                 "[server][pg][lease]") {
   REQUIRE(Acquire(*a) == kShards);
   REQUIRE(a->Release().ok());
   CHECK_FALSE(a->MayAcknowledge(0));

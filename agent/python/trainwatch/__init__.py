@@ -139,7 +139,10 @@ def exit_on_halt() -> Iterator[None]:
     try:
         yield
     except TrainingHalted as e:
-        print(f"trainwatch: {e}", file=_sys.stderr, flush=True)
+        # One write of the whole line: print() writes the text and the newline
+        # apart, and ranks sharing a stderr ran their lines together.
+        _sys.stderr.write(f"trainwatch: {e}\n")
+        _sys.stderr.flush()
         raise SystemExit(EXIT_HALTED) from None
 
 

@@ -11,7 +11,8 @@
   one the binary accepts (from its --help, when its path is given);
 - the replicated deployment (deploy/ha/): two or more Kubernetes replicas
   on a shared PostgreSQL --db, each naming itself with --replica, the
-  Service selecting them; the systemd drop-in reading trainwatchd-ha.flags
+  Service selecting them, ready only where GET /serving answers (the
+  owner); the systemd drop-in reading trainwatchd-ha.flags
   with the host as --replica; every flag one trainwatchd accepts;
 - the `twctl follow` sidecar (issue 17): the Kubernetes Job parses, runs
   twctl follow SOURCE --run $(JOB) --server trainwatchd:PORT beside a trainer
@@ -174,6 +175,10 @@ else:
         errors.append("ha kubernetes: each pod must name itself (--replica=$(POD_NAME))")
     if not ha_flags.get("db", "").startswith(("$(", "postgres")):
         errors.append("ha kubernetes: --db must be the shared PostgreSQL database")
+    # Only the owner may be ready, or the Service sends agents to a standby.
+    ready = spec["template"]["spec"]["containers"][0].get("readinessProbe", {})
+    if ready.get("httpGet", {}).get("path") != "/serving":
+        errors.append("ha kubernetes: the readiness probe must be GET /serving (the owner alone)")
     ha_svc = next((d for d in ha_docs if d["kind"] == "Service"), None)
     if ha_svc is None or ha_svc["spec"]["selector"] != spec["selector"]["matchLabels"]:
         errors.append("ha kubernetes: the Service does not select the replicas")

@@ -21,7 +21,7 @@ synchronous_standby_names 'ANY 1 (standby1)'), then measures:
               database through the multi-host conninfo; a paced load on the
               owner, then kill -9 of the owner; timed from the kill to the
               standby's first durable ack (a one-step tw-ingest-load against
-              it, started as soon as it prints "listening on"); 3 times
+              it, started as soon as it prints "serving agents on"); 3 times
 
 Figures (run_all.py's schema) go as JSON lines to $TW_BENCH_JSON, or to
 stdout when unset; progress goes to stderr. --smoke: tiny sizes, one round,
@@ -295,12 +295,12 @@ class Bench:
         return wait_for(seen, timeout, what, 0.01)
 
     def failover_once(self):
-        """Seconds from kill -9 of the owner to the standby printing its
-        listening line, and to its first durable ack."""
+        """Seconds from kill -9 of the owner to the standby printing that it
+        serves agents, and to its first durable ack."""
         db = self.fresh_db()
-        listening = r"listening on 127\.0\.0\.1:(\d+)"
+        serving = r"serving agents on 127\.0\.0\.1:(\d+)"
         a, a_out, _ = self.replica("a", db)
-        port_a = self.await_line(a, a_out, listening, 60, "replica a serving").group(1)
+        port_a = self.await_line(a, a_out, serving, 60, "replica a serving").group(1)
         b, b_out, b_err = self.replica("b", db)
         # Standing by: it has read the lease table and found every shard owned.
         self.await_line(b, b_err, r"standby: ", 60, "replica b standing by")
@@ -316,7 +316,7 @@ class Bench:
         a.kill()
         t0 = time.monotonic()
         a.wait(timeout=10)
-        port_b = self.await_line(b, b_out, listening, 30, "replica b serving").group(1)
+        port_b = self.await_line(b, b_out, serving, 30, "replica b serving").group(1)
         t_listen = time.monotonic() - t0
         # Its first durable ack: a one-record load, retried should the
         # first dial land before the server takes streams.
@@ -356,7 +356,7 @@ class Bench:
                 say(f"  failover {i + 1}: failed: {e}")
                 fo_failed = True
                 continue
-            say(f"  failover {i + 1}: standby listening after {fo[-1][0]:.2f} s, "
+            say(f"  failover {i + 1}: standby serving agents after {fo[-1][0]:.2f} s, "
                 f"first durable ack after {fo[-1][1]:.2f} s")
 
         def pairs(res, get):
@@ -386,7 +386,7 @@ class Bench:
                 "ratio": med([p / s for p, s in lp]) if lp else None,
                 "median": med(pg_p99), "min": min(pg_p99), "max": max(pg_p99)})
         if fo:
-            for k, what in ((1, "first durable ack"), (0, "listening line")):
+            for k, what in ((1, "first durable ack"), (0, "serving line")):
                 xs = [f[k] for f in fo]
                 figures.append({
                     "figure": f"PostgreSQL failover: kill -9 of the owner replica to the "

@@ -38,8 +38,10 @@ std::unique_ptr<v1::OperatorService::Stub> StubFor(
 
 // Every call goes to the addresses in their order until one answers: a
 // replica that is UNAVAILABLE (not running, not reachable, shutting down)
-// is skipped, and any other status, OK or a real error, is the answer, as
-// with a single server. Every replica serves the operator's reads.
+// or ABORTED (a standby asked what only the owner can do: a decision,
+// which runs have agents connected) is skipped, and any other status, OK
+// or a real error, is the answer, as with a single server. Every replica
+// serves the operator's reads.
 class GrpcOperatorClient : public OperatorClient {
  public:
   GrpcOperatorClient(const Connection& c, const std::vector<std::string>& addresses,
@@ -97,12 +99,18 @@ class GrpcOperatorClient : public OperatorClient {
       status = reader->Finish();
       // Once events were shown, a break is the watch's end, as with one
       // server: starting over elsewhere would show the snapshot again.
-      if (any || status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+      if (any || !TryNext(status)) break;
     }
     return status;
   }
 
  private:
+  // Whether another address may answer where this one did not.
+  static bool TryNext(const grpc::Status& status) {
+    return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+           status.error_code() == grpc::StatusCode::ABORTED;
+  }
+
   void Prepare(grpc::ClientContext* c) const {
     if (!token_.empty()) c->AddMetadata("authorization", "Bearer " + token_);
     c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
@@ -120,7 +128,7 @@ class GrpcOperatorClient : public OperatorClient {
       Prepare(&ctx);
       resp->Clear();
       status = (stub.get()->*method)(&ctx, req, resp);
-      if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+      if (!TryNext(status)) break;
     }
     return status;
   }

@@ -1,5 +1,6 @@
 // runs, status, shards, report: what a run looks like now.
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <utility>
@@ -9,18 +10,34 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "command_output.h"
 #include "commands.h"
 #include "operator_client.h"
 #include "proto_text.h"
 #include "report.h"
 #include "trainwatch/core/shard_names.h"
+#include "trainwatch/wire/time.h"
 
 namespace trainwatch::cli {
 namespace {
 
 // The most steps the server answers a status with (its own cap).
 constexpr int64_t kMaxPoints = 100'000;
+
+// A standby replica's answer (operator.proto, StandbyAnswer) says so: its
+// figures lag the owner's, and agent connections are the owner's to know.
+std::string StandbyNote(const v1::StandbyAnswer& s) {
+  const double age_s =
+      static_cast<double>(absl::ToUnixMillis(absl::Now()) - wire::TimeFromProto(s.as_of())) / 1e3;
+  return absl::StrFormat(
+      "  answered by standby replica %s from the store as of %.1f s ago; agent connections are "
+      "known to %s\n",
+      s.replica(), std::max(0.0, age_s),
+      s.owner().empty() ? std::string("the owner (none at the moment: a takeover is due)")
+                        : absl::StrCat("the owner, replica ", s.owner()));
+}
 
 class RunsCommand : public Command {
  public:
@@ -45,6 +62,7 @@ class RunsCommand : public Command {
                             r.observed() ? absl::StrCat("  ", kObservedText) : "",
                             r.rebuilding() ? "  rebuilding" : "");
     }
+    if (resp.has_standby()) absl::StrAppend(ctx.out, StandbyNote(resp.standby()));
     return kOk;
   }
 };
@@ -76,10 +94,15 @@ class StatusCommand : public Command {
     }
     std::string* out = ctx.out;
     const auto& m = resp.latest().metrics();
-    *out =
-        absl::StrFormat("run %s: step %d, %d of %d ranks connected, %d open incidents\n",
-                        resp.run().run_id(), resp.run().latest_step(), resp.run().ranks_connected(),
-                        resp.run().world_size(), resp.run().open_incidents());
+    *out = resp.has_standby()
+               ? absl::StrFormat("run %s: step %d, %d ranks, %d open incidents\n%s",
+                                 resp.run().run_id(), resp.run().latest_step(),
+                                 resp.run().world_size(), resp.run().open_incidents(),
+                                 StandbyNote(resp.standby()))
+               : absl::StrFormat("run %s: step %d, %d of %d ranks connected, %d open incidents\n",
+                                 resp.run().run_id(), resp.run().latest_step(),
+                                 resp.run().ranks_connected(), resp.run().world_size(),
+                                 resp.run().open_incidents());
     if (resp.run().observed()) {
       absl::StrAppend(out, "  followed from its log (twctl follow): ", kObservedText,
                       "; no update is skipped nor the trainer halted, a rollback is a restart "

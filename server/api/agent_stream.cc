@@ -26,6 +26,12 @@ AgentStream::AgentStream(ServiceState* state, const AgentStreamShared* shared,
     return;
   }
   principal_ = *std::move(p);
+  // A standby takes no records: the agent moves on to its next address.
+  // Once this replica writes, it always will (service_state.h).
+  if (absl::Status s = state_->RequireWriter("take agent streams"); !s.ok()) {
+    FinishWhenIdle(ToGrpc(s));
+    return;
+  }
   StartRead(&in_bytes_);
 }
 
@@ -43,10 +49,7 @@ absl::Status AgentStream::Validate(const v1::AgentMessage& m) {
   if (m.has_hello()) {
     // Only a Hello may bring a new run (everything else needs one first).
     return shared_->run_limit->Admit(principal_, run, [this, &run] {
-      for (const RunView& r : state_->ingestor()->views().All()) {
-        if (r.row.run_id == run) return true;
-      }
-      return false;
+      return state_->views().Get(run).has_value();
     });
   }
   return absl::OkStatus();
@@ -87,7 +90,7 @@ void AgentStream::OnReadDone(bool ok) {
   item.received_ms = state_->clock()->NowMs();
   item.message = std::move(in_);
   in_.Clear();
-  state_->ingestor()->Submit(std::move(item));
+  state_->writer()->Submit(std::move(item));
   StartRead(&in_bytes_);
 }
 

@@ -1,7 +1,8 @@
 // The operator API: runs, incidents, decisions, quarantine lists and the
 // incident watch stream. Reads run on the service's read queue and
 // decisions on the ingest writer, so no gRPC callback thread waits on the
-// store.
+// store. A standby replica serves the reads too, from the store
+// (service_state.h), and refuses decisions naming the owner.
 
 #include "api/operator_service.h"
 
@@ -130,9 +131,17 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
   grpc::ServerUnaryReactor* ListRuns(grpc::CallbackServerContext* ctx,
                                      const v1::ListRunsRequest* req,
                                      v1::ListRunsResponse* resp) override {
-    return Unary(ctx, Access::kRead, [this, req, resp] {
+    return Unary(ctx, Access::kRead, [this, req, resp]() -> absl::Status {
+      if (req->active_only()) {
+        // Which runs have agents connected is in the owner's memory alone.
+        if (absl::Status s = state_->RequireWriter("tell which runs have agents connected");
+            !s.ok()) {
+          return s;
+        }
+      }
+      MarkStandby(resp);
       const auto connected = state_->sessions().ConnectedRanks();
-      for (const RunView& s : state_->ingestor()->views().All()) {
+      for (const RunView& s : state_->views().All()) {
         auto it = connected.find(s.row.run_id);
         const int32_t ranks = it == connected.end() ? 0 : static_cast<int32_t>(it->second.size());
         if (req->active_only() && ranks == 0) continue;
@@ -154,11 +163,12 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
     return Unary(ctx, Access::kRead, [this, req, resp]() -> absl::Status {
       if (absl::Status s = CheckRunId(req->run_id()); !s.ok()) return s;
       const RunView* run = nullptr;
-      const std::vector<RunView> snap = state_->ingestor()->views().All();
+      const std::vector<RunView> snap = state_->views().All();
       for (const RunView& s : snap) {
         if (s.row.run_id == req->run_id()) run = &s;
       }
       if (run == nullptr) return absl::NotFoundError(absl::StrCat("no run '", req->run_id(), "'"));
+      MarkStandby(resp);
       const auto connected = state_->sessions().ConnectedRanks();
       auto it = connected.find(run->row.run_id);
       RunToProto(*run, it == connected.end() ? 0 : static_cast<int32_t>(it->second.size()),
@@ -352,6 +362,13 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
   }
 
  private:
+  // A standby's answer says so (operator.proto, StandbyAnswer).
+  template <typename Response>
+  void MarkStandby(Response* resp) {
+    v1::StandbyAnswer standby;
+    if (state_->DescribeStandby(&standby)) *resp->mutable_standby() = std::move(standby);
+  }
+
   // Hands the decision to the writer thread and finishes the call when it is
   // durable (or refused): no gRPC thread waits on the store.
   // Approve and reject answer alike: the decision, whether it was a replay,
@@ -377,8 +394,13 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
       r->Finish(ToGrpc(s));
       return r;
     }
+    Ingestor* writer = state_->writer();
+    if (writer == nullptr) {
+      r->Finish(ToGrpc(state_->RequireWriter("record a decision")));
+      return r;
+    }
     d.actor = p->name;
-    state_->ingestor()->SubmitApproval(std::move(d), [r, resp](ApprovalOutcome o) {
+    writer->SubmitApproval(std::move(d), [r, resp](ApprovalOutcome o) {
       if (!o.status.ok()) {
         r->Finish(ToGrpc(o.status));
         return;
@@ -410,8 +432,8 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
     absl::StatusOr<std::vector<EventRow>> events = state_->store()->EventsOfIncident(inc.id);
     if (!events.ok()) return events.status();
     int64_t current_attempt = 0;
-    for (const RunView& r : state_->ingestor()->views().All()) {
-      if (r.row.run_id == inc.run_id) current_attempt = r.row.attempt;
+    if (std::optional<RunView> run = state_->views().Get(inc.run_id)) {
+      current_attempt = run->row.attempt;
     }
     const int64_t attempt = IncidentAttempt(inc, current_attempt);
     // Curves from the stored steps: the 5,000 steps before the onset up to
@@ -427,7 +449,7 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
       if (at.ok()) ranks = *std::move(at);
     }
     BuildSummary({inc, *events, *steps, ranks,
-                  state_->ingestor()->options().rules.shard_steps_before_onset,
+                  state_->ingest_options().rules.shard_steps_before_onset,
                   state_->clock()->NowMs()},
                  s);
     return absl::OkStatus();

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "api/agent_stream.h"
+#include "trainwatch/wire/time.h"
 
 namespace trainwatch::server {
 
@@ -18,6 +20,29 @@ std::string AuthorizationOf(const grpc::CallbackServerContext* ctx) {
   const auto& md = ctx->client_metadata();
   auto it = md.find("authorization");
   return it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
+}
+
+const RunViews& ServiceState::views() const {
+  if (Ingestor* w = writer(); w != nullptr) return w->views();
+  return standby_->views();
+}
+
+absl::Status ServiceState::RequireWriter(absl::string_view what) const {
+  if (writer() != nullptr) return absl::OkStatus();
+  const std::string owner = owner_ ? owner_() : std::string();
+  return absl::AbortedError(absl::StrCat(
+      "trainwatchd replica ", replica_, " is a standby and cannot ", what, "; ",
+      owner.empty() ? std::string("no replica owns the runs at the moment (a takeover is due)")
+                    : absl::StrCat("replica ", owner, " owns the runs"),
+      ": try another address"));
+}
+
+bool ServiceState::DescribeStandby(v1::StandbyAnswer* out) const {
+  if (writer() != nullptr) return false;
+  out->set_replica(replica_);
+  out->set_owner(owner_ ? owner_() : std::string());
+  wire::SetTime(standby_->as_of_ms(), out->mutable_as_of());
+  return true;
 }
 
 void ServiceState::OnDurable(uint64_t stream_id, const std::string& run_id, int32_t rank,

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "ingest/ingest.h"
 #include "admission/auth.h"
@@ -29,6 +31,7 @@
 #include "trainwatch/v1/agent.pb.h"
 #include "trainwatch/v1/operator.pb.h"
 #include "api/sessions.h"
+#include "api/standby_reads.h"
 #include "api/work_queue.h"
 
 namespace trainwatch::server {
@@ -47,23 +50,59 @@ class IncidentWatcher {
 };
 
 // Everything the services share. Thread-safe.
+//
+// Who takes the agents' records and the decisions is the writer: the
+// ingestor (with its pager) of a single trainwatchd, or of the replica that
+// owns the shards. A standby replica has none until it takes over
+// (SetWriter, once: a replica that loses its lease exits rather than step
+// down); meanwhile it serves the operator's reads from the store
+// (standby_reads.h) and answers what only the owner can do with ABORTED,
+// naming the owner, on which agents and twctl try their next address.
 class ServiceState : public IngestListener {
  public:
-  ServiceState(Ingestor* ingestor, Store* store, Pager* pager, Authenticator auth, core::Clock* clock,
-               std::string grafana_url)
-      : ingestor_(ingestor),
+  // `writer` and `pager` null for a standby (then SetStandby, before any
+  // call is served). `ingest`: the server's ingest options, which a writer
+  // runs with (what the summaries read of the rules).
+  ServiceState(Ingestor* writer, Store* store, Pager* pager, Authenticator auth, core::Clock* clock,
+               std::string grafana_url, IngestOptions ingest = {})
+      : writer_(writer),
         pager_(pager),
         store_(store),
         auth_(std::move(auth)),
         clock_(clock),
-        grafana_url_(std::move(grafana_url)) {}
+        grafana_url_(std::move(grafana_url)),
+        ingest_(std::move(ingest)) {}
 
-  Ingestor* ingestor() { return ingestor_; }
+  // Null on a standby.
+  Ingestor* writer() const { return writer_.load(std::memory_order_acquire); }
+  Pager* pager() const { return pager_.load(std::memory_order_acquire); }
+  // A standby taking over: from now on records and decisions go to `writer`.
+  void SetWriter(Ingestor* writer, Pager* pager) {
+    pager_.store(pager, std::memory_order_release);
+    writer_.store(writer, std::memory_order_release);
+  }
+  // A standby's reads, its name and how to learn the owner's (replicas'
+  // names, never alert labels). REQUIRES: `reads` outlives this.
+  void SetStandby(const StandbyReads* reads, std::string replica,
+                  std::function<std::string()> owner) {
+    standby_ = reads;
+    replica_ = std::move(replica);
+    owner_ = std::move(owner);
+  }
+  // The runs' views: the writer's, or on a standby the store's.
+  const RunViews& views() const;
+  // On a standby: ABORTED saying it cannot do `what` and naming the owner.
+  // OK once this replica writes.
+  absl::Status RequireWriter(absl::string_view what) const;
+  // On a standby: fills `out` (this replica, the owner, as of when) and
+  // returns true; false once this replica writes.
+  bool DescribeStandby(trainwatch::v1::StandbyAnswer* out) const;
+
   Store* store() { return store_; }
-  Pager* pager() { return pager_; }
   const Authenticator& auth() const { return auth_; }
   core::Clock* clock() { return clock_; }
   const std::string& grafana_url() const { return grafana_url_; }
+  const IngestOptions& ingest_options() const { return ingest_; }
 
   // The open agent streams.
   SessionRegistry& sessions() { return sessions_; }
@@ -107,12 +146,16 @@ class ServiceState : public IngestListener {
   }
 
  private:
-  Ingestor* ingestor_;
-  Pager* pager_;
+  std::atomic<Ingestor*> writer_;
+  std::atomic<Pager*> pager_;
   Store* store_;
   Authenticator auth_;
   core::Clock* clock_;
   std::string grafana_url_;
+  const IngestOptions ingest_;
+  const StandbyReads* standby_ = nullptr;
+  std::string replica_;
+  std::function<std::string()> owner_;
   SessionRegistry sessions_;
   absl::Mutex watch_mu_;
   std::set<IncidentWatcher*> watchers_ ABSL_GUARDED_BY(watch_mu_);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -20,29 +21,56 @@ absl::StatusOr<std::unique_ptr<LeaseKeeper>> LeaseKeeper::Open(
   return std::unique_ptr<LeaseKeeper>(new LeaseKeeper(std::move(*leases)));
 }
 
-bool LeaseKeeper::AwaitOwnership(const std::atomic<bool>& stop) {
-  const auto every = std::chrono::milliseconds(leases_->options().lease_ms / 3);
-  bool said = false;
-  while (!stop.load()) {
-    const int before = leases_->owned();
-    auto owned = leases_->AcquireAll();
-    if (owned.ok()) takeovers_ += std::max(0, *owned - before);
-    if (owned.ok() && *owned == leases_->shards()) return true;
-    if (!said) {
-      LOG(INFO) << "standby: "
-                << (owned.ok() ? absl::StrCat(*owned, " of ", leases_->shards(),
-                                              " shards free; waiting for the owner's lease")
-                               : absl::StrCat("the lease table cannot be read (",
-                                              owned.status().ToString(), "); retrying"));
-      said = true;
+bool LeaseKeeper::TryOwnership() {
+  const int before = leases_->owned();
+  auto owned = leases_->AcquireAll();
+  if (owned.ok()) takeovers_ += std::max(0, *owned - before);
+  if (owned.ok() && *owned == leases_->shards()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    owner_ = leases_->options().holder;
+    return true;
+  }
+  absl::StatusOr<std::vector<std::string>> holders =
+      owned.ok() ? leases_->Holders() : absl::StatusOr<std::vector<std::string>>(owned.status());
+  if (holders.ok()) {
+    const std::string owner = holders->empty() ? "" : holders->front();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (owner != owner_ || !said_) {
+      LOG(INFO) << "standby: " << *owned << " of " << leases_->shards()
+                << " shards free; the owner is "
+                << (owner.empty() ? std::string("nobody (a takeover is due)") : owner);
+    }
+    owner_ = owner;
+  } else {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!said_) {
+        LOG(INFO) << "standby: the lease table cannot be read (" << holders.status()
+                  << "); retrying";
+      }
     }
     // A connection lost to a database failover is made again: the
     // conninfo's hosts are tried anew.
-    if (!owned.ok()) leases_->Reconnect().IgnoreError();
+    leases_->Reconnect().IgnoreError();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  said_ = true;
+  return false;
+}
+
+bool LeaseKeeper::AwaitOwnership(const std::atomic<bool>& stop) {
+  const auto every = std::chrono::milliseconds(leases_->options().lease_ms / 3);
+  while (!stop.load()) {
+    if (TryOwnership()) return true;
     std::unique_lock<std::mutex> lock(mu_);
     wake_.wait_for(lock, every, [&] { return stopping_ || stop.load(); });
   }
   return false;
+}
+
+std::string LeaseKeeper::owner() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return owner_;
 }
 
 void LeaseKeeper::StartRenewing(std::function<void(const std::string& why)> on_lost) {

@@ -36,9 +36,18 @@ class LeaseKeeper {
   LeaseKeeper(const LeaseKeeper&) = delete;
   LeaseKeeper& operator=(const LeaseKeeper&) = delete;
 
-  // Tries every lease_ms / 3 until this replica owns every shard; false when
-  // `stop` was set first. A database that cannot be reached is retried.
+  // Tries to take every free shard and extend those owned; true when this
+  // replica owns every shard. Each try also notes who owns them (owner()).
+  // A database that cannot be reached is reconnected to for the next.
+  bool TryOwnership();
+  // TryOwnership every lease_ms / 3 until it succeeds; false when `stop`
+  // was set first.
   bool AwaitOwnership(const std::atomic<bool>& stop);
+
+  // While standing by: the replica that owns the shards as of the last try
+  // ("" when none does, between an owner's death and a takeover); once this
+  // replica owns them, its own name. Any thread.
+  std::string owner() const;
 
   // Renews every lease_ms / 3 from now on; `on_lost` runs once, on the
   // keeper's thread, when a renewal finds a shard gone or the local
@@ -58,7 +67,9 @@ class LeaseKeeper {
 
   std::unique_ptr<ShardLeases> leases_;
   std::atomic<int64_t> takeovers_{0};
-  std::mutex mu_;
+  mutable std::mutex mu_;
+  std::string owner_;   // guarded by mu_
+  bool said_ = false;   // guarded by mu_: the first try was logged
   std::condition_variable wake_;
   bool stopping_ = false;  // guarded by mu_
   std::thread renewer_;

@@ -11,7 +11,11 @@
 #include <grpcpp/impl/server_builder_option.h>
 #include <grpcpp/impl/server_builder_plugin.h>
 #include <grpcpp/support/server_interceptor.h>
+#include <prometheus/client_metric.h>
+#include <prometheus/collectable.h>
 #include <prometheus/exposer.h>
+#include <prometheus/metric_family.h>
+#include <prometheus/metric_type.h>
 
 #include <algorithm>
 #include <memory>
@@ -26,12 +30,16 @@
 #include "absl/strings/str_cat.h"
 #include "api/operator_service.h"
 #include "api/service_state.h"
+#include "api/standby_reads.h"
 #include "admission/auth.h"
 #include "daemon/lease_keeper.h"
 #include "pager/pager.h"
 #include "trainwatch/core/file_system.h"
+#include "trainwatch/v1/agent.grpc.pb.h"
 
 namespace trainwatch::server {
+
+namespace v1 = trainwatch::v1;
 
 bool IsLoopback(const std::string& address) {
   return absl::StartsWith(address, "127.") || absl::StartsWith(address, "localhost:") ||
@@ -120,11 +128,33 @@ class FencedPoster final : public HttpPoster {
   const ShardLeases* const leases_;
 };
 
+// What the owner's /serving answers on the metrics port: a readiness probe
+// (Kubernetes' httpGet) that only the replica taking agent streams passes;
+// elsewhere the path is not found.
+class ServingFlag final : public prometheus::Collectable {
+ public:
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    prometheus::ClientMetric m;
+    m.gauge.value = 1;
+    return {prometheus::MetricFamily{"trainwatch_serving",
+                                     "1: this trainwatchd takes agent streams (a single one, or "
+                                     "the replica owning the shards).",
+                                     prometheus::MetricType::Gauge,
+                                     {m}}};
+  }
+};
+
+constexpr char kServingPath[] = "/serving";
+
 }  // namespace
 
 struct Server::Impl {
   ServerOptions options;
+  core::Clock* clock = nullptr;
+  LeaseKeeper* leases = nullptr;
   std::unique_ptr<Store> store;
+  PagerConfig pager_config;
+  std::unique_ptr<StandbyReads> standby;  // set while (and after) standing by
   std::unique_ptr<Ingestor> ingestor;
   std::unique_ptr<FencedPoster> fenced_poster;
   std::unique_ptr<Pager> pager;
@@ -133,11 +163,57 @@ struct Server::Impl {
   std::unique_ptr<grpc::Service> operator_service;
   std::unique_ptr<grpc::Server> grpc_server;
   std::shared_ptr<prometheus::Collectable> exporter;
+  std::shared_ptr<prometheus::Collectable> serving_flag = std::make_shared<ServingFlag>();
   std::unique_ptr<prometheus::Exposer> exposer;
   int port = 0;
   int metrics_port = 0;
   bool shut_down = false;
+
+  // The writer: engines from the store, the pager's outbox, then agent
+  // streams and decisions taken.
+  absl::Status StartWriter();
+  // Says so on grpc.health.v1 and /serving.
+  void MarkServing();
+  // From now on an owner: the leases renewed, and their loss the end.
+  void RenewLeases();
 };
+
+absl::Status Server::Impl::StartWriter() {
+  HttpPoster* poster = DefaultHttpPoster();
+  if (leases != nullptr) {
+    fenced_poster = std::make_unique<FencedPoster>(poster, leases->leases());
+    poster = fenced_poster.get();
+  }
+  pager = std::make_unique<Pager>(store.get(), pager_config, clock, poster);
+  ingestor = std::make_unique<Ingestor>(store.get(), options.ingest, clock);
+  ingestor->SetPager(pager.get());
+  // Reads the runs only: their engines are rebuilt by the writer thread
+  // after Start(), so the port opens at once (ingest.h "Restart").
+  if (absl::Status s = ingestor->Recover(); !s.ok()) return s;
+  ingestor->SetListener(state.get());
+  ingestor->Start();
+  pager->Start();
+  state->SetWriter(ingestor.get(), pager.get());
+  return absl::OkStatus();
+}
+
+void Server::Impl::MarkServing() {
+  grpc_server->GetHealthCheckService()->SetServingStatus(v1::AgentService::service_full_name(),
+                                                         true);
+  if (exposer != nullptr) exposer->RegisterCollectable(serving_flag, kServingPath);
+}
+
+void Server::Impl::RenewLeases() {
+  if (leases == nullptr) return;
+  // Crash-only: a replica that lost its lease stops at once (the store's
+  // fence already refuses its commits), and its restart is a standby.
+  leases->StartRenewing([](const std::string& why) {
+    LOG(ERROR) << "trainwatchd: fenced: " << why
+               << "; exiting without acknowledging anything more (a restart is a standby)";
+    std::fflush(nullptr);
+    std::_Exit(3);
+  });
+}
 
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Server::~Server() { Shutdown(std::chrono::seconds(2)); }
@@ -146,12 +222,15 @@ int Server::port() const { return impl_->port; }
 int Server::metrics_port() const { return impl_->metrics_port; }
 Ingestor* Server::ingestor() { return impl_->ingestor.get(); }
 Store* Server::store() { return impl_->store.get(); }
+bool Server::standby() const { return impl_->state->writer() == nullptr; }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
                                                       core::Clock* clock, LeaseKeeper* leases) {
   if (absl::Status s = CheckServerOptions(options); !s.ok()) return s;
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  impl->clock = clock;
+  impl->leases = leases;
   Authenticator auth;
   if (!options.tokens_file.empty()) {
     absl::StatusOr<Authenticator> a = Authenticator::FromFile(options.tokens_file);
@@ -182,30 +261,28 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options.db_path, store_options);
   if (!store.ok()) return store.status();
   impl->store = *std::move(store);
-  PagerConfig pager_config;
+  // Read now, on a standby too: a bad file is said at the start, not at
+  // the takeover.
   if (!options.pager_config_file.empty()) {
     absl::StatusOr<PagerConfig> pc = LoadPagerConfig(options.pager_config_file);
     if (!pc.ok()) return pc.status();
-    pager_config = *std::move(pc);
+    impl->pager_config = *std::move(pc);
   }
-  if (pager_config.grafana_url.empty()) pager_config.grafana_url = options.grafana_url;
-  HttpPoster* poster = DefaultHttpPoster();
-  if (leases != nullptr) {
-    impl->fenced_poster = std::make_unique<FencedPoster>(poster, leases->leases());
-    poster = impl->fenced_poster.get();
+  if (impl->pager_config.grafana_url.empty()) impl->pager_config.grafana_url = options.grafana_url;
+  impl->state = std::make_unique<ServiceState>(nullptr, impl->store.get(), nullptr,
+                                               std::move(auth), clock, options.grafana_url,
+                                               options.ingest);
+  const bool standby =
+      leases != nullptr && leases->leases()->owned() < leases->leases()->shards();
+  if (standby) {
+    impl->standby = std::make_unique<StandbyReads>(impl->store.get(), impl->state.get(), clock,
+                                                   options.standby_refresh_ms);
+    impl->state->SetStandby(impl->standby.get(), options.replica,
+                            [leases] { return leases->owner(); });
+    impl->standby->Start();
+  } else if (absl::Status s = impl->StartWriter(); !s.ok()) {
+    return s;
   }
-  impl->pager = std::make_unique<Pager>(impl->store.get(), pager_config, clock, poster);
-  impl->ingestor = std::make_unique<Ingestor>(impl->store.get(), options.ingest, clock);
-  impl->ingestor->SetPager(impl->pager.get());
-  // Reads the runs only: their engines are rebuilt by the writer thread
-  // after Start(), so the port below opens at once (ingest.h "Restart").
-  if (absl::Status s = impl->ingestor->Recover(); !s.ok()) return s;
-  impl->state = std::make_unique<ServiceState>(impl->ingestor.get(), impl->store.get(),
-                                               impl->pager.get(), std::move(auth), clock,
-                                               options.grafana_url);
-  impl->ingestor->SetListener(impl->state.get());
-  impl->ingestor->Start();
-  impl->pager->Start();
 
   AgentStreamLimits limits;
   limits.max_world_size = options.max_world_size;
@@ -255,7 +332,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   impl->grpc_server = builder.BuildAndStart();
   if (impl->grpc_server == nullptr || impl->port == 0) {
-    impl->ingestor->Stop();
+    if (impl->ingestor != nullptr) impl->ingestor->Stop();
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", options.listen, " (address in use or invalid)"));
   }
@@ -265,12 +342,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       impl->exposer = std::make_unique<prometheus::Exposer>(options.metrics_listen);
     } catch (const std::exception& e) {
       impl->grpc_server->Shutdown();
-      impl->ingestor->Stop();
+      if (impl->ingestor != nullptr) impl->ingestor->Stop();
       return absl::UnavailableError(
           absl::StrCat("cannot serve metrics on ", options.metrics_listen, ": ", e.what()));
     }
-    impl->exporter =
-        NewExporter(&impl->ingestor->views(), impl->state.get(), options.metrics, leases);
+    impl->exporter = NewExporter(impl->state.get(), options.metrics, leases);
     impl->exposer->RegisterCollectable(impl->exporter);
     const std::vector<int> ports = impl->exposer->GetListeningPorts();
     impl->metrics_port = ports.empty() ? 0 : ports.front();
@@ -284,17 +360,33 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
             << (tls ? (options.tls_client_ca_file.empty() ? "on" : "mutual") : "off")
             << ", reflection "
             << (!options.reflection ? "off" : impl->state->auth().enabled() ? "token" : "on");
-  if (leases != nullptr) {
-    // Crash-only: a replica that lost its lease stops at once (the store's
-    // fence already refuses its commits), and its restart is a standby.
-    leases->StartRenewing([](const std::string& why) {
-      LOG(ERROR) << "trainwatchd: fenced: " << why
-                 << "; exiting without acknowledging anything more (a restart is a standby)";
-      std::fflush(nullptr);
-      std::_Exit(3);
-    });
+  // The health service says SERVING for "" (the process is up) and for the
+  // agent service only where records are taken.
+  impl->grpc_server->GetHealthCheckService()->SetServingStatus(
+      v1::AgentService::service_full_name(), false);
+  if (standby) {
+    LOG(INFO) << "trainwatchd: standby replica " << options.replica
+              << ": serving operator reads from the store; agent streams and decisions go to "
+                 "the owner";
+  } else {
+    impl->MarkServing();
+    impl->RenewLeases();
   }
   return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+absl::Status Server::TakeOver() {
+  if (!standby()) return absl::FailedPreconditionError("TakeOver: not a standby");
+  // A last refresh: watchers hear of the old owner's last changes before
+  // the writer tells its own.
+  impl_->standby->Stop();
+  if (absl::Status s = impl_->standby->Refresh(); !s.ok()) {
+    LOG(WARNING) << "standby: the last refresh before the takeover: " << s;
+  }
+  if (absl::Status s = impl_->StartWriter(); !s.ok()) return s;
+  impl_->MarkServing();
+  impl_->RenewLeases();
+  return absl::OkStatus();
 }
 
 void Server::Shutdown(std::chrono::milliseconds deadline) {
@@ -302,9 +394,12 @@ void Server::Shutdown(std::chrono::milliseconds deadline) {
   impl_->shut_down = true;
   // Streams get until the deadline to finish; what they sent is written.
   impl_->grpc_server->Shutdown(std::chrono::system_clock::now() + deadline);
-  impl_->ingestor->Flush();
-  impl_->ingestor->Stop();
-  impl_->pager->Stop();
+  if (impl_->standby != nullptr) impl_->standby->Stop();
+  if (impl_->ingestor != nullptr) {
+    impl_->ingestor->Flush();
+    impl_->ingestor->Stop();
+    impl_->pager->Stop();
+  }
   impl_->exposer.reset();
   LOG(INFO) << "trainwatchd: stopped; store flushed";
 }

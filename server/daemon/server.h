@@ -58,11 +58,13 @@ struct ServerOptions {
   std::string pager_config_file;
   // Replicas on one PostgreSQL database (daemon/lease_keeper.h): this
   // replica's name in the lease table, 1 to 64 of [A-Za-z0-9._-]; empty: a
-  // single trainwatchd, no leases. main() waits as a standby until the
-  // replica owns every shard, then starts the server with its LeaseKeeper.
+  // single trainwatchd, no leases. See Server::Start and TakeOver.
   std::string replica;
   int64_t lease_ms = 10'000;  // in [kMinLeaseMs, kMaxLeaseMs]
   int shards = 64;            // in [1, kMaxShards]; the same on every replica
+  // How often a standby reads the store for its operator API (api/
+  // standby_reads.h), in [kMinStandbyRefreshMs, kMaxLeaseMs].
+  int64_t standby_refresh_ms = 2'000;
   StoreOptions store;  // the database quota, the busy timeout
   IngestOptions ingest;
   // What /metrics exports (stale runs, how many runs at most).
@@ -76,6 +78,7 @@ inline constexpr int kMaxRunsPerTokenLimit = 1'000'000;
 inline constexpr int64_t kMinLeaseMs = 1'000;
 inline constexpr int64_t kMaxLeaseMs = 600'000;
 inline constexpr int kMaxShards = 4'096;
+inline constexpr int64_t kMinStandbyRefreshMs = 100;
 // --aggregation_timeout_ms: 1 ms to a day.
 inline constexpr int64_t kMaxAggregationTimeoutMs = 86'400'000;
 // --max_runs_in_memory and --metrics_max_runs.
@@ -114,14 +117,26 @@ class Server {
   // with a clear status on a bad option (INVALID_ARGUMENT; unreadable tokens
   // or certificates: the file system's code) or when it cannot start
   // (UNAVAILABLE: a port in use, the database cannot be opened).
-  // With `leases` (options.replica set; they own every shard), every write
-  // is fenced by them, pages are sent only while they hold, and they are
-  // renewed from then on; when they are lost the process exits with status
-  // 3 at once, acknowledging nothing more. REQUIRES: `leases` outlives the
-  // server.
+  //
+  // With `leases` (options.replica set) that do not own every shard yet, it
+  // starts as a standby: the operator API serves reads from the store
+  // (api/standby_reads.h), decisions and agent streams are refused with
+  // ABORTED naming the owner, grpc.health.v1 says NOT_SERVING for
+  // trainwatch.v1.AgentService, and /metrics has the leases alone. TakeOver
+  // then makes it the owner. An owner's every write is fenced by the
+  // leases, pages are sent only while they hold, and they are renewed; when
+  // they are lost the process exits with status 3 at once, acknowledging
+  // nothing more. REQUIRES: `leases` outlives the server.
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options,
                                                        core::Clock* clock = core::SystemClock(),
                                                        LeaseKeeper* leases = nullptr);
+  // A standby whose leases now own every shard becomes the owner, as a
+  // restarted trainwatchd starts: every run from the store (engines from
+  // their newest snapshots plus the tail, in the background), the pager's
+  // outbox resumed, and only then agent streams taken and the ingest
+  // service SERVING. REQUIRES: started as a standby, called once.
+  absl::Status TakeOver();
+  bool standby() const;
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -132,7 +147,7 @@ class Server {
   // received, and closes the store.
   void Shutdown(std::chrono::milliseconds deadline = std::chrono::seconds(5));
 
-  Ingestor* ingestor();
+  Ingestor* ingestor();  // null on a standby
   Store* store();
 
  private:

@@ -167,6 +167,11 @@ absl::Status CheckServerOptions(const ServerOptions& o) {
     return s;
   }
   if (absl::Status s = CheckFlagRange("shards", o.shards, 1, kMaxShards); !s.ok()) return s;
+  if (absl::Status s = CheckFlagRange("standby_refresh_ms", o.standby_refresh_ms,
+                                      kMinStandbyRefreshMs, kMaxLeaseMs);
+      !s.ok()) {
+    return s;
+  }
   struct stat st;
   if (!postgres && stat(o.db_path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     return absl::InvalidArgumentError(

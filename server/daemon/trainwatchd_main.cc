@@ -81,10 +81,11 @@ ABSL_FLAG(std::string, db_synchronous, "full",
           "acknowledged records)");
 ABSL_FLAG(std::string, replica, "",
           "this replica's name (1 to 64 of [A-Za-z0-9._-], unique among the replicas) when "
-          "several trainwatchd share one PostgreSQL --db: one replica owns every shard and "
-          "serves, the others stand by (serving nothing) and take over when its lease runs "
-          "out. A replica that loses its lease exits with status 3; restarted, it is a "
-          "standby. Empty: a single trainwatchd, no leases");
+          "several trainwatchd share one PostgreSQL --db: one replica owns every shard and takes "
+          "agent streams and decisions; the others stand by, serve the operator's reads from "
+          "the store, answer streams and decisions with ABORTED naming the owner, and take "
+          "over when its lease runs out. A replica that loses its lease exits with status 3; "
+          "restarted, it is a standby. Empty: a single trainwatchd, no leases");
 ABSL_FLAG(int64_t, lease_ms, 10000,
           "with --replica: how long an owner's lease lasts without renewal (renewed every "
           "third of it), in [1000, 600000]; a standby takes over within about this long of the "
@@ -92,6 +93,9 @@ ABSL_FLAG(int64_t, lease_ms, 10000,
 ABSL_FLAG(int, shards, 64,
           "with --replica: the shards runs hash to, in [1, 4096]; fixed when the database's "
           "lease table is made, the same on every replica");
+ABSL_FLAG(int64_t, standby_refresh_ms, 2000,
+          "with --replica: how often a standby reads the store to answer the operator API "
+          "(its answers lag the owner's by about this much), in [100, 600000]");
 ABSL_FLAG(int64_t, max_runs_in_memory, 256,
           "runs whose rule-engine state (about 0.3 MB each with the default rules) stays in "
           "memory; the least recently used beyond it is evicted and rebuilt from the database "
@@ -157,6 +161,7 @@ int Run(int argc, char** argv) {
   o.replica = absl::GetFlag(FLAGS_replica);
   o.lease_ms = absl::GetFlag(FLAGS_lease_ms);
   o.shards = absl::GetFlag(FLAGS_shards);
+  o.standby_refresh_ms = absl::GetFlag(FLAGS_standby_refresh_ms);
   o.tokens_file = absl::GetFlag(FLAGS_tokens);
   o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
@@ -275,9 +280,8 @@ int Run(int argc, char** argv) {
       return keeper.status().code() == absl::StatusCode::kUnavailable ? 1 : 2;
     }
     leases = std::move(*keeper);
-    if (!leases->AwaitOwnership(stop)) return 0;  // a signal while standing by
-    LOG(INFO) << "trainwatchd: replica " << o.replica << " owns all " << o.shards
-              << " shards; serving";
+    // The first replica up owns the shards at once; the others stand by.
+    leases->TryOwnership();
   }
 
   auto server = trainwatch::server::Server::Start(o, trainwatch::core::SystemClock(), leases.get());
@@ -289,6 +293,22 @@ int Run(int argc, char** argv) {
   // Machine-readable, for scripts and tests that ask for port 0.
   std::printf("metrics on 127.0.0.1:%d\nlistening on 127.0.0.1:%d\n", (*server)->metrics_port(),
               (*server)->port());
+  std::fflush(stdout);
+  if ((*server)->standby()) {
+    // Serving the operator's reads meanwhile.
+    if (!leases->AwaitOwnership(stop)) {
+      (*server)->Shutdown();
+      return 0;  // a signal while standing by
+    }
+    if (absl::Status s = (*server)->TakeOver(); !s.ok()) {
+      std::fprintf(stderr, "trainwatchd: taking over: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+    LOG(INFO) << "trainwatchd: replica " << o.replica << " owns all " << o.shards
+              << " shards; taking agent streams";
+  }
+  // Machine-readable too: from here on records are taken.
+  std::printf("serving agents on 127.0.0.1:%d\n", (*server)->port());
   std::fflush(stdout);
   {
     std::unique_lock<std::mutex> lock(stop_mu);

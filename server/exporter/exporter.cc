@@ -24,9 +24,8 @@ namespace {
 // Reads live state at scrape time: no shadow counters to keep in step.
 class Exporter : public prometheus::Collectable {
  public:
-  Exporter(const RunViews* runs, ServiceState* state, ExporterOptions options,
-           const LeaseKeeper* leases)
-      : runs_(runs), state_(state), options_(options), leases_(leases) {}
+  Exporter(ServiceState* state, ExporterOptions options, const LeaseKeeper* leases)
+      : state_(state), options_(options), leases_(leases) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     using prometheus::MetricFamily;
@@ -49,7 +48,32 @@ class Exporter : public prometheus::Collectable {
       }
       f.metric.push_back(std::move(m));
     };
-    std::vector<RunView> runs = runs_->All();
+    if (leases_ != nullptr) {
+      // Every replica exports these, a standby with 0 shards owned; the
+      // rules' TrainwatchShardsUnowned sums them over replicas.
+      const ShardLeases& l = *leases_->leases();
+      int64_t epoch = 0;
+      for (int s = 0; s < l.shards(); ++s) epoch = std::max(epoch, l.epoch(s));
+      add(family("trainwatch_lease_shards_owned", "Shards this replica owns.", MetricType::Gauge),
+          {}, double(l.owned()));
+      add(family("trainwatch_lease_shards_total", "Shards runs hash to (--shards).",
+                 MetricType::Gauge),
+          {}, double(l.shards()));
+      add(family("trainwatch_lease_epoch", "The highest epoch this replica owns a shard at.",
+                 MetricType::Gauge),
+          {}, double(epoch));
+      add(family("trainwatch_lease_takeovers_total",
+                 "Shards this replica took over (each a failover to it, or its first start).",
+                 MetricType::Counter),
+          {}, double(leases_->takeovers()));
+    }
+    // A standby exports its leases alone: the runs' series come from the
+    // owner, and the same series from two replicas would double every sum.
+    Ingestor* const writer = state_->writer();
+    if (writer == nullptr) {
+      return {std::make_move_iterator(families.begin()), std::make_move_iterator(families.end())};
+    }
+    std::vector<RunView> runs = writer->views().All();
     const size_t omitted = KeepExported(&runs);
     struct Gauge {
       const char* name;
@@ -178,7 +202,7 @@ class Exporter : public prometheus::Collectable {
                "--metrics_max_runs.",
                MetricType::Gauge),
         {}, double(omitted));
-    const IngestStats st = state_->ingestor()->Stats();
+    const IngestStats st = writer->Stats();
     add(family("trainwatch_runs_in_memory", "Runs holding their rule engine's state in memory.",
                MetricType::Gauge),
         {}, double(st.runs_in_memory));
@@ -248,25 +272,6 @@ class Exporter : public prometheus::Collectable {
     add(family("trainwatch_pages_failed_total", "Page delivery attempts that failed.",
                MetricType::Counter),
         {}, double(state_->pager()->failed_total()));
-    if (leases_ != nullptr) {
-      // A replica exports these only while it serves, that is while it owns
-      // its shards; the rules' TrainwatchShardsUnowned sums them over replicas.
-      const ShardLeases& l = *leases_->leases();
-      int64_t epoch = 0;
-      for (int s = 0; s < l.shards(); ++s) epoch = std::max(epoch, l.epoch(s));
-      add(family("trainwatch_lease_shards_owned", "Shards this replica owns.", MetricType::Gauge),
-          {}, double(l.owned()));
-      add(family("trainwatch_lease_shards_total", "Shards runs hash to (--shards).",
-                 MetricType::Gauge),
-          {}, double(l.shards()));
-      add(family("trainwatch_lease_epoch", "The highest epoch this replica owns a shard at.",
-                 MetricType::Gauge),
-          {}, double(epoch));
-      add(family("trainwatch_lease_takeovers_total",
-                 "Shards this replica took over (each a failover to it, or its first start).",
-                 MetricType::Counter),
-          {}, double(leases_->takeovers()));
-    }
     return {std::make_move_iterator(families.begin()), std::make_move_iterator(families.end())};
   }
 
@@ -306,7 +311,6 @@ class Exporter : public prometheus::Collectable {
     return before - runs->size();
   }
 
-  const RunViews* runs_;
   ServiceState* state_;
   ExporterOptions options_;
   const LeaseKeeper* leases_;
@@ -314,10 +318,10 @@ class Exporter : public prometheus::Collectable {
 
 }  // namespace
 
-std::shared_ptr<prometheus::Collectable> NewExporter(const RunViews* runs, ServiceState* state,
+std::shared_ptr<prometheus::Collectable> NewExporter(ServiceState* state,
                                                      ExporterOptions options,
                                                      const LeaseKeeper* leases) {
-  return std::make_shared<Exporter>(runs, state, options, leases);
+  return std::make_shared<Exporter>(state, options, leases);
 }
 
 }  // namespace trainwatch::server

@@ -18,7 +18,6 @@ class Collectable;
 namespace trainwatch::server {
 
 class LeaseKeeper;
-class RunViews;
 class ServiceState;
 
 // What keeps /metrics bounded however many run ids agents send: each run
@@ -34,10 +33,11 @@ struct ExporterOptions {
   size_t max_runs = 1000;
 };
 
-// Reads the runs' views (`runs`, the run table's) and the service's own
-// figures (`state`) at scrape time. REQUIRES: both outlive the exporter.
-// `leases`, for a replica (trainwatchd --replica): its shards and epoch.
-std::shared_ptr<prometheus::Collectable> NewExporter(const RunViews* runs, ServiceState* state,
+// Reads the runs' views and the service's own figures (`state`, its
+// writer's) at scrape time. REQUIRES: `state` outlives the exporter.
+// `leases`, for a replica (trainwatchd --replica): its shards and epoch, the
+// only figures a standby exports.
+std::shared_ptr<prometheus::Collectable> NewExporter(ServiceState* state,
                                                      ExporterOptions options = {},
                                                      const LeaseKeeper* leases = nullptr);
 

@@ -151,7 +151,7 @@ absl::Status RunTable::Recover() {
   const size_t bound = std::max<size_t>(1, options_->max_runs_in_memory);
   for (size_t i = 0; i < runs->size(); ++i) {
     const RunRow& row = (*runs)[i];
-    absl::StatusOr<RunView> snap = StoredView(row);
+    absl::StatusOr<RunView> snap = StoredView(store_, row);
     if (!snap.ok()) return snap.status();
     evicted_.emplace(row.run_id, row);
     if (i < bound) {
@@ -273,24 +273,24 @@ absl::StatusOr<RunState*> RunTable::RecoverRun(const RunRow& row) {
   return runs_.insert_or_assign(row.run_id, std::move(rs)).first->second.get();
 }
 
-absl::StatusOr<RunView> RunTable::StoredView(const RunRow& row) {
+absl::StatusOr<RunView> RunTable::StoredView(Store* store, const RunRow& row) {
   RunState r(row);
   if (row.last_step >= 0) {
     absl::StatusOr<std::vector<StepRow>> last =
-        store_->StepsBetween(row.run_id, row.attempt, row.last_step, row.last_step);
+        store->StepsBetween(row.run_id, row.attempt, row.last_step, row.last_step);
     if (!last.ok()) return last.status();
     if (!last->empty()) {
       r.latest = last->back();
       r.has_latest = true;
     }
   }
-  absl::StatusOr<int64_t> skipped = store_->CountSkipped(row.run_id, row.attempt);
+  absl::StatusOr<int64_t> skipped = store->CountSkipped(row.run_id, row.attempt);
   if (!skipped.ok()) return skipped.status();
   (row.observed ? r.skips_recommended_total : r.skipped_total) = *skipped;
-  absl::StatusOr<int64_t> overflows = store_->CountLossScaleOverflows(row.run_id, row.attempt);
+  absl::StatusOr<int64_t> overflows = store->CountLossScaleOverflows(row.run_id, row.attempt);
   if (!overflows.ok()) return overflows.status();
   r.loss_scale_overflows_total = *overflows;
-  if (absl::Status st = RestoreIncidents(store_, &r.incidents, row.run_id); !st.ok()) return st;
+  if (absl::Status st = RestoreIncidents(store, &r.incidents, row.run_id); !st.ok()) return st;
   return ViewOf(r);
 }
 

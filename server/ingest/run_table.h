@@ -71,6 +71,11 @@ class RunTable {
   // Rebuilds the stale runs from the store; OK when none is left.
   absl::Status RebuildStale();
 
+  // The view of a run built from the store alone: startup, runs beyond the
+  // bound, and a standby replica's reads (api/standby_reads.h). Any thread
+  // that may read `store`.
+  static absl::StatusOr<RunView> StoredView(Store* store, const RunRow& row);
+
   // The held runs' views, for readers (after a commit).
   void Publish();
 
@@ -82,8 +87,6 @@ class RunTable {
   // Evicts the least recently used run not touched by the current batch
   // while more than max_runs_in_memory - 1 runs are held.
   void MakeRoom();
-  // The view of a run built from the store alone (startup, beyond the bound).
-  absl::StatusOr<RunView> StoredView(const RunRow& row);
   static RunView ViewOf(const RunState& run);
 
   Store* store_;

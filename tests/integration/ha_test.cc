@@ -8,14 +8,22 @@
 // What must hold: every step an agent saw acknowledged is stored once and
 // contiguous; each incident exists once and was notified once; the standby
 // serves within the lease plus its rebuild; a paused owner fences itself.
+// Meanwhile the standby serves the operator's reads from the store and
+// sends agents and decisions to the owner.
 
 #include <signal.h>
 
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
 #include <chrono>
 #include <cmath>
+#include <future>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -27,6 +35,7 @@
 #include "testing/wait.h"
 #include "trainwatch/agent/agent.h"
 #include "trainwatch/agent/reducer.h"
+#include "trainwatch/cli/operator_commands.h"
 #include "trainwatch/core/json.h"
 
 namespace trainwatch::server {
@@ -36,6 +45,7 @@ using namespace std::chrono_literals;
 using testing::Alertmanager;
 using testing::Child;
 using testing::FreePort;
+using testing::HttpGet;
 using testing::HttpReceiver;
 using testing::PgCluster;
 using testing::ReadFile;
@@ -46,8 +56,9 @@ using Node = PgCluster::Node;
 constexpr int64_t kLeaseMs = 3'000;
 constexpr int kRuns = 3;
 
-// One trainwatchd replica as a process, on ports chosen before it starts: a
-// standby prints nothing until it owns the shards and serves.
+// One trainwatchd replica as a process, on ports chosen before it starts:
+// it says "listening on" when its port opens, a standby at once, and
+// "serving agents on" once it owns the shards and takes records.
 struct Replica {
   Replica(const TempDir& dir, const std::string& name, const std::string& db,
           const std::string& pager, int64_t lease_ms = kLeaseMs)
@@ -60,7 +71,10 @@ struct Replica {
                                  "--pager_config", pager},
         log);
   }
-  bool Serving() const { return ReadFile(log).find("listening on 127.0.0.1:") != std::string::npos; }
+  bool Listening() const { return ReadFile(log).find("listening on 127.0.0.1:") != std::string::npos; }
+  bool Serving() const {
+    return ReadFile(log).find("serving agents on 127.0.0.1:") != std::string::npos;
+  }
   bool Standing() const { return ReadFile(log).find("standby:") != std::string::npos; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port); }
 
@@ -126,6 +140,43 @@ std::multiset<std::string> FiringNotifications(HttpReceiver& hook) {
   return ids;
 }
 
+// grpc.health.v1.Health/Check of `service` at `address`, by hand: its two
+// messages have one field each (the request's service name, the response's
+// status), so no generated code is needed. 1 SERVING, 2 NOT_SERVING; -1
+// when the call failed.
+int HealthStatus(const std::string& address, const std::string& service) {
+  grpc::GenericStub stub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  std::string request;
+  if (!service.empty()) {
+    request.push_back('\x0a');  // field 1, length-delimited
+    request.push_back(static_cast<char>(service.size()));
+    request += service;
+  }
+  grpc::Slice slice(request);
+  grpc::ByteBuffer in(&slice, 1), out;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &in, &out,
+                 [&](grpc::Status s) { done.set_value(std::move(s)); });
+  if (!done.get_future().get().ok()) return -1;
+  std::vector<grpc::Slice> slices;
+  if (!out.Dump(&slices).ok()) return -1;
+  std::string response;
+  for (const grpc::Slice& piece : slices) {
+    response.append(reinterpret_cast<const char*>(piece.begin()), piece.size());
+  }
+  // Field 1, a varint; absent is 0 (UNKNOWN).
+  return response.size() >= 2 && response[0] == '\x08' ? response[1] : 0;
+}
+
+// twctl, in process: the exit code, with what it printed in *out and *err.
+int Twctl(const std::vector<std::string>& argv, std::string* out, std::string* err) {
+  out->clear();
+  err->clear();
+  return cli::OperatorCommand(argv.front(), {argv.begin() + 1, argv.end()}, nullptr, out, err);
+}
+
 int64_t Int(PgConnection& db, const std::string& sql, const std::vector<PgParam>& params = {}) {
   auto rows = db.Execute(sql, params);
   if (!rows.ok()) FAIL(sql << ": " << rows.status().ToString());
@@ -181,7 +232,7 @@ void Failover(bool kill_db_primary) {
   Replica a(st.dir, "replica-a", st.db, st.pager);
   REQUIRE(WaitUntil([&] { return a.Serving(); }, 30s, 50ms));
   Replica b(st.dir, "replica-b", st.db, st.pager);
-  REQUIRE(WaitUntil([&] { return b.Standing(); }, 30s, 50ms));
+  REQUIRE(WaitUntil([&] { return b.Standing() && b.Listening(); }, 30s, 50ms));
   CHECK_FALSE(b.Serving());
 
   Agents agents(a.address() + "," + b.address());
@@ -310,6 +361,130 @@ TEST_CASE("ha: an owner paused past its lease fences itself and acknowledges not
   auto conn = PgConnection::Connect(st.pg->Conninfo(Node::kPrimary));
   REQUIRE(conn.ok());
   CHECK(Int(**conn, "SELECT count(*) FROM steps WHERE step >= 500") == 0);
+  for (auto& agent : agents.all) agent->Close(0);
+}
+
+TEST_CASE("ha: a standby serves the operator's reads and sends agents and decisions to the owner",
+          "[integration][ha][pg]") {
+  Stack st(/*with_standby_db=*/false);
+  Replica a(st.dir, "replica-a", st.db, st.pager);
+  REQUIRE(WaitUntil([&] { return a.Serving(); }, 30s, 50ms));
+  Replica b(st.dir, "replica-b", st.db, st.pager);
+  REQUIRE(WaitUntil([&] { return b.Standing() && b.Listening(); }, 30s, 50ms));
+  INFO(ReadFile(b.log));
+  const std::string agent_service = "trainwatch.v1.AgentService";
+  // Up, but taking no records: on grpc.health.v1 and the /serving probe.
+  CHECK(HealthStatus(a.address(), agent_service) == 1);
+  CHECK(HealthStatus(b.address(), agent_service) == 2);
+  CHECK(HealthStatus(b.address(), "") == 1);
+  CHECK(HttpGet(a.metrics_port, "/serving").find("trainwatch_serving 1") != std::string::npos);
+  CHECK(HttpGet(b.metrics_port, "/serving").find("trainwatch_serving") == std::string::npos);
+  // A standby's /metrics has its leases and no run: the owner exports those.
+  const std::string metrics = HttpGet(b.metrics_port, "/metrics");
+  CHECK(metrics.find("trainwatch_lease_shards_owned 0") != std::string::npos);
+  CHECK(metrics.find("trainwatch_lease_shards_total 64") != std::string::npos);
+
+  Agents agents(a.address());
+  agents.Feed(0, 3600);
+  REQUIRE(WaitUntil([&] { return agents.Durable(3599); }, 60s, 20ms));
+  CHECK(HttpGet(b.metrics_port, "/metrics").find("trainwatch_loss{") == std::string::npos);
+
+  // The standby's reads: what the owner stored, within a refresh (2 s).
+  std::string out, err;
+  REQUIRE(WaitUntil(
+      [&] {
+        return Twctl({"status", RunId(0), "--server", b.address()}, &out, &err) == 0 &&
+               out.find("step 3599") != std::string::npos;
+      },
+      30s, 200ms));
+  CHECK(out.find("answered by standby replica replica-b") != std::string::npos);
+  CHECK(out.find("the owner, replica replica-a") != std::string::npos);
+  REQUIRE(Twctl({"runs", "--server", b.address()}, &out, &err) == 0);
+  for (int r = 0; r < kRuns; ++r) CHECK(out.find(RunId(r)) != std::string::npos);
+  CHECK(out.find("answered by standby") != std::string::npos);
+  // The owner's answer says nothing of the kind.
+  REQUIRE(Twctl({"status", RunId(0), "--server", a.address()}, &out, &err) == 0);
+  CHECK(out.find("standby") == std::string::npos);
+
+  auto conn = PgConnection::Connect(st.pg->Conninfo(Node::kPrimary));
+  REQUIRE(conn.ok());
+  const std::string paged =
+      "I-" + std::to_string(Int(**conn, "SELECT id FROM incidents WHERE tier = 2"));
+  REQUIRE(Twctl({"incident", "--server", b.address(), "show", paged}, &out, &err) == 0);
+  CHECK(out.find(paged) != std::string::npos);
+
+  // Watching the standby: the owner's changes reach it from the store.
+  const int64_t open = Int(**conn, "SELECT count(*) FROM incidents WHERE run_id = '" +
+                                       RunId(0) + "' AND closed_ms = 0");
+  REQUIRE(open >= 1);
+  std::mutex mu;
+  std::vector<std::string> lines;
+  std::string watch_out, watch_err;
+  int watch_rc = -1;
+  std::thread watch([&] {
+    watch_rc = cli::OperatorCommand(
+        "watch",
+        {"--server", b.address(), "--run", RunId(0), "--open", "--count",
+         std::to_string(open + 1), "--timeout", "60"},
+        nullptr, &watch_out, &watch_err, [&](const std::string& line) {
+          std::lock_guard<std::mutex> lock(mu);
+          lines.push_back(line);
+        });
+  });
+  auto seen = [&](const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu);
+    int n = 0;
+    for (const std::string& l : lines) n += l.find(what) != std::string::npos;
+    return n;
+  };
+  // The snapshot came: the watcher is registered.
+  REQUIRE(WaitUntil([&] { return seen("snapshot") == open; }, 30s, 50ms));
+
+  // A decision on the standby alone is refused, naming the owner; with both
+  // addresses twctl moves on to the owner, which records it.
+  CHECK(Twctl({"rollback", "--server", b.address(), "reject", paged, "--comment", "drift is ok"},
+              &out, &err) == 1);
+  CHECK(err.find("standby") != std::string::npos);
+  CHECK(err.find("replica replica-a owns the runs") != std::string::npos);
+  CHECK(err.find("(10)") != std::string::npos);  // ABORTED
+  CHECK(Twctl({"rollback", "--server", b.address() + "," + a.address(), "reject", paged,
+               "--comment", "drift is ok"},
+              &out, &err) == 0);
+  watch.join();
+  INFO(watch_out << watch_err);
+  CHECK(watch_rc == 0);
+  CHECK(seen("state_changed") == 1);
+  CHECK(seen("dismissed") == 1);
+
+  // An agent that knows the standby alone is refused there: nothing of its
+  // run is stored, and its training step went on.
+  {
+    agent::AgentConfig c;
+    c.server_address = b.address();
+    c.run_id = "run-standby-only";
+    auto lone = agent::Agent::Create(c, std::make_unique<agent::SingleProcessReducer>());
+    REQUIRE(lone.ok());
+    for (int64_t s = 0; s < 20; ++s) {
+      agent::StepInput in;
+      in.step = s;
+      in.loss = 2.5;
+      in.grad_sum_squares = 1.0;
+      in.grad_elements = 1000;
+      REQUIRE((*lone)->Step(in).ok());
+    }
+    REQUIRE(WaitUntil([&] { return (*lone)->Stats().reconnects >= 2; }, 30s, 50ms));
+    CHECK((*lone)->Stats().durable_step == -1);
+    CHECK(Int(**conn, "SELECT count(*) FROM runs WHERE run_id = 'run-standby-only'") == 0);
+    (*lone)->Close(0);
+  }
+
+  // The owner dies: the standby takes agents from then on.
+  a.child->Kill();
+  REQUIRE(WaitUntil([&] { return b.Serving(); }, 60s, 50ms));
+  CHECK(HealthStatus(b.address(), agent_service) == 1);
+  CHECK(HttpGet(b.metrics_port, "/serving").find("trainwatch_serving 1") != std::string::npos);
+  REQUIRE(Twctl({"status", RunId(0), "--server", b.address()}, &out, &err) == 0);
+  CHECK(out.find("standby") == std::string::npos);
   for (auto& agent : agents.all) agent->Close(0);
 }
 

@@ -306,7 +306,7 @@ TEST_CASE("run bounds: /metrics drops stale runs and exports at most max_runs",
   options.stale_run_ms = 60'000;
   auto scrape = [&] {
     return prometheus::TextSerializer().Serialize(
-        NewExporter(&ingestor.views(), &state, options)->Collect());
+        NewExporter(&state, options)->Collect());
   };
   auto count = [](const std::string& text, const std::string& what) {
     size_t n = 0;

@@ -148,7 +148,7 @@ TEST_CASE("exporter: a scrape reads the ingestor's live state - no gRPC server",
   ingestor.Submit(std::move(item));
   ingestor.Flush();
   const std::string text =
-      prometheus::TextSerializer().Serialize(NewExporter(&ingestor.views(), &state)->Collect());
+      prometheus::TextSerializer().Serialize(NewExporter(&state)->Collect());
   CHECK(text.find("trainwatch_loss{run=\"run-x\"} 3.25") != std::string::npos);
   CHECK(text.find("trainwatch_step{run=\"run-x\"} 5") != std::string::npos);
   CHECK(text.find("trainwatch_ingest_records_total 1") != std::string::npos);

@@ -121,6 +121,10 @@ TEST_CASE_METHOD(TwoReplicas,
   CHECK(Acquire(*b) == 0);
   CHECK(b->owned() == 0);
   CHECK_FALSE(a->MayAcknowledge(kShards));  // out of range is never ours
+  // Whom the standby names as the owner.
+  auto holders = b->Holders();
+  REQUIRE(holders.ok());
+  CHECK(*holders == std::vector<std::string>{"replica-a"});
 }
 
 TEST_CASE_METHOD(TwoReplicas,
@@ -131,8 +135,15 @@ TEST_CASE_METHOD(TwoReplicas,
   REQUIRE(FencedWrite(*a, *a_writer, 1).ok());
 
   Expire(*admin);
+  // Expired by the database's clock: nobody is the owner until a takeover.
+  auto holders = a->Holders();
+  REQUIRE(holders.ok());
+  CHECK(holders->empty());
   CHECK(Acquire(*b) == kShards);
   CHECK(b->epoch(0) == 2);
+  holders = a->Holders();
+  REQUIRE(holders.ok());
+  CHECK(*holders == std::vector<std::string>{"replica-b"});
   // A's local deadline has not passed (its clock did not move), so only the
   // epoch in the database stops it: the write is refused, naming the owner.
   REQUIRE(a->MayAcknowledge(0));

@@ -144,6 +144,16 @@ absl::StatusOr<int> ShardLeases::AcquireAll() {
   return rows->rows();
 }
 
+absl::StatusOr<std::vector<std::string>> ShardLeases::Holders() {
+  auto rows = conn_->Execute(absl::StrCat("SELECT holder FROM shard_lease WHERE expires_at_ms >= ",
+                                          kDbNowMs,
+                                          " GROUP BY holder ORDER BY count(*) DESC, holder"));
+  if (!rows.ok()) return rows.status();
+  std::vector<std::string> holders;
+  for (int r = 0; r < rows->rows(); ++r) holders.push_back(rows->Text(r, 0));
+  return holders;
+}
+
 absl::Status ShardLeases::Release() {
   std::vector<int64_t> mine;
   {

@@ -80,6 +80,11 @@ class ShardLeases {
   // deadline runs on.
   absl::StatusOr<int> AcquireAll();
 
+  // The holders whose leases are live by the database's clock, the one
+  // owning most shards first: whom a standby names as the owner (phase 1:
+  // one, or none between an owner's death and a takeover).
+  absl::StatusOr<std::vector<std::string>> Holders();
+
   // Gives every owned shard back (expired now, epoch kept), for a clean
   // shutdown: a standby takes over without waiting out the lease.
   absl::Status Release();

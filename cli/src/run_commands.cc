@@ -29,14 +29,21 @@ constexpr int64_t kMaxPoints = 100'000;
 // A standby replica's answer (operator.proto, StandbyAnswer) says so: its
 // figures lag the owner's, and agent connections are the owner's to know.
 std::string StandbyNote(const v1::StandbyAnswer& s) {
+  const std::string owner =
+      s.owner().empty() ? std::string("the owner (none at the moment: a takeover is due)")
+                        : absl::StrCat("the owner, replica ", s.owner());
+  if (!s.has_as_of()) {
+    return absl::StrFormat(
+        "  answered by standby replica %s while it first reads the store (runs may be missing); "
+        "agent connections are known to %s\n",
+        s.replica(), owner);
+  }
   const double age_s =
       static_cast<double>(absl::ToUnixMillis(absl::Now()) - wire::TimeFromProto(s.as_of())) / 1e3;
   return absl::StrFormat(
       "  answered by standby replica %s from the store as of %.1f s ago; agent connections are "
       "known to %s\n",
-      s.replica(), std::max(0.0, age_s),
-      s.owner().empty() ? std::string("the owner (none at the moment: a takeover is due)")
-                        : absl::StrCat("the owner, replica ", s.owner()));
+      s.replica(), std::max(0.0, age_s), owner);
 }
 
 class RunsCommand : public Command {

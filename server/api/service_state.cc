@@ -41,7 +41,10 @@ bool ServiceState::DescribeStandby(v1::StandbyAnswer* out) const {
   if (writer() != nullptr) return false;
   out->set_replica(replica_);
   out->set_owner(owner_ ? owner_() : std::string());
-  wire::SetTime(standby_->as_of_ms(), out->mutable_as_of());
+  // Unset until the first refresh is complete.
+  if (const int64_t as_of = standby_->as_of_ms(); as_of > 0) {
+    wire::SetTime(as_of, out->mutable_as_of());
+  }
   return true;
 }
 

@@ -22,6 +22,8 @@
 #include "registry.h"
 #include "trainwatch/core/config.h"
 #include "trainwatch/core/json.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace trainwatch::cli {
 namespace {
@@ -393,6 +395,45 @@ TEST_CASE("runs and status against a fake: table and json and exit codes", "[cli
   CHECK(RunAlone(*status, {"run-b"}, &fake).code == kRefused);
   fake.status = grpc::Status(grpc::INVALID_ARGUMENT, "bad window");
   CHECK(RunAlone(*status, {"run-b"}, &fake).code == kUsage);
+}
+
+TEST_CASE("runs and status from a standby replica say so - and what it cannot know",
+          "[cli][commands]") {
+  FakeClient fake;
+  v1::RunInfo* r = fake.runs.add_runs();
+  r->set_run_id("run-a");
+  r->set_world_size(8);
+  r->set_latest_step(1200);
+  fake.run_status.mutable_run()->CopyFrom(*r);
+  v1::StandbyAnswer standby;
+  standby.set_replica("tw-b");
+  standby.set_owner("tw-a");
+  standby.mutable_as_of()->set_seconds(absl::ToUnixSeconds(absl::Now()) - 3);
+  *fake.runs.mutable_standby() = standby;
+  *fake.run_status.mutable_standby() = standby;
+  const std::string note = "answered by standby replica tw-b from the store as of 3.";
+  Result runs = RunAlone(*MakeRunsCommand(), {}, &fake);
+  CHECK(runs.code == kOk);
+  CHECK(runs.out.find(note) != std::string::npos);
+  CHECK(runs.out.find("agent connections are known to the owner, replica tw-a\n") !=
+        std::string::npos);
+  // No "0 of 8 ranks connected": a standby does not know.
+  Result st = RunAlone(*MakeStatusCommand(), {"run-a"}, &fake);
+  CHECK(st.out.rfind("run run-a: step 1200, 8 ranks, 0 open incidents\n  " + note, 0) == 0);
+  CHECK(st.out.find("ranks connected") == std::string::npos);
+  // Its first read of the store under way, and no owner between a death
+  // and a takeover.
+  fake.run_status.mutable_standby()->clear_as_of();
+  fake.run_status.mutable_standby()->clear_owner();
+  st = RunAlone(*MakeStatusCommand(), {"run-a"}, &fake);
+  CHECK(st.out.find("while it first reads the store (runs may be missing)") != std::string::npos);
+  CHECK(st.out.find("none at the moment: a takeover is due") != std::string::npos);
+  // The owner's answers carry no StandbyAnswer and say nothing of it.
+  fake.runs.clear_standby();
+  fake.run_status.clear_standby();
+  CHECK(RunAlone(*MakeRunsCommand(), {}, &fake).out.find("standby") == std::string::npos);
+  CHECK(RunAlone(*MakeStatusCommand(), {"run-a"}, &fake).out.find("0 of 8 ranks connected") !=
+        std::string::npos);
 }
 
 TEST_CASE("report against a fake: every attempt's history in one page", "[cli][commands]") {

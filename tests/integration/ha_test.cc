@@ -71,7 +71,9 @@ struct Replica {
                                  "--pager_config", pager},
         log);
   }
-  bool Listening() const { return ReadFile(log).find("listening on 127.0.0.1:") != std::string::npos; }
+  bool Listening() const {
+    return ReadFile(log).find("listening on 127.0.0.1:") != std::string::npos;
+  }
   bool Serving() const {
     return ReadFile(log).find("serving agents on 127.0.0.1:") != std::string::npos;
   }

@@ -16,6 +16,7 @@
 #include "trainwatch/core/json.h"
 #include "trainwatch/v1/operator.grpc.pb.h"
 #include "trainwatch/wire/client_tls.h"
+#include "trainwatch/wire/replicas.h"
 
 namespace trainwatch::cli {
 
@@ -37,11 +38,12 @@ std::unique_ptr<v1::OperatorService::Stub> StubFor(
 }
 
 // Every call goes to the addresses in their order until one answers: a
-// replica that is UNAVAILABLE (not running, not reachable, shutting down)
-// or ABORTED (a standby asked what only the owner can do: a decision,
-// which runs have agents connected) is skipped, and any other status, OK
-// or a real error, is the answer, as with a single server. Every replica
-// serves the operator's reads.
+// replica that is UNAVAILABLE (not running, not reachable, shutting down,
+// taking over) or a standby that refused what only the owner can do (a
+// decision, which runs have agents connected: ABORTED marked with
+// wire::kStandbyMetadataKey) is skipped, and any other status, OK or a real
+// error, is the answer, as with a single server. Every replica serves the
+// operator's reads.
 class GrpcOperatorClient : public OperatorClient {
  public:
   GrpcOperatorClient(const Connection& c, const std::vector<std::string>& addresses,
@@ -99,16 +101,17 @@ class GrpcOperatorClient : public OperatorClient {
       status = reader->Finish();
       // Once events were shown, a break is the watch's end, as with one
       // server: starting over elsewhere would show the snapshot again.
-      if (any || !TryNext(status)) break;
+      if (any || !TryNext(status, ctx)) break;
     }
     return status;
   }
 
  private:
   // Whether another address may answer where this one did not.
-  static bool TryNext(const grpc::Status& status) {
+  static bool TryNext(const grpc::Status& status, const grpc::ClientContext& ctx) {
     return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-           status.error_code() == grpc::StatusCode::ABORTED;
+           (status.error_code() == grpc::StatusCode::ABORTED &&
+            ctx.GetServerTrailingMetadata().count(wire::kStandbyMetadataKey) > 0);
   }
 
   void Prepare(grpc::ClientContext* c) const {
@@ -128,7 +131,7 @@ class GrpcOperatorClient : public OperatorClient {
       Prepare(&ctx);
       resp->Clear();
       status = (stub.get()->*method)(&ctx, req, resp);
-      if (!TryNext(status)) break;
+      if (!TryNext(status, ctx)) break;
     }
     return status;
   }

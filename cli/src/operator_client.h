@@ -66,7 +66,7 @@ Connection ResolveConnection(Connection c);
 // dialled until the first call, but every TLS file is read first. c.server
 // may name several replicas separated by commas (trainwatch/agent/
 // server_addresses.h): each call tries them in order, skipping one that is
-// UNAVAILABLE or ABORTED (a standby), and returns the first other answer.
+// UNAVAILABLE or a standby's refusal, and returns the first other answer.
 // Each unary call has a 30 s deadline per address tried. c.error, a malformed address list, or a
 // TLS file that is missing, unreadable or not PEM, or a cert without its
 // key, is returned as the error, naming the file or the list's entry.

@@ -101,15 +101,14 @@ class StatusCommand : public Command {
     }
     std::string* out = ctx.out;
     const auto& m = resp.latest().metrics();
-    *out = resp.has_standby()
-               ? absl::StrFormat("run %s: step %d, %d ranks, %d open incidents\n%s",
-                                 resp.run().run_id(), resp.run().latest_step(),
-                                 resp.run().world_size(), resp.run().open_incidents(),
-                                 StandbyNote(resp.standby()))
-               : absl::StrFormat("run %s: step %d, %d of %d ranks connected, %d open incidents\n",
-                                 resp.run().run_id(), resp.run().latest_step(),
-                                 resp.run().ranks_connected(), resp.run().world_size(),
-                                 resp.run().open_incidents());
+    // A standby knows no agent streams: it says so instead.
+    const std::string ranks =
+        resp.has_standby() ? absl::StrFormat("%d ranks", resp.run().world_size())
+                           : absl::StrFormat("%d of %d ranks connected",
+                                             resp.run().ranks_connected(), resp.run().world_size());
+    *out = absl::StrFormat("run %s: step %d, %s, %d open incidents\n", resp.run().run_id(),
+                           resp.run().latest_step(), ranks, resp.run().open_incidents());
+    if (resp.has_standby()) absl::StrAppend(out, StandbyNote(resp.standby()));
     if (resp.run().observed()) {
       absl::StrAppend(out, "  followed from its log (twctl follow): ", kObservedText,
                       "; no update is skipped nor the trainer halted, a rollback is a restart "

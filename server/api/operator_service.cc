@@ -21,6 +21,7 @@
 #include "api/convert.h"
 #include "api/incident_summary.h"
 #include "trainwatch/v1/operator.grpc.pb.h"
+#include "trainwatch/wire/replicas.h"
 
 namespace trainwatch::server {
 
@@ -60,7 +61,7 @@ class Watcher : public grpc::ServerWriteReactor<v1::IncidentEvent>, public Incid
     MaybeWriteLocked();
   }
 
-  // From the writer thread.
+  // From the writer thread (on a standby, its refresh thread).
   void Push(const IncidentRow& r, v1::IncidentEventKind kind) override {
     if (!req_.run_id().empty() && req_.run_id() != r.run_id) return;
     const int tier = wire::TierFromProto(req_.tier());
@@ -394,13 +395,14 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
       r->Finish(ToGrpc(s));
       return r;
     }
-    Ingestor* writer = state_->writer();
-    if (writer == nullptr) {
-      r->Finish(ToGrpc(state_->RequireWriter("record a decision")));
+    // Checked before the writer is read: once set it stays, so a takeover
+    // between the two cannot leave it null here.
+    if (absl::Status s = state_->RequireWriter("record a decision"); !s.ok()) {
+      FinishCall(ctx, r, s);
       return r;
     }
     d.actor = p->name;
-    writer->SubmitApproval(std::move(d), [r, resp](ApprovalOutcome o) {
+    state_->writer()->SubmitApproval(std::move(d), [r, resp](ApprovalOutcome o) {
       if (!o.status.ok()) {
         r->Finish(ToGrpc(o.status));
         return;
@@ -424,8 +426,17 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
       r->Finish(ToGrpc(p.status()));
       return r;
     }
-    state_->reads()->Post([r, fn = std::move(fn)] { r->Finish(ToGrpc(fn())); });
+    state_->reads()->Post([ctx, r, fn = std::move(fn)] { FinishCall(ctx, r, fn()); });
     return r;
+  }
+
+  // A standby's refusal (ServiceState::RequireWriter) is marked in the
+  // trailing metadata too, so that twctl moves on to its next address for
+  // it and not for any other ABORTED (a database's serialization failure).
+  static void FinishCall(grpc::CallbackServerContext* ctx, grpc::ServerUnaryReactor* r,
+                         const absl::Status& s) {
+    if (IsStandbyRefusal(s)) ctx->AddTrailingMetadata(wire::kStandbyMetadataKey, "1");
+    r->Finish(ToGrpc(s));
   }
 
   absl::Status FillSummary(const IncidentRow& inc, v1::DiagnosticSummary* s) {

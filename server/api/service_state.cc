@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "api/agent_stream.h"
 #include "trainwatch/wire/time.h"
@@ -27,14 +28,29 @@ const RunViews& ServiceState::views() const {
   return standby_->views();
 }
 
+namespace {
+constexpr absl::string_view kStandbyPayload = "trainwatch.standby";
+}  // namespace
+
+bool IsStandbyRefusal(const absl::Status& s) {
+  return s.GetPayload(kStandbyPayload).has_value();
+}
+
 absl::Status ServiceState::RequireWriter(absl::string_view what) const {
   if (writer() != nullptr) return absl::OkStatus();
   const std::string owner = owner_ ? owner_() : std::string();
-  return absl::AbortedError(absl::StrCat(
+  if (owner == replica_) {
+    // Its leases are taken, its writer not started yet: a moment.
+    return absl::UnavailableError(absl::StrCat("trainwatchd replica ", replica_,
+                                               " is taking over; try again in a moment"));
+  }
+  absl::Status refused = absl::AbortedError(absl::StrCat(
       "trainwatchd replica ", replica_, " is a standby and cannot ", what, "; ",
       owner.empty() ? std::string("no replica owns the runs at the moment (a takeover is due)")
                     : absl::StrCat("replica ", owner, " owns the runs"),
       ": try another address"));
+  refused.SetPayload(kStandbyPayload, absl::Cord(replica_));
+  return refused;
 }
 
 bool ServiceState::DescribeStandby(v1::StandbyAnswer* out) const {

@@ -37,6 +37,8 @@
 namespace trainwatch::server {
 
 grpc::Status ToGrpc(const absl::Status& s);
+// Whether `s` is a standby's refusal (ServiceState::RequireWriter).
+bool IsStandbyRefusal(const absl::Status& s);
 // The call's "authorization" metadata, empty when absent.
 std::string AuthorizationOf(const grpc::CallbackServerContext* ctx);
 
@@ -91,8 +93,8 @@ class ServiceState : public IngestListener {
   }
   // The runs' views: the writer's, or on a standby the store's.
   const RunViews& views() const;
-  // On a standby: ABORTED saying it cannot do `what` and naming the owner.
-  // OK once this replica writes.
+  // On a standby: ABORTED saying it cannot do `what` and naming the owner
+  // (UNAVAILABLE while it is taking over). OK once this replica writes.
   absl::Status RequireWriter(absl::string_view what) const;
   // On a standby: fills `out` (this replica, the owner, as of when) and
   // returns true; false once this replica writes.

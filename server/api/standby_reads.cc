@@ -27,15 +27,6 @@ absl::StatusOr<std::vector<IncidentRow>> AllIncidents(Store* store, IncidentFilt
   }
 }
 
-// Whether the owner wrote the run's row since `before` was read.
-bool RowChanged(const RunRow& before, const RunRow& now) {
-  return before.last_seen_ms != now.last_seen_ms || before.last_step != now.last_step ||
-         before.attempt != now.attempt || before.world_size != now.world_size ||
-         before.observed != now.observed || before.incarnation != now.incarnation ||
-         before.resume_step != now.resume_step || before.rules_json != now.rules_json ||
-         before.rules_source != now.rules_source;
-}
-
 }  // namespace
 
 StandbyReads::StandbyReads(Store* store, IngestListener* listener, core::Clock* clock,
@@ -83,12 +74,11 @@ absl::Status StandbyReads::Refresh() {
   const int64_t began = clock_->NowMs();
   absl::StatusOr<std::vector<RunRow>> runs = store_->LoadRuns();
   if (!runs.ok()) return runs.status();
-  IncidentFilter open_filter;
-  open_filter.open_only = true;
-  absl::StatusOr<std::vector<IncidentRow>> open = AllIncidents(store_, open_filter);
-  if (!open.ok()) return open.status();
-  // The first refresh starts after the newest incident: what is there
-  // already is not news.
+  // The incidents newer than the newest seen (at the first refresh: only
+  // that newest id, what is there already is not news), then the open ones.
+  // Read in this order, one committed between the two reads is open and
+  // newer than max_id: it is left to the next refresh, which tells it as
+  // opened.
   int64_t max_id = max_incident_id_;
   std::vector<IncidentRow> opened;
   if (first_) {
@@ -102,21 +92,32 @@ absl::Status StandbyReads::Refresh() {
     if (!all.ok()) return all.status();
     opened = *std::move(all);
   }
+  IncidentFilter open_filter;
+  open_filter.open_only = true;
+  absl::StatusOr<std::vector<IncidentRow>> open = AllIncidents(store_, open_filter);
+  if (!open.ok()) return open.status();
 
   // What changed since the last refresh, told in the writer's words once
   // the views show it.
   std::vector<std::pair<IncidentRow, IncidentChange>> changes;
   std::set<std::string> touched;  // runs whose incidents changed
-  std::map<int64_t, Seen> still_open;
-  for (const IncidentRow& r : *open) still_open[r.id] = {r.state, r.updated_ms};
+  // The open incidents as last seen: at the last refresh, or just now among
+  // the new ones.
+  std::map<int64_t, Seen> seen = open_;
   for (const IncidentRow& r : opened) {
     changes.emplace_back(r, IncidentChange::kOpened);
     touched.insert(r.run_id);
     max_id = std::max(max_id, r.id);
+    if (r.state != IncidentState::kResolved && r.state != IncidentState::kDismissed) {
+      seen[r.id] = {r.state, r.updated_ms};
+    }
   }
+  std::map<int64_t, Seen> still_open;
   for (const IncidentRow& r : *open) {
-    auto was = open_.find(r.id);
-    if (was == open_.end()) continue;  // new (told above), or there at the first
+    if (r.id > max_id) continue;  // committed after the first read: next time
+    still_open[r.id] = {r.state, r.updated_ms};
+    auto was = seen.find(r.id);
+    if (was == seen.end()) continue;  // there at the first refresh: not news
     if (was->second.state != r.state) {
       changes.emplace_back(r, IncidentChange::kStateChanged);
     } else if (was->second.updated_ms != r.updated_ms) {
@@ -126,7 +127,7 @@ absl::Status StandbyReads::Refresh() {
     }
     touched.insert(r.run_id);
   }
-  for (const auto& [id, seen] : open_) {
+  for (const auto& [id, last] : seen) {
     if (still_open.count(id) > 0) continue;
     // Closed since (resolved, dismissed): its final row.
     absl::StatusOr<std::optional<IncidentRow>> row = store_->GetIncident(id);
@@ -139,7 +140,7 @@ absl::Status StandbyReads::Refresh() {
   std::map<std::string, RunRow> rows;
   for (RunRow& row : *runs) {
     auto before = rows_.find(row.run_id);
-    if (first_ || before == rows_.end() || RowChanged(before->second, row) ||
+    if (first_ || before == rows_.end() || !(before->second == row) ||
         touched.count(row.run_id) > 0) {
       absl::StatusOr<RunView> view = RunTable::StoredView(store_, row);
       if (!view.ok()) return view.status();
@@ -152,7 +153,7 @@ absl::Status StandbyReads::Refresh() {
   }
 
   // Only now is the refresh taken: one that failed above is done again in
-  // full, so no change is told twice or lost.
+  // full, and its changes told then.
   rows_ = std::move(rows);
   open_ = std::move(still_open);
   max_incident_id_ = max_id;

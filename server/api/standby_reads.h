@@ -11,8 +11,10 @@
 //     state or evidence changed or that closed, handed to the listener as
 //     the writer would (opened, state changed, updated).
 // A standby's answers therefore lag the owner's by up to refresh_ms plus a
-// refresh. What only the owner's memory holds (the open agent streams) a
-// standby does not know.
+// refresh. A refresh costs a few queries for the incidents and about four
+// per run that streamed since the last one, on the store's read
+// connection. What only the owner's memory holds (the open agent streams)
+// a standby does not know.
 //
 // Thread-safe: one thread refreshes; views() may be read from any. It reads
 // the store as its writer thread would (Store::LoadRuns, MaxIncidentId), so

@@ -33,7 +33,14 @@ bool LeaseKeeper::TryOwnership() {
   absl::StatusOr<std::vector<std::string>> holders =
       owned.ok() ? leases_->Holders() : absl::StatusOr<std::vector<std::string>>(owned.status());
   if (holders.ok()) {
-    const std::string owner = holders->empty() ? "" : holders->front();
+    // Another replica: this one may hold some shards on its way to all.
+    std::string owner;
+    for (const std::string& h : *holders) {
+      if (h != leases_->options().holder) {
+        owner = h;
+        break;
+      }
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (owner != owner_ || !said_) {
       LOG(INFO) << "standby: " << *owned << " of " << leases_->shards()

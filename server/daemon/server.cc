@@ -169,6 +169,14 @@ struct Server::Impl {
   int metrics_port = 0;
   bool shut_down = false;
 
+  // The threads that call into `state` stop before it goes, also when
+  // Start fails half-way (Shutdown stops them on every other path).
+  ~Impl() {
+    if (standby != nullptr) standby->Stop();
+    if (ingestor != nullptr) ingestor->Stop();
+    if (pager != nullptr) pager->Stop();
+  }
+
   // The writer: engines from the store, the pager's outbox, then agent
   // streams and decisions taken.
   absl::Status StartWriter();
@@ -377,6 +385,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 
 absl::Status Server::TakeOver() {
   if (!standby()) return absl::FailedPreconditionError("TakeOver: not a standby");
+  // Renewed from the moment they are owned: what follows may take longer
+  // than the lease leaves.
+  impl_->RenewLeases();
   // A last refresh: watchers hear of the old owner's last changes before
   // the writer tells its own.
   impl_->standby->Stop();
@@ -385,7 +396,6 @@ absl::Status Server::TakeOver() {
   }
   if (absl::Status s = impl_->StartWriter(); !s.ok()) return s;
   impl_->MarkServing();
-  impl_->RenewLeases();
   return absl::OkStatus();
 }
 

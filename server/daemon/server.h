@@ -1,7 +1,9 @@
 // trainwatchd as a library: the gRPC services (agent stream, operator API,
 // health, reflection), the ingest writer, the store and the Prometheus
 // exporter, wired together. main() parses flags into ServerOptions, calls
-// Start(), waits for a signal and calls Shutdown().
+// Start() (a replica not owning the shards starts as a standby, and main
+// calls TakeOver() once it owns them), waits for a signal and calls
+// Shutdown().
 
 #ifndef TRAINWATCH_SERVER_SERVER_H_
 #define TRAINWATCH_SERVER_SERVER_H_

@@ -302,6 +302,9 @@ int Run(int argc, char** argv) {
     }
     if (absl::Status s = (*server)->TakeOver(); !s.ok()) {
       std::fprintf(stderr, "trainwatchd: taking over: %s\n", std::string(s.message()).c_str());
+      (*server)->Shutdown();
+      // Given back, so that another standby need not wait out the lease.
+      leases->Release().IgnoreError();
       return 1;
     }
     LOG(INFO) << "trainwatchd: replica " << o.replica << " owns all " << o.shards

@@ -33,6 +33,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -85,6 +86,15 @@ struct RunRow {
   std::string rules_json;
   std::string rules_source;
 };
+
+// Every field: a standby rebuilds a run's view when its row changed
+// (api/standby_reads.h), so a new field belongs here too.
+inline bool operator==(const RunRow& a, const RunRow& b) {
+  return std::tie(a.run_id, a.world_size, a.attempt, a.last_step, a.created_ms, a.last_seen_ms,
+                  a.incarnation, a.resume_step, a.observed, a.rules_json, a.rules_source) ==
+         std::tie(b.run_id, b.world_size, b.attempt, b.last_step, b.created_ms, b.last_seen_ms,
+                  b.incarnation, b.resume_step, b.observed, b.rules_json, b.rules_source);
+}
 
 // How an attempt began (operator.proto's AttemptStart).
 enum class AttemptStart : int { kFirst = 1, kRollback = 2, kResume = 3 };

@@ -7,9 +7,12 @@
 
 #include "api/standby_reads.h"
 
+#include <atomic>
 #include <chrono>
+#include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -144,6 +147,63 @@ TEST_CASE("standby reads: the owner's writes reach the views - each incident cha
   CHECK(reads.views().Get("run-a")->incidents_total[2] == 1);
   REQUIRE(reads.Refresh().ok());
   CHECK(told.changes.size() == 3);
+}
+
+TEST_CASE("standby reads: an owner writing throughout - every incident told opened once, and closed",
+          "[server][standby]") {
+  TempDir dir;
+  auto store = Store::Open(dir.File("tw.db"));
+  REQUIRE(store.ok());
+  // Commits without fsync, many per refresh, so that some land between a
+  // refresh's reads.
+  StoreOptions fast;
+  fast.synchronous = StoreOptions::Synchronous::kNormal;
+  auto owner = Store::Open(dir.File("tw.db"), fast);
+  REQUIRE(owner.ok());
+  testing::FakeClock clock;
+  Told told;
+  StandbyReads reads(store->get(), &told, &clock, 1000);
+  REQUIRE(reads.Refresh().ok());  // before the first incident: each is news
+  // The owner opens incidents and closes each a few later while the
+  // standby refreshes as fast as it can, so that writes land between a
+  // refresh's reads.
+  constexpr int64_t kIncidents = 2000;
+  constexpr int64_t kLag = 3;
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    for (int64_t id = 1; id <= kIncidents; ++id) {
+      WriteIncident(**owner, Incident(id, "run-a", 2));
+      if (id > kLag) {
+        IncidentRow closed = Incident(id - kLag, "run-a", 2);
+        closed.state = IncidentState::kDismissed;
+        closed.updated_ms = closed.closed_ms = 9000 + id;
+        WriteIncident(**owner, closed);
+      }
+    }
+    done = true;
+  });
+  int refreshes = 0;
+  while (!done) {
+    REQUIRE(reads.Refresh().ok());
+    ++refreshes;
+  }
+  writer.join();
+  REQUIRE(reads.Refresh().ok());
+  REQUIRE(reads.Refresh().ok());
+  INFO(refreshes << " refreshes while the owner wrote");
+  std::map<int64_t, int> opened;
+  std::map<int64_t, IncidentState> last;
+  for (size_t i = 0; i < told.changes.size(); ++i) {
+    const auto& [id, change] = told.changes[i];
+    if (change == IncidentChange::kOpened) opened[id]++;
+    last[id] = told.states[i];
+  }
+  for (int64_t id = 1; id <= kIncidents; ++id) {
+    INFO("incident " << id);
+    CHECK(opened[id] == 1);
+    CHECK(last[id] == (id <= kIncidents - kLag ? IncidentState::kDismissed
+                                               : IncidentState::kAwaitingDecision));
+  }
 }
 
 TEST_CASE("standby reads: the thread refreshes until stopped", "[server][standby]") {

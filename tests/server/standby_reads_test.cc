@@ -149,7 +149,7 @@ TEST_CASE("standby reads: the owner's writes reach the views - each incident cha
   CHECK(told.changes.size() == 3);
 }
 
-TEST_CASE("standby reads: an owner writing throughout - every incident told opened once, and closed",
+TEST_CASE("standby reads: an owner writing throughout - every incident told opened once and closed",
           "[server][standby]") {
   TempDir dir;
   auto store = Store::Open(dir.File("tw.db"));

@@ -1,8 +1,8 @@
 // The store's rows read back into its types, the same for both backends:
 // `Cursor` is SQLite's SqlStatement or PostgreSQL's Cells (pg_store.cc), a
 // result row read by column position with Int, Real (NULL as NaN), Text,
-// Blob, Bool, IsNull, Shards and ShardNames. The column lists are shared
-// too, so a column added to a table is read in one place.
+// Blob, Bool and IsNull. The column lists and the shard columns' texts are
+// shared too, so a column added to a table is read in one place.
 #ifndef TRAINWATCH_SERVER_STORE_ROW_READERS_H_
 #define TRAINWATCH_SERVER_STORE_ROW_READERS_H_
 
@@ -12,12 +12,39 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "store/store.h"
 #include "trainwatch/core/event.h"
 #include "trainwatch/core/json.h"
 
 namespace trainwatch::server::rows {
+
+// A shards column: the ids joined by ';' ("3;7;9"; "" for none).
+template <typename Cursor>
+std::vector<uint64_t> ReadShards(const Cursor& q, int col) {
+  std::vector<uint64_t> out;
+  for (absl::string_view part : absl::StrSplit(q.Text(col), ';', absl::SkipEmpty())) {
+    uint64_t v;
+    if (absl::SimpleAtoi(part, &v)) out.push_back(v);
+  }
+  return out;
+}
+
+// A shard_names column: a JSON array of the names, NULL for none.
+template <typename Cursor>
+std::vector<std::string> ReadShardNames(const Cursor& q, int col) {
+  std::vector<std::string> out;
+  if (q.IsNull(col)) return out;
+  absl::StatusOr<core::JsonValue> doc = core::ParseJson(q.Text(col), "shard_names");
+  if (!doc.ok() || doc->type != core::JsonValue::Type::kArray) return out;
+  for (const core::JsonValue& v : doc->array) {
+    if (v.type == core::JsonValue::Type::kString) out.push_back(v.string);
+  }
+  return out;
+}
 
 // A step's columns after (run_id, attempt): the signals in Signal order,
 // then the rest. Shared by the inserts, the attempt copies and every read.
@@ -90,7 +117,7 @@ EventRow ReadEvent(const Cursor& q, int64_t incident_id) {
   r.event.action = static_cast<core::Action>(q.Int(5));
   r.event.kind = static_cast<core::EventKind>(q.Int(6));
   r.event.reason = q.Text(7);
-  r.event.shards = q.Shards(8);
+  r.event.shards = ReadShards(q, 8);
   r.event.recommended_checkpoint_step = q.Int(9);
   r.created_ms = q.Int(10);
   return r;
@@ -113,11 +140,11 @@ StepRow ReadStep(const Cursor& q) {
     s.elements = static_cast<uint64_t>(q.Int(12));
   }
   s.decision = static_cast<int>(q.Int(13));
-  s.shards = q.Shards(14);
+  s.shards = ReadShards(q, 14);
   s.missing_ranks = q.Text(15);
   s.late = q.Bool(16);
   s.received_ms = q.Int(17);
-  s.shard_names = q.ShardNames(18);
+  s.shard_names = ReadShardNames(q, 18);
   // The flag's NULL says "no loss scale"; the scale's may be a NaN's.
   if (!q.IsNull(20)) s.SetLossScale(q.Real(19), q.Bool(20));
   return s;
@@ -140,7 +167,7 @@ IncidentRow ReadIncident(const Cursor& q, absl::Status* error) {
   r.detection_step = q.Int(8);
   r.recommended_checkpoint_step = q.Int(9);
   r.recommended_checkpoint_uri = q.Text(10);
-  r.shards = q.Shards(11);
+  r.shards = ReadShards(q, 11);
   absl::StatusOr<std::vector<core::RecommendedAction>> actions = core::ParseRecommendedActionsJson(
       q.Text(12), absl::StrCat("actions of incident I-", r.id));
   if (actions.ok()) {
@@ -151,7 +178,7 @@ IncidentRow ReadIncident(const Cursor& q, absl::Status* error) {
   r.opened_ms = q.Int(13);
   r.updated_ms = q.Int(14);
   r.closed_ms = q.Int(15);
-  r.shard_names = q.ShardNames(16);
+  r.shard_names = ReadShardNames(q, 16);
   r.observed = q.Bool(17);
   return r;
 }
@@ -186,6 +213,19 @@ DecisionRow ReadDecision(const Cursor& q) {
   d.idempotency_key = q.Text(7);
   d.at_ms = q.Int(8);
   return d;
+}
+
+// A quarantine entry of `run_id`: first_shard, last_shard, incident_id,
+// decision_id, created_ms, name.
+template <typename Cursor>
+QuarantineRow ReadQuarantine(const Cursor& r, const std::string& run_id) {
+  return QuarantineRow{run_id,
+                       static_cast<uint64_t>(r.Int(0)),
+                       static_cast<uint64_t>(r.Int(1)),
+                       r.Int(2),
+                       r.Int(3),
+                       r.Int(4),
+                       r.IsNull(5) ? std::string() : r.Text(5)};
 }
 
 }  // namespace trainwatch::server::rows

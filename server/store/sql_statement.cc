@@ -10,7 +10,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "trainwatch/core/json.h"
 
@@ -231,27 +230,6 @@ std::string SqlStatement::Blob(int col) const {
   const void* p = sqlite3_column_blob(stmt_, col);
   return p ? std::string(static_cast<const char*>(p), sqlite3_column_bytes(stmt_, col))
            : std::string();
-}
-
-std::vector<uint64_t> SqlStatement::Shards(int col) const {
-  std::vector<uint64_t> out;
-  const std::string text = Text(col);
-  for (absl::string_view part : absl::StrSplit(text, ';', absl::SkipEmpty())) {
-    uint64_t v;
-    if (absl::SimpleAtoi(part, &v)) out.push_back(v);
-  }
-  return out;
-}
-
-std::vector<std::string> SqlStatement::ShardNames(int col) const {
-  std::vector<std::string> out;
-  if (IsNull(col)) return out;
-  absl::StatusOr<core::JsonValue> doc = core::ParseJson(Text(col), "shard_names");
-  if (!doc.ok() || doc->type != core::JsonValue::Type::kArray) return out;
-  for (const core::JsonValue& v : doc->array) {
-    if (v.type == core::JsonValue::Type::kString) out.push_back(v.string);
-  }
-  return out;
 }
 
 std::string InsertSql(absl::string_view head, int width, size_t rows, absl::string_view tail) {

@@ -117,10 +117,8 @@ class SqlStatement {
   bool Bool(int col) const { return Int(col) != 0; }
   std::string Text(int col) const;
   std::string Blob(int col) const;
-  std::vector<uint64_t> Shards(int col) const;
-  // What BindShardNames wrote; NULL (rows from before names) reads as none,
-  // and so, like Shards, does a column that is not such an array.
-  std::vector<std::string> ShardNames(int col) const;
+  // BindShards' and BindShardNames' columns are read by rows::ReadShards
+  // and ReadShardNames (row_readers.h), for both backends.
 
   // Every row, each made by read(*this).
   template <typename Read>

@@ -117,15 +117,7 @@ absl::StatusOr<std::vector<QuarantineRow>> Quarantines(sqlite3* db, const std::s
                  "SELECT first_shard, last_shard, incident_id, decision_id, created_ms, name FROM "
                  "quarantined_shards WHERE run_id = ?1 ORDER BY id");
   q.Bind(1, run_id);
-  return q.All([&](const SqlStatement& r) {
-    return QuarantineRow{run_id,
-                         static_cast<uint64_t>(r.Int(0)),
-                         static_cast<uint64_t>(r.Int(1)),
-                         r.Int(2),
-                         r.Int(3),
-                         r.Int(4),
-                         r.IsNull(5) ? std::string() : r.Text(5)};
-  });
+  return q.All([&](const SqlStatement& r) { return ReadQuarantine(r, run_id); });
 }
 
 }  // namespace trainwatch::server::rows

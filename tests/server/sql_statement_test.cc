@@ -1,6 +1,7 @@
 // The store's statement helper alone, on an in-memory database: typed binds
 // and reads, reset and reuse, errors, and the transaction wrapper.
 
+#include "store/row_readers.h"
 #include "store/sql_statement.h"
 
 #include <cmath>
@@ -38,14 +39,14 @@ TEST_CASE("sql statement: binds each type and reads it back", "[server][sql]") {
   CHECK(q.Real(1) == 2.5);
   CHECK(q.Text(2) == "text");
   CHECK(q.Blob(3) == blob);  // the NUL survives
-  CHECK(q.Shards(4) == std::vector<uint64_t>{3, 7, 9});
+  CHECK(rows::ReadShards(q, 4) == std::vector<uint64_t>{3, 7, 9});
   REQUIRE(q.Next(&st));
   CHECK(q.IsNull(0));
   CHECK(q.IsNull(1));            // NaN is stored as NULL...
   CHECK(std::isnan(q.Real(1)));  // ...and NULL reads as NaN
   CHECK_FALSE(q.IsNull(2));
   CHECK(q.Blob(3).empty());
-  CHECK(q.Shards(4).empty());
+  CHECK(rows::ReadShards(q, 4).empty());
   CHECK_FALSE(q.Next(&st));
   CHECK(st.ok());
 }

@@ -16,6 +16,9 @@
 // is dropped and opened again at its next use, so a restarted server (or,
 // with a multi-host conninfo, a promoted standby) is reached again without
 // restarting trainwatchd.
+//
+// The batch's inserts are pg_store_writes.cc, the text formats and query
+// helpers both use pg_values.h; this file is the connections and the reads.
 
 #ifndef TRAINWATCH_SERVER_STORE_PG_PG_STORE_H_
 #define TRAINWATCH_SERVER_STORE_PG_PG_STORE_H_

@@ -72,8 +72,11 @@ setup(
     version=cmake_version(),
     package_dir={"": "agent/python"},
     packages=["trainwatch", "trainwatch.integrations"],
-    # Typed (PEP 561): the marker and the native module's stub.
-    package_data={"trainwatch": ["py.typed", "_trainwatch.pyi"]},
+    # Typed (PEP 561): the marker and the native module's stub; and the
+    # bootstrap folder `trainwatch run` puts first on PYTHONPATH (a
+    # sitecustomize.py alone, no package).
+    package_data={"trainwatch": ["py.typed", "_trainwatch.pyi", "_bootstrap/sitecustomize.py"]},
+    entry_points={"console_scripts": ["trainwatch = trainwatch.cli:main"]},
     ext_modules=[CMakeExtension("trainwatch._trainwatch", target="_trainwatch")],
     cmdclass={"build_ext": CMakeBuild},
     zip_safe=False,

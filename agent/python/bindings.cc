@@ -109,7 +109,8 @@ class PyAgent {
           std::optional<std::string> token, std::optional<std::string> spill_dir,
           std::optional<std::string> rules_json, py::object reduce,
           std::optional<std::string> ca_file, std::optional<std::string> cert_file,
-          std::optional<std::string> key_file, std::optional<int64_t> resume_step) {
+          std::optional<std::string> key_file, std::optional<int64_t> resume_step,
+          bool observed) {
     absl::StatusOr<agent::AgentConfig> env = agent::AgentConfig::FromEnvironment();
     if (!env.ok()) throw py::value_error(std::string(env.status().message()));
     agent::AgentConfig cfg = *env;
@@ -121,6 +122,7 @@ class PyAgent {
     if (cert_file) cfg.cert_file = *cert_file;
     if (key_file) cfg.key_file = *key_file;
     cfg.resume_step = resume_step;
+    cfg.observed = observed;
     if (rules_json) {
       auto rules = core::ParseRuleConfigJson(*rules_json, "rules");
       if (!rules.ok()) throw py::value_error(std::string(rules.status().message()));
@@ -491,13 +493,13 @@ PYBIND11_MODULE(_trainwatch, m) {
       .def(py::init<std::string, std::string, int, int, std::optional<std::string>,
                     std::optional<std::string>, std::optional<std::string>, py::object,
                     std::optional<std::string>, std::optional<std::string>,
-                    std::optional<std::string>, std::optional<int64_t>>(),
+                    std::optional<std::string>, std::optional<int64_t>, bool>(),
            py::arg("server") = "", py::arg("run_id") = "", py::arg("rank") = 0,
            py::arg("world_size") = 1, py::arg("token") = py::none(),
            py::arg("spill_dir") = py::none(), py::arg("rules_json") = py::none(),
            py::arg("reduce") = py::none(), py::arg("ca_file") = py::none(),
            py::arg("cert_file") = py::none(), py::arg("key_file") = py::none(),
-           py::arg("resume_step") = py::none())
+           py::arg("resume_step") = py::none(), py::arg("observed") = false)
       .def("step", &PyAgent::Step, py::arg("step"), py::arg("loss") = py::none(),
            py::arg("grads") = py::none(), py::arg("logits") = py::none(),
            py::arg("labels") = py::none(), py::arg("log_z") = py::none(),

@@ -135,10 +135,6 @@ absl::Status Agent::Impl::GatherShards(absl::Span<const uint64_t> mine,
 }
 
 absl::StatusOr<Verdict> Agent::Impl::Step(const StepInput& in) {
-  if (config_.observed) {
-    return absl::FailedPreconditionError(
-        "an observed agent (a follower) reports through StepObserved(), not Step()");
-  }
   // Checked first, so that nothing is reduced or queued for a step refused.
   if (absl::Status s = core::CheckShardNames("step", in.shard_names); !s.ok()) return s;
   if (absl::Status s = CheckGradLayout(in, reducer_->world_size()); !s.ok()) return s;
@@ -207,6 +203,9 @@ void Agent::Impl::Queue(const StepInput& in, const core::StepRecord& rec,
   slot->elements = slot->rank_scope ? static_cast<uint64_t>(reduced.local_elements())
                                     : reduced.elements();
   slot->verdict = outcome_.verdict;
+  // An observed agent judges but does not act: its skip is recommended, never
+  // claimed as done.
+  slot->update_skipped = outcome_.verdict.decision == Decision::kSkipUpdate && !config_.observed;
   slot->verdict_event.reset();
   if (outcome_.verdict.decision != Decision::kContinue) {
     for (const core::Event& e : outcome_.events) {
@@ -251,6 +250,7 @@ absl::Status Agent::Impl::StepObserved(const core::StepRecord& rec) {
   slot->nonfinite = 0;  // a log gives nan_frac, never the counts behind it
   slot->elements = 0;
   slot->verdict = Verdict();  // observed, not enforced: nothing was skipped or halted
+  slot->update_skipped = false;
   slot->shard_count = static_cast<uint16_t>(std::min(rec.shards.size(), Slot::kMaxShards));
   std::copy_n(rec.shards.begin(), slot->shard_count, slot->shards);
   slot->shard_names.assign(rec.shard_names.begin(), rec.shard_names.end());

@@ -31,7 +31,7 @@ v1::AgentMessage StepMessage(const Origin& origin, const Slot& s) {
   rep.shards = !s.gathered_shards.empty() ? absl::MakeConstSpan(s.gathered_shards)
                                           : absl::MakeConstSpan(s.shards, s.shard_count);
   rep.shard_names = s.shard_names;
-  rep.update_skipped = s.verdict.decision == Decision::kSkipUpdate;
+  rep.update_skipped = s.update_skipped;
   wire::StepToProto(rep, r);
   wire::VerdictToProto(s.verdict, r);
   if (s.verdict_event.has_value()) wire::EventToProto(*s.verdict_event, r->mutable_verdict_reason());

@@ -36,6 +36,9 @@ struct Slot : core::Step {
   // A rank's own report (a nonfinite gradient) rather than the run's.
   bool rank_scope = false;
   Verdict verdict;
+  // Whether the trainer skipped the update: the verdict's skip, unless the
+  // agent only observes (AgentConfig::observed).
+  bool update_skipped = false;
   // The event behind a skip or a halt (a failure path: copied only then),
   // and the hash of the rules the verdict came from.
   std::optional<core::Event> verdict_event;

@@ -89,6 +89,9 @@ void PerRunRules::RecordAgentVerdict(RunState& run, const v1::StepReport& r, int
                  << ")";
   }
   if (agent != v1::VERDICT_SKIP && agent != v1::VERDICT_HALT) return;
+  // An observed run's agent acted on nothing: its verdicts are the
+  // recommendations the incident tracker records, not decisions.
+  if (run.row.observed) return;
   ++run.agent_decisions_total;
   // The thresholds the agent ran, where its hash names rules the server
   // knows: the run's, or the defaults an agent judges by until it switches.

@@ -1,6 +1,7 @@
-// An observed agent (AgentConfig::observed, what twctl follow runs): the
-// hello says observed, StepObserved() streams the record as given with nothing
-// skipped, and the per-step path of a trainer is refused on it.
+// An observed agent (AgentConfig::observed: what twctl follow runs, and
+// `trainwatch run --observe-only`): the hello says observed, StepObserved()
+// streams the record as given with nothing skipped, and Step() judges a
+// trainer's step whose skip goes out as recommended, never as done.
 
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -50,9 +51,46 @@ TEST_CASE("observed: the hello says observed and records go as given with nothin
   core::StepRecord back;
   back.step = 40;
   CHECK(absl::IsInvalidArgument((*agent)->StepObserved(back)));
-  StepInput in;
-  in.step = 50;
-  CHECK(absl::IsFailedPrecondition((*agent)->Step(in).status()));
+  (*agent)->Close(2000);
+}
+
+TEST_CASE("observed: Step() judges and its skip is reported as not applied",
+          "[agent][observed]") {
+  const int port = FreePort();
+  FakeServer service;
+  Running server(&service, port);
+  AgentConfig cfg;
+  cfg.server_address = "127.0.0.1:" + std::to_string(port);
+  cfg.run_id = "run-oo";
+  cfg.observed = true;
+  core::RuleConfig rules;
+  rules.warmup_steps = 20;
+  rules.warmup_min_records = 10;
+  rules.warmup_min_grad_samples = 10;
+  cfg.rules = rules;
+  auto agent = Agent::Create(cfg, std::make_unique<SingleProcessReducer>());
+  REQUIRE(agent.ok());
+  Verdict skip;
+  for (int64_t s = 0; s <= 40; ++s) {
+    StepInput in;
+    in.step = s;
+    in.loss = 2.5 + 0.01 * (s % 3);
+    in.grad_sum_squares = 1.0 + 0.05 * (s % 4);
+    in.grad_elements = 1000;
+    if (s == 40) {  // a bad batch
+      in.loss = 6.0;
+      in.grad_sum_squares = 160.0;
+    }
+    absl::StatusOr<Verdict> v = (*agent)->Step(in);
+    REQUIRE(v.ok());
+    if (s == 40) skip = *v;
+  }
+  CHECK(skip.decision == Decision::kSkipUpdate);
+  REQUIRE(
+      WaitUntil([&] { return service.global_report(40).has_value(); }, std::chrono::seconds(20)));
+  CHECK(service.hellos().front().observed());
+  CHECK(service.global_report(40)->verdict() == v1::VERDICT_SKIP);  // what the rules say
+  CHECK_FALSE(service.global_report(40)->update_skipped());          // and nothing was done
   (*agent)->Close(2000);
 }
 

@@ -35,6 +35,7 @@ TEST_CASE("step message: a skipped step's report is the one always sent", "[agen
   s.nonfinite = 1;
   s.elements = 1000;
   s.verdict = core::Verdict{core::Decision::kSkipUpdate, 1, core::EventKind::kLossRatioSkip};
+  s.update_skipped = true;
   s.shard_count = 2;
   s.shards[0] = (uint64_t{1} << 60) + 5;
   s.shards[1] = 6;

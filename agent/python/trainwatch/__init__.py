@@ -235,6 +235,10 @@ class Agent:
         first step, or else the first step minus 1. A restart that resumes
         before the run's last stored step opens a new attempt on the server,
         keeping both jobs' records.
+    observed: judge every step but act on none: the server records the
+        run as observed, not enforced, and its tier 1 and tier 3 verdicts
+        as recommended, not applied (`trainwatch run --observe-only`).
+        The caller must then neither skip nor halt.
 
     Used as a context manager, it closes (flushing its records) on the way out.
     """
@@ -244,12 +248,12 @@ class Agent:
                  spill_dir: Optional[str] = None, rules: Optional[Mapping[str, Any]] = None,
                  reduce: Optional[Reduce] = None, ca_file: Optional[str] = None,
                  cert_file: Optional[str] = None, key_file: Optional[str] = None,
-                 resume_step: Optional[int] = None) -> None:
+                 resume_step: Optional[int] = None, observed: bool = False) -> None:
         self._native = _NativeAgent(
             server=_server_list(server), run_id=run_id, rank=rank, world_size=world_size, token=token,
             spill_dir=spill_dir, rules_json=None if rules is None else _json.dumps(rules),
             reduce=reduce, ca_file=ca_file, cert_file=cert_file, key_file=key_file,
-            resume_step=resume_step)
+            resume_step=resume_step, observed=observed)
 
     def step(self, step: int, loss: Optional[float] = None,
              grads: Union[Sequence[Any], Mapping[str, Any], None] = None,

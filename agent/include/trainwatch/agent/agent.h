@@ -148,13 +148,15 @@ struct AgentConfig {
   // before the run's last stored step opens a new attempt on the server, so
   // that both jobs' records are kept (see the incarnation note below).
   std::optional<int64_t> resume_step;
-  // The records are of a job watched from outside (its log followed by
-  // `twctl follow`), not of the trainer itself: told to the server in the
-  // hello (Hello.observed), which marks the run "observed, not enforced".
-  // No update can be skipped nor the trainer halted, so the server records
-  // tier 1 and tier 3 verdicts as recommended, not applied, and sends the
-  // run no commands. Records come through StepObserved(), never Step(). Not read
-  // from the environment: only a follower sets it. Default false.
+  // The records are of a job watched, not enforced: its log followed by
+  // `twctl follow` (records through StepObserved()), or a trainer attached
+  // observe-only (`trainwatch run --observe-only`, records through Step(),
+  // whose verdicts are then recommendations the trainer does not act on).
+  // Told to the server in the hello (Hello.observed), which marks the run
+  // "observed, not enforced": no update was skipped nor the trainer halted,
+  // so the server records tier 1 and tier 3 verdicts as recommended, not
+  // applied, and sends the run no commands. Not read from the environment:
+  // only the caller sets it. Default false.
   bool observed = false;
 
   // Overrides the fields above from TRAINWATCH_* variables (and RANK /

@@ -1,0 +1,680 @@
+"""Enforcing with no code change: what `trainwatch run` attaches to each rank
+of a torch job (trainwatch/_bootstrap/sitecustomize.py loads this module when
+the program imports torch, in the processes that are ranks).
+
+Every optimizer built in the process gets a gate in front of its step(), the
+same gate trainwatch.torch.watch() puts there, and the gate asks one Guard
+for the verdict of the step it lets through:
+
+- grad_norm before clipping: judged at the trainer's own clip call when it
+  makes one (torch.nn.utils.clip_grad_norm_ and get_total_norm both take the
+  norm through clip_grad._get_total_norm, which is wrapped: a name bound by
+  `from ... import` before the patch still goes through it), else at the
+  step; either way the Guard computes it from the gradients, so it is the
+  same number.
+- loss: the scalars backward() is called on since the last step, summed
+  (a loss divided by the accumulation count sums to the step's mean), with
+  a GradScaler's scale taken back out.
+- log Z: the output of the module whose output reaches the model's output
+  with its last dimension (the vocabulary), found in the first step by
+  global module hooks that are removed at the first verdict; from then on
+  one forward hook on that module alone.
+- layout: DDP (its constructor is watched), DTensor placements (FSDP2,
+  tensor parallel, both), one process.
+- shards: a `shard_ids`, `shards`, `shard_id` or `shard` field of a dict
+  batch from a DataLoader.
+
+A skip does not call the optimizer's step at all, so parameters and state
+stay bit-identical whatever the optimizer does with a None gradient. A halt
+prints one line naming the tensor and the rank, records the halt for the
+launcher, and ends the process with status 3. What cannot be enforced is
+watched observe-only, said once, and never reported as skipped.
+
+Failures to attach print `trainwatch: not attached: <why>` and leave the job
+running as it would without trainwatch (TRAINWATCH_REQUIRE=1: exit 2 before
+the first step instead).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+import weakref
+from typing import Any, Callable, Optional
+
+import torch
+
+from . import Agent, TrainingHalted, Verdict
+from .integrations._common import shard_list
+from .torch import Guard, distributed_reduce
+
+# Batch fields that hold the batch's shard ids or names, in this order.
+SHARD_FIELDS = ("shard_ids", "shards", "shard_id", "shard")
+
+_attachment: Optional[Attachment] = None
+
+
+def on_import(name: str, module: Any) -> None:
+    """Called by the bootstrap once `name` is imported in a rank."""
+    global _attachment
+    if name == "torch":
+        if _attachment is None:
+            _attachment = Attachment(os.environ)
+            _attachment.patch()
+    elif _attachment is not None:
+        _attachment.trainer_imported(name, module)
+
+
+def state() -> dict[str, Any]:
+    """What this process holds, for tests and --explain: role, whether it is
+    attached, whether it has an agent, the summary."""
+    a = _attachment
+    return {"role": os.environ.get("TRAINWATCH_ROLE", ""),
+            "attached": a is not None and not a.inert,
+            "agent": a is not None and a.agent is not None and not a.inert,
+            "summary": None if a is None else a.summary}
+
+
+def _say(text: str) -> None:
+    # One write per line: ranks share the launcher's stderr.
+    sys.stderr.write(f"trainwatch: {text}\n")
+    sys.stderr.flush()
+
+
+class Attachment:
+    """The process's one attachment: the patches, what the first step found,
+    and the Guard and Agent made at the first verdict. Used from the training
+    thread only (the trainer's own)."""
+
+    def __init__(self, environ: Any) -> None:
+        self.observe_only = environ.get("TRAINWATCH_OBSERVE_ONLY") == "1"
+        self.require = environ.get("TRAINWATCH_REQUIRE") == "1"
+        self.explain = environ.get("TRAINWATCH_EXPLAIN") == "1"
+        self.state_dir = environ.get("TRAINWATCH_STATE_DIR", "")
+        self.default_run_id = environ.get("TRAINWATCH_DEFAULT_RUN_ID", "")
+        self.inert = False          # forked helper, detached, or delegated
+        self.delegated = ""         # who acts instead (an integration, watch())
+        self.started = False
+        self.agent: Optional[Agent] = None
+        self.guard: Optional[Guard] = None
+        self.summary: Optional[dict[str, str]] = None
+        self.enforcing = not self.observe_only
+        self.rank = 0
+        self.acted: Optional[Verdict] = None  # the verdict last acted on
+        self.would_have_halted = False
+        self.observe_reason = "--observe-only" if self.observe_only else ""
+        self.step = 0
+        self.verdict: Optional[Verdict] = None
+        self.fresh = True           # a backward ran since the last verdict
+        self.in_gate = False
+        self.in_backward = False
+        self.judged_at = ""         # where the first verdict was taken
+        self.optimizers: list[weakref.ReferenceType[torch.optim.Optimizer]] = []
+        self.ddp: list[weakref.ReferenceType[torch.nn.Module]] = []
+        # The micro-batches of the step being accumulated.
+        self.loss_sum: Any = None
+        self.scaled_sum: Any = None
+        self.micro_batches = 0
+        self.shards: list[Any] = []
+        self.shard_field = ""
+        self.scaler: Any = None
+        self.scaled: dict[int, weakref.ReferenceType[torch.Tensor]] = {}
+        # First-step discovery by global module hooks.
+        self.roots: list[torch.nn.Module] = []
+        self.depth = 0
+        self.called: list[tuple[torch.nn.Module, torch.Size]] = []
+        self.logits: Optional[tuple[str, torch.nn.Module, int]] = None
+        self.discovery: list[Any] = []
+        self.restore: list[Callable[[], None]] = []
+
+    # ---- patches -------------------------------------------------------
+
+    def patch(self) -> None:
+        """Wraps what the trainer calls (each wrapper passes straight through
+        once this process is inert) and starts the first-step discovery."""
+        att = self
+        optim = torch.optim.Optimizer
+        init = optim.__init__
+
+        def optimizer_init(opt: Any, *args: Any, **kwargs: Any) -> None:
+            init(opt, *args, **kwargs)
+            att.adopt(opt)
+        self._set(optim, "__init__", optimizer_init)
+
+        backward = torch.autograd.backward
+
+        def autograd_backward(tensors: Any, grad_tensors: Any = None, *args: Any,
+                              **kwargs: Any) -> Any:
+            if att.inert:
+                return backward(tensors, grad_tensors, *args, **kwargs)
+            att.backward_called(tensors, grad_tensors)
+            att.in_backward = True
+            try:
+                return backward(tensors, grad_tensors, *args, **kwargs)
+            finally:
+                att.in_backward = False
+        self._set(torch.autograd, "backward", autograd_backward)
+
+        import torch.nn.utils.clip_grad as clip_grad
+        total_norm = clip_grad._get_total_norm
+
+        def get_total_norm(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            if not att.inert:
+                att.pre_clip(tensors)
+            return total_norm(tensors, *args, **kwargs)
+        self._set(clip_grad, "_get_total_norm", get_total_norm)
+        self._set(torch.nn.utils, "get_total_norm", get_total_norm)
+
+        scaler_cls = torch.amp.grad_scaler.GradScaler
+        scale, scaler_step = scaler_cls.scale, scaler_cls.step
+
+        def scaler_scale(scaler: Any, outputs: Any) -> Any:
+            out = scale(scaler, outputs)
+            if not att.inert and isinstance(out, torch.Tensor) and scaler.is_enabled():
+                att.scaler = scaler
+                att.scaled[id(out)] = weakref.ref(out)
+            return out
+        self._set(scaler_cls, "scale", scaler_scale)
+
+        def scaler_step_(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            # The scaler skips optimizer.step() on an overflow: judged here,
+            # so that the overflow is recorded (tier 0) all the same.
+            if not att.inert and not att.in_gate and scaler.is_enabled():
+                att.scaler = scaler
+                att.decide(optimizer)
+            return scaler_step(scaler, optimizer, *args, **kwargs)
+        self._set(scaler_cls, "step", scaler_step_)
+
+        ddp = torch.nn.parallel.DistributedDataParallel
+        ddp_init = ddp.__init__
+
+        def ddp_init_(module: Any, *args: Any, **kwargs: Any) -> None:
+            ddp_init(module, *args, **kwargs)
+            att.ddp.append(weakref.ref(module))
+        self._set(ddp, "__init__", ddp_init_)
+
+        import torch.utils.data.dataloader as dataloader
+        iter_next = dataloader._BaseDataLoaderIter.__next__
+
+        def loader_next(it: Any) -> Any:
+            batch = iter_next(it)
+            if not att.inert:
+                att.batch_loaded(batch)
+            return batch
+        self._set(dataloader._BaseDataLoaderIter, "__next__", loader_next)
+
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+        self.restore.append(register_optimizer_step_pre_hook(self.ungated_step).remove)
+
+        import torch.nn.modules.module as module_mod
+        self.discovery = [module_mod.register_module_forward_pre_hook(self.module_entered),
+                          module_mod.register_module_forward_hook(self.module_left)]
+        os.register_at_fork(after_in_child=self.forked)
+
+    def _set(self, owner: Any, name: str, value: Any) -> None:
+        original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+        setattr(owner, name, value)
+        self.restore.append(lambda: setattr(owner, name, original))
+
+    def forked(self) -> None:
+        # A forked DataLoader worker (or any fork of a rank): it copied this
+        # object, not the agent's threads; it must never judge nor send.
+        # The agent object stays referenced: its destructor would wait on
+        # threads this process does not have.
+        self.inert = True
+        self.stop_discovery()
+
+    def trainer_imported(self, name: str, module: Any) -> None:
+        """The trainers that own their loop take their integration when
+        constructed, and the gates then stand aside."""
+        from . import integrations  # noqa: F401
+
+        def wrap(cls: Any, attach: Callable[[Any], object], who: str) -> None:
+            init = cls.__init__
+
+            def trainer_init(trainer: Any, *args: Any, **kwargs: Any) -> None:
+                init(trainer, *args, **kwargs)
+                if self.inert or self.started:
+                    return
+                self.delegate(who)
+                attach(trainer)
+            self._set(cls, "__init__", trainer_init)
+
+        if name == "transformers.trainer":
+            from .integrations import transformers as hf
+            wrap(module.Trainer, lambda t: hf.watch(t), "the Hugging Face Trainer integration")
+        elif name in ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer"):
+            from .integrations import lightning as pl
+
+            def add_callback(trainer: Any) -> None:
+                trainer.callbacks.append(pl.TrainwatchCallback())
+            wrap(module.Trainer, add_callback, "the Lightning integration")
+        elif name == "torchtitan.train":
+            from .integrations import torchtitan as tt
+            wrap(module.Trainer, lambda t: tt.watch(t), "the torchtitan integration")
+
+    def delegate(self, who: str) -> None:
+        self.delegated = who
+        self.inert = True
+        self.stop_discovery()
+        if int(os.environ.get("RANK", "0")) == 0:
+            _say(f"attached through {who}")
+
+    # ---- what the trainer does ----------------------------------------
+
+    def adopt(self, opt: torch.optim.Optimizer) -> None:
+        """Puts the gate in front of a new optimizer's step(): an instance
+        attribute bound to the optimizer, as LR schedulers expect
+        (they rewrap opt.step through its __func__)."""
+        if self.inert:
+            return
+        self.optimizers.append(weakref.ref(opt))
+        inner = opt.__dict__.get("step")
+        att = self
+
+        def step(o: Any, *args: Any, **kwargs: Any) -> Any:
+            def run(*a: Any, **kw: Any) -> Any:
+                return inner(*a, **kw) if inner is not None else type(o).step(o, *a, **kw)
+            return att.gate(o, run, args, kwargs)
+        setattr(opt, "step", types.MethodType(step, opt))
+
+    def gate(self, opt: Any, run: Callable[..., Any], args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> Any:
+        if self.inert or self.in_gate:  # a container's inner optimizers pass
+            return run(*args, **kwargs)
+        self.in_gate = True
+        try:
+            closure = kwargs.get("closure", args[0] if args and callable(args[0]) else None)
+            if closure is not None:
+                return self.step_with_closure(opt, run, closure, args, kwargs)
+            if self.in_backward and not self.started:
+                self.observe_reason = ("the optimizer steps inside backward (optimizer-in-"
+                                       "backward): there is no update left to skip")
+            v = self.decide(opt)
+            if v is not None and self.act(v):
+                for ref in self.optimizers:
+                    o = ref()
+                    if o is not None:
+                        o.zero_grad(set_to_none=True)
+                return None
+            return run(*args, **kwargs)
+        finally:
+            self.in_gate = False
+
+    def step_with_closure(self, opt: Any, run: Callable[..., Any], closure: Callable[[], Any],
+                          args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """optimizer.step(closure): the forward and backward run inside the
+        step, so the verdict comes after the closure, and a skip can only
+        drop the gradients, which a torch.optim optimizer honours (it passes
+        over parameters without one); any other optimizer is watched
+        observe-only."""
+        if not self.started and not type(opt).__module__.startswith("torch.optim"):
+            self.observe_reason = (f"{type(opt).__name__}.step(closure) runs the backward "
+                                   "inside the step, and a skip would rest on it passing over "
+                                   "parameters without a gradient, which only torch.optim's "
+                                   "optimizers are known to do")
+        judged = False
+
+        def judged_closure() -> Any:
+            nonlocal judged
+            loss = closure()
+            if not judged:
+                judged = True
+                v = self.decide(opt)
+                if v is not None and self.act(v):
+                    for group in opt.param_groups:
+                        for p in group["params"]:
+                            p.grad = None
+            return loss
+        if "closure" in kwargs:
+            kwargs = dict(kwargs, closure=judged_closure)
+        else:
+            args = (judged_closure,) + tuple(args[1:])
+        return run(*args, **kwargs)
+
+    def ungated_step(self, opt: Any, args: Any, kwargs: Any) -> None:
+        """The global step pre-hook: a step that bypassed the gate (a
+        subclass that set its own step attribute). It can only halt or drop
+        the gradients, as step_with_closure does."""
+        if self.inert or self.in_gate:
+            return None
+        if not self.started and not type(opt).__module__.startswith("torch.optim"):
+            self.observe_reason = (f"{type(opt).__name__}.step() bypasses the gate trainwatch "
+                                   "puts on optimizers")
+        v = self.decide(opt)
+        if v is not None and self.act(v):
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    p.grad = None
+        return None
+
+    def backward_called(self, tensors: Any, grad_tensors: Any) -> None:
+        self.depth = 0  # a forward that raised left it unbalanced
+        t = tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else tensors
+        if not isinstance(t, torch.Tensor) or t.numel() != 1:
+            return  # not a loss (a pipeline stage's output, a vector-Jacobian product)
+        if grad_tensors is not None and not isinstance(grad_tensors, (list, tuple)) and \
+                not bool(torch.all(grad_tensors == 1)):
+            return
+        self.fresh = True
+        value = t.detach().reshape(()).double()
+        ref = self.scaled.pop(id(t), None)
+        if ref is not None and ref() is t:
+            self.scaled_sum = value if self.scaled_sum is None else self.scaled_sum + value
+        else:
+            self.loss_sum = value if self.loss_sum is None else self.loss_sum + value
+        self.micro_batches += 1
+
+    def batch_loaded(self, batch: Any) -> None:
+        if not isinstance(batch, dict):
+            return
+        for name in SHARD_FIELDS:
+            if name in batch:
+                self.shard_field = name
+                self.shards.extend(shard_list(batch[name]) or [])
+                return
+
+    def pre_clip(self, grads: Any) -> None:
+        """The trainer takes the gradients' norm (to clip them): the verdict
+        is taken now, from the gradients before clipping, when these are the
+        gradients the gate watches."""
+        if self.in_backward or not self.optimizers:
+            return
+        if isinstance(grads, torch.Tensor):
+            grads = [grads]
+        grads = list(grads)
+        given = {id(g) for g in grads}
+        watched = {id(p.grad) for p in self.parameters() if p.grad is not None}
+        if not given or given != watched:
+            return  # a part of the model: not the step's norm
+        opt = self.optimizers[0]()
+        if opt is not None:
+            self.judged_at = self.judged_at or "clip"
+            self.decide(opt)
+
+    # ---- first-step discovery ------------------------------------------
+
+    def module_entered(self, module: torch.nn.Module, inputs: Any) -> None:
+        if self.depth == 0 and torch.is_grad_enabled() and \
+                all(module is not r for r in self.roots):
+            self.roots.append(module)
+        if self.depth == 0:
+            self.called = []
+        self.depth += 1
+
+    def module_left(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        self.depth = max(0, self.depth - 1)
+        if isinstance(output, torch.Tensor):
+            self.called.append((module, output.shape))
+        if self.depth == 0 and self.logits is None and torch.is_grad_enabled():
+            self.find_logits(module, output)
+
+    def find_logits(self, root: torch.nn.Module, output: Any) -> None:
+        """The module whose output reaches the model's output as a
+        [..., vocab] tensor: Hugging Face's get_output_embeddings(), else the
+        last module called whose output has that tensor's shape."""
+        inner = getattr(root, "module", root)
+        shapes = {t.shape for t in _tensors(output)
+                  if t.is_floating_point() and t.dim() >= 2 and t.shape[-1] >= 2}
+        if not shapes:
+            return
+        found: Optional[torch.nn.Module] = None
+        get = getattr(inner, "get_output_embeddings", None)
+        if callable(get):
+            try:
+                found = get()
+            except Exception:
+                found = None
+        if found is None:
+            for module, shape in reversed(self.called):
+                if module is not root and module is not inner and shape in shapes:
+                    found = module
+                    break
+        if found is None:
+            return
+        name = next((n for n, m in inner.named_modules() if m is found), type(found).__name__)
+        vocab = next(s[-1] for s in shapes)
+        self.logits = (name, found, int(vocab))
+
+    def stop_discovery(self) -> None:
+        for handle in self.discovery:
+            handle.remove()
+        self.discovery = []
+        self.called = []
+
+    def logits_seen(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        if self.inert or self.guard is None or not torch.is_grad_enabled() or \
+                not module.training or not isinstance(output, torch.Tensor):
+            return
+        self.guard.accumulate(logits=output)
+
+    # ---- verdicts -------------------------------------------------------
+
+    def parameters(self) -> list[torch.Tensor]:
+        seen: set[int] = set()
+        out = []
+        for ref in self.optimizers:
+            opt = ref()
+            if opt is None:
+                continue
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        out.append(p)
+        return out
+
+    def decide(self, opt: Any) -> Optional[Verdict]:
+        """The verdict of the step now being taken: one per backward, shared
+        by every optimizer that steps on it."""
+        if self.inert:
+            return None
+        if self.verdict is not None and not self.fresh:
+            return self.verdict
+        if not self.started:
+            self.judged_at = self.judged_at or "step"
+            if not self.start(opt):
+                return None
+        guard = self.guard
+        assert guard is not None
+        loss = self.take_loss()
+        shards, self.shards = self.shards, []
+        guard.scaler = self.scaler
+        try:
+            v = guard.observe(self.step, loss, shards=shards or None)
+        except TrainingHalted as e:  # persisting overflows: the scaler's skip raises
+            v = e.verdict
+        except Exception as e:
+            self.detach(f"judging step {self.step} failed: {e}")
+            return None
+        self.step += 1
+        self.verdict, self.fresh = v, False
+        return v
+
+    def take_loss(self) -> Optional[float]:
+        plain, scaled, self.loss_sum, self.scaled_sum = self.loss_sum, self.scaled_sum, None, None
+        self.micro_batches = 0
+        if plain is None and scaled is None:
+            return None
+        total = 0.0 if plain is None else float(plain)
+        if scaled is not None:
+            total += float(scaled) / float(self.scaler.get_scale())
+        return total
+
+    def act(self, v: Verdict) -> bool:
+        """Halts the process on a halt; True when the update is to be
+        skipped. Observe-only, says what it would have done."""
+        rank0 = self.rank == 0 and v is not self.acted
+        self.acted = v
+        if v.halt:
+            if self.enforcing:
+                self.halt(v)
+            if rank0 and not self.would_have_halted:
+                self.would_have_halted = True
+                _say(f"would halt (observe-only): {TrainingHalted(v)}")
+            return False
+        if v.skip:
+            what = "skipped the update of" if self.enforcing else "would skip (observe-only)"
+            if rank0:
+                _say(f"{what} step {v.step} (tier {v.tier}, {v.rule}): "
+                     f"{' '.join((v.reason or '').split())}")
+            return self.enforcing
+        return False
+
+    def halt(self, v: Verdict) -> None:
+        line = str(TrainingHalted(v))
+        _say(line)
+        record = os.path.join(self.state_dir, "halted") if self.state_dir else ""
+        # Every rank halts; the record keeps a line naming a tensor, which
+        # only the ranks that held it have.
+        if record and (v.tensors or not os.path.exists(record)):
+            try:
+                with open(record, "w") as f:
+                    f.write(line + "\n")
+            except OSError as e:
+                _say(f"could not record the halt for the launcher: {e}")
+        if self.agent is not None:
+            self.agent.close(5000)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(3)
+
+    def detach(self, why: str) -> None:
+        _say(f"not attached: {why}")
+        if self.require:
+            _say("stopping: trainwatch run --require")
+            os._exit(2)
+        self.inert = True
+        self.stop_discovery()
+        if self.agent is not None:
+            self.agent.close(2000)
+            self.agent = None
+
+    # ---- the first verdict: what was found ---------------------------
+
+    def start(self, opt: Any) -> bool:
+        """Makes the Guard and the Agent at the first verdict, from what the
+        first step showed; False (and detached) when this cannot be watched."""
+        self.started = True
+        self.stop_discovery()
+        try:
+            self.make_guard(opt)
+        except Exception as e:
+            self.detach(str(e))
+            return False
+        if self.explain:
+            self.agent.close(2000)  # type: ignore[union-attr]
+            sys.stdout.flush()
+            os._exit(0)
+        return True
+
+    def make_guard(self, opt: Any) -> None:
+        import torch.distributed as dist
+        world, rank = 1, 0
+        if dist.is_available() and dist.is_initialized():
+            world, rank = dist.get_world_size(), dist.get_rank()
+        elif int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise RuntimeError(f"WORLD_SIZE is {os.environ['WORLD_SIZE']} but torch.distributed "
+                               "is not initialized at the first optimizer step")
+        self.rank = rank
+        params = self.parameters()
+        names = self.parameter_names(params)
+        named = [(names.get(id(p), f"param{i}"), p) for i, p in enumerate(params)]
+        ddp = [m for m in (r() for r in self.ddp) if m is not None]
+        model = next((m for m in ddp if any(p is q for p in m.parameters() for q in params[:1])),
+                     None)
+        layout_note = "one process"
+        layout: Optional[str] = None
+        if any(_is_dtensor(p) for p in params):
+            layout_note = "DTensor placements (FSDP2 / tensor parallel)"
+        elif model is not None:
+            layout_note = f"DDP (replicated on {world} ranks)"
+        elif world > 1:
+            if any(type(r).__name__ == "FullyShardedDataParallel" for r in self.roots):
+                layout, layout_note = "sharded", f"FSDP (sharded over {world} ranks)"
+            else:
+                raise RuntimeError(f"{world} ranks, and the gradients' layout is unknown (no "
+                                   "DistributedDataParallel, FSDP or DTensor parameters)")
+        if any(type(r).__name__ == "DeepSpeedEngine" for r in self.roots):
+            self.observe_reason = "DeepSpeed's engine clips and steps inside itself"
+        self.enforcing = not self.observe_reason
+        run_id = ""
+        if not (os.environ.get("TRAINWATCH_RUN_ID") or os.environ.get("SLURM_JOB_ID") or
+                os.environ.get("TORCHELASTIC_RUN_ID", "none") != "none"):
+            run_id = self.default_run_id
+        self.agent = Agent(run_id=run_id, rank=rank, world_size=world,
+                           reduce=distributed_reduce() if world > 1 else None,
+                           observed=not self.enforcing)
+        self.guard = Guard(opt, self.agent, params=named, model=model, layout=layout,
+                           gate=False)
+        self.guard.scaler = self.scaler
+        self.step = self.resume_count(world)
+        if self.logits is not None:
+            self.logits[1].register_forward_hook(self.logits_seen)
+        self.summary = self.describe(world, layout_note)
+        if rank == 0:
+            _say("attached: " + "; ".join(f"{k}: {v}" for k, v in self.summary.items()))
+        if not self.enforcing:
+            _say(f"observe-only on rank {rank}: {self.observe_reason}")
+
+    def resume_count(self, world: int) -> int:
+        """The step to count from: after the last one the server holds for
+        this run (a restarted job goes on counting), else 0."""
+        agent = self.agent
+        assert agent is not None
+        last = -1
+        if agent.streaming and agent.wait_for_server(5.0):
+            last = agent.stats().durable_step
+        if world > 1:
+            last = int(distributed_reduce()([0.0], [float(last)])[1][0])
+        return last + 1
+
+    def parameter_names(self, params: list[torch.Tensor]) -> dict[int, str]:
+        names: dict[int, str] = {}
+        for root in self.roots:
+            inner = getattr(root, "module", root)  # DDP's, and torch.compile's _orig_mod
+            inner = getattr(inner, "_orig_mod", inner)
+            for n, p in inner.named_parameters():
+                names.setdefault(id(p), n)
+        return names
+
+    def describe(self, world: int, layout: str) -> dict[str, str]:
+        opts = [o for o in (r() for r in self.optimizers) if o is not None]
+        kinds = []
+        for o in opts:
+            d = getattr(o, "defaults", {})
+            impl = "fused" if d.get("fused") else "foreach" if d.get("foreach") else ""
+            kinds.append(type(o).__name__ + (f" ({impl})" if impl else ""))
+        loss = "from backward()"
+        if self.scaler is not None:
+            loss += ", GradScaler's scale taken out"
+        logits = "none (no [..., vocab] tensor in the model's output)"
+        if self.logits is not None:
+            logits = f"{self.logits[0]} (vocabulary {self.logits[2]}; from the second step)"
+        shards = (f"from the batch field '{self.shard_field}'" if self.shard_field else
+                  "none (no DataLoader batch field " + ", ".join(SHARD_FIELDS) + ")")
+        mode = ("enforcing (skip and halt)" if self.enforcing else
+                f"observe-only ({self.observe_reason})")
+        return {
+            "ranks": str(world),
+            "optimizers": ", ".join(kinds) or "none",
+            "grad norm": ("the trainer's clip call (before clipping)" if self.judged_at == "clip"
+                          else "computed at optimizer.step() (no clip call seen)"),
+            "loss": loss, "logits": logits, "layout": layout, "shards": shards, "mode": mode,
+        }
+
+
+def _tensors(output: Any) -> list[torch.Tensor]:
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, dict):
+        return [t for v in output.values() for t in _tensors(v)]
+    if isinstance(output, (list, tuple)):
+        return [t for v in output for t in _tensors(v)]
+    return []
+
+
+def _is_dtensor(p: torch.Tensor) -> bool:
+    from ._placements import is_dtensor
+    return is_dtensor(p)

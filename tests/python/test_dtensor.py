@@ -81,6 +81,27 @@ def setup_fsdp_tp(mesh):
     return model
 
 
+class NormNet(Net):
+    """A LayerNorm between down and out, left out of the tensor-parallel
+    plan: FSDP2 shards it on the data-parallel sub-mesh alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(12)
+
+    def forward(self, x):
+        return self.out(self.norm(torch.tanh(self.down(torch.tanh(self.up(x))))))
+
+
+def setup_fsdp_tp_submesh(mesh):
+    model = parallelize_module(NormNet(), mesh["tp"], tp_plan())
+    for m in (model.up, model.down, model.norm, model.out):
+        fully_shard(m, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    assert model.norm.weight.device_mesh.size() == 2 and model.up.weight.device_mesh.size() == 4
+    return model
+
+
 def setup_hsdp(mesh):
     model = Net()
     for m in (model.up, model.down, model.out):
@@ -96,6 +117,10 @@ CASES = {
     "fsdp2_uneven": (4, (4,), ("dp",), setup_fsdp, None, (2,), "out.weight"),
     "tp": (2, (2,), ("tp",), setup_tp, "all", (1,), "up.weight"),
     "fsdp2_tp": (4, (2, 2), ("dp", "tp"), setup_fsdp_tp, "tp", (3,), "down.weight"),
+    # DTensors on the 2x2 mesh and on its dp sub-mesh (norm.*): torch's
+    # get_total_norm refuses the mix, so the gathered norm is the oracle.
+    "fsdp2_tp_submesh": (4, (2, 2), ("dp", "tp"), setup_fsdp_tp_submesh, "tp", (3,),
+                         "down.weight"),
     # Ranks 0 and 2 hold the same shard (HSDP replicates it): both see the NaN.
     "hsdp": (4, (2, 2), ("replicate", "shard"), setup_hsdp, None, (0, 2), "up.weight"),
 }
@@ -137,12 +162,15 @@ def rank_main(rank, world, port, out_dir, case):
                 local = g.to_local()
                 assert local.numel() >= 2, (case, rank, local.shape)
                 local.view(-1)[:2] = math.nan
-        oracle = float(torch.nn.utils.get_total_norm(grads).full_tensor())
         gathered = [full(g) for g in grads]  # collective: every rank
         bad = sum(int((~torch.isfinite(g)).sum()) for g in gathered)
         n = sum(g.numel() for g in gathered)
         whole = float(torch.linalg.vector_norm(torch.cat([g.flatten().double()
                                                           for g in gathered])))
+        if case == "fsdp2_tp_submesh":
+            oracle = whole
+        else:
+            oracle = float(torch.nn.utils.get_total_norm(grads).full_tensor())
         try:
             v = guard.observe(step, loss)
             refs[step] = [oracle, whole, bad, n, None]
@@ -234,6 +262,9 @@ class DTensorNormTest(_DaemonTest):
 
     def test_fsdp2_x_tp_on_a_2x2_mesh(self):
         self.run_case("fsdp2_tp")
+
+    def test_fsdp2_x_tp_with_a_norm_on_the_dp_sub_mesh(self):
+        self.run_case("fsdp2_tp_submesh")
 
     def test_hsdp(self):
         self.run_case("hsdp")

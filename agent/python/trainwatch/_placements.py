@@ -14,9 +14,10 @@ local tensor is of the whole:
 The global norm stays exact with the agent's one reduction: each rank sums
 the squares of its local tensor (to_local(), never full_tensor(): no
 gathering) and weights them by 1/copies, copies being the number of ranks
-holding that element: the sizes of the Replicate dimensions times any
-replication outside the mesh (`replicas`: DDP around a tensor-parallel
-mesh). Partial gradients are refused, naming the tensor: FSDP2 reduces them
+holding that element: the sizes of the Replicate dimensions, times the
+copies of a sub-mesh beside its own (a module sharded on the data-parallel
+dimension of a 2-D mesh alone), times any replication outside the mesh
+(`replicas`: DDP around a tensor-parallel mesh). Partial gradients are refused, naming the tensor: FSDP2 reduces them
 before they reach p.grad, and plain tensor parallel leaves them only where
 the trainer reduces them itself.
 """
@@ -58,6 +59,18 @@ def local(t: _torch.Tensor) -> _torch.Tensor:
     return t.to_local() if is_dtensor(t) else t
 
 
+def _root_size(mesh: object) -> int:
+    """The size of the mesh a (sub-)mesh was sliced from."""
+    root = getattr(mesh, "_get_root_mesh", None)
+    if callable(root):
+        return int(root().size())
+    try:  # torch 2.8
+        from torch.distributed.device_mesh import _mesh_resources  # type: ignore[attr-defined]
+        return int(_mesh_resources.get_root_mesh(mesh).size())
+    except (ImportError, AttributeError):
+        return int(mesh.size())  # type: ignore[attr-defined]
+
+
 class DTensorLayout:
     """copies(param) for the agent's grad_copies, from the placements of
     each parameter's gradient. Made by watch() when the parameters are
@@ -67,18 +80,21 @@ class DTensorLayout:
     def __init__(self, named_params: Iterable[tuple[Optional[str], _torch.Tensor]],
                  world_size: int, replicas: Optional[int] = None) -> None:
         meshes: dict[int, Optional[str]] = {}
+        roots: dict[int, Optional[str]] = {}
         for name, p in named_params:
             if is_dtensor(p):
                 meshes.setdefault(p.device_mesh.size(), name)
+                roots.setdefault(_root_size(p.device_mesh), name)
         if replicas is not None and (not isinstance(replicas, int) or isinstance(replicas, bool)
                                      or replicas < 1):
             raise ValueError(f"watch(): replicas must be an int >= 1 (got {replicas!r})")
         mesh_size = max(meshes)
-        if len(meshes) > 1:
+        if len(meshes) > 1 and (len(roots) > 1 or any(mesh_size % m for m in meshes)):
             raise ValueError(
                 "watch(): the parameters' DTensors live on meshes of different sizes ("
                 + ", ".join(f"{n}: {s} ranks" for s, n in sorted(meshes.items()))
-                + "); one mesh (its sub-meshes included) is supported")
+                + ") that are not sub-meshes of one mesh; one mesh (its sub-meshes included) "
+                "is supported")
         outer = 1 if replicas is None else replicas
         if replicas is None and mesh_size != world_size:
             raise ValueError(
@@ -90,6 +106,11 @@ class DTensorLayout:
             raise ValueError(f"watch(): a mesh of {mesh_size} ranks x replicas {outer} does not "
                              f"divide world_size {world_size}")
         self.outer = outer
+        # The largest mesh holds every parameter; a DTensor on a sub-mesh of
+        # it (FSDP2 on the data-parallel dimension alone: a norm left out of
+        # the tensor-parallel plan) is the same on each of the mesh_size / m
+        # sub-meshes beside its own.
+        self.mesh_size = mesh_size
         # A plain tensor beside DTensors is the same on every rank of the
         # mesh (a module left unsharded), and on its replicas.
         self.plain = mesh_size * outer
@@ -98,7 +119,7 @@ class DTensorLayout:
         g = param.grad
         if not is_dtensor(g):
             return self.plain
-        copies = self.outer
+        copies = self.outer * (self.mesh_size // g.device_mesh.size())
         for dim, placement in enumerate(g.placements):
             if placement.is_partial():
                 raise ValueError(

@@ -24,6 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ZERO = os.path.join(HERE, "zero_code")
 TRAIN = os.path.join(ZERO, "nanogpt_train.py")
 INJECT = os.path.join(ZERO, "inject.py")
+FSDP = os.path.join(ZERO, "fsdp_train.py")
 # The console script the wheel installs; `python -m trainwatch` is the same.
 TRAINWATCH = os.environ.get("TRAINWATCH_CLI",
                             os.path.join(os.path.dirname(sys.executable), "trainwatch"))
@@ -121,6 +122,35 @@ class TrainwatchRunTest(DaemonTestCase):
         # torchrun restarted the halted group once: the restart refused to
         # train into the same failure.
         self.assertIn("not restarting: this job was halted", p.stderr)
+
+    def check_stored_as_printed(self, p, run, steps):
+        self.assertEqual(p.returncode, 0, p.stderr[-4000:])
+        stored = {s: (l, g) for s, l, g in self.query(
+            "SELECT step, loss, grad_norm FROM steps WHERE run_id=?", run)}
+        shown = printed(p.stdout)
+        self.assertEqual(sorted(shown), list(range(steps)), p.stdout)
+        self.assertEqual(sorted(stored), list(range(steps)))
+        for step, (loss, norm) in shown.items():
+            self.assertLessEqual(abs(stored[step][0] - loss), 1e-6 * abs(loss), step)
+            self.assertLessEqual(abs(stored[step][1] - norm), 1e-6 * abs(norm), step)
+
+    def test_fsdp2_under_torchrun(self):
+        # The script prints get_total_norm's pre-clip norm (.full_tensor()),
+        # as torch's clip_grad_norm_ returns it.
+        p = self.run_job([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node", "2", FSDP, "--clip"], "--run-id", "fsdp2")
+        self.check_stored_as_printed(p, "fsdp2", 8)
+        self.assertIn("layout: DTensor placements", p.stderr)
+        self.assertIn("the trainer's clip call", p.stderr)
+
+    def test_fsdp2_x_tp_with_a_norm_on_the_dp_sub_mesh(self):
+        # 2 x 2 (dp, tp): the embedding and the LayerNorm are outside the TP
+        # plan, FSDP2 shards them on the dp sub-mesh; the script prints the
+        # norm of the gathered full gradients.
+        p = self.run_job([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node", "4", FSDP, "--tp"], "--run-id", "fsdp2tp")
+        self.check_stored_as_printed(p, "fsdp2tp", 8)
+        self.assertIn("ranks: 4", p.stderr)
 
     def test_no_clip_fused_adamw(self):
         snap = os.path.join(self.work.name, "snap0.json")

@@ -74,6 +74,10 @@ GOALS = [
      r"^clip, torch 1\..*: observe \+ guard", "ratio", "<=", 1.1),
     ("clip_torch2", "observe + guard.clip_grad_norm_ vs torch 2.x's clip alone",
      r"^clip, torch 2\..*: observe \+ guard", "ratio", "<=", 1.0),
+    ("trainwatch_run", "trainwatch run vs the same loop without trainwatch (step time)",
+     r"^trainwatch run vs the loop without trainwatch", "ratio", "<=", 1.02),
+    ("trainwatch_run", "trainwatch run vs the same loop with watch() (step time)",
+     r"^trainwatch run vs the loop with watch\(\)", "ratio", "<=", 1.0),
     ("follow", "twctl follow end to end (lines/s, one core)", r"^twctl follow, Megatron", "value", ">=",
      50000.0),
     ("detection", "detection backtest: expected incidents trainwatch missed",
@@ -254,6 +258,14 @@ def benches(build, out_dir, smoke):
     else:
         torch2 = clip and pyenv_python(build, "torch-newest", "clip_torch2")
         out.append(("clip_torch2", torch2 and ["env", "-u", "PYTHONPATH", torch2, clip], None))
+    # A plain loop under `trainwatch run` beside the same loop with watch()
+    # and without trainwatch (issue 42), in the same torch 2.x environment.
+    run = script(os.path.join(ROOT, "bench", "agent", "run_overhead.py"))
+    if smoke:
+        out.append(("trainwatch_run", [run], "its torch 2.x environment takes minutes to make"))
+    else:
+        torch2 = run and pyenv_python(build, "torch-newest", "trainwatch_run")
+        out.append(("trainwatch_run", torch2 and ["env", "-u", "PYTHONPATH", torch2, run], None))
     follow = script(os.path.join(ROOT, "bench", "follow", "follow_throughput.sh"))
     follow_bins = [exe(b("bin", "trainwatchd")), exe(b("bin", "twctl"))]
     # Every text format follow reads, each its own figure and goal.

@@ -24,7 +24,6 @@ import transformers
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 import trainer_job
-from trainwatch.integrations.transformers import watch
 
 VOCAB, SEQ, MICRO = 64, 16, 4
 NAN_PARAM = "transformer.h.1.mlp.c_fc.weight"
@@ -118,6 +117,7 @@ def main(cfg):
                       data_collator=collator, callbacks=[snapshots])
     hook = None
     if cfg.get("watch"):
+        from trainwatch.integrations.transformers import watch
         hook = watch(trainer, server=cfg.get("server", ""), run_id=cfg["run_id"], rules=RULES)
     params = dict(model.named_parameters())
     nan_step = cfg.get("nan_step")

@@ -27,7 +27,6 @@ import torch
 from lightning.pytorch.plugins import MixedPrecision
 
 import trainer_job
-from trainwatch.integrations.lightning import TrainwatchCallback
 
 VOCAB, SEQ, MICRO = 64, 16, 4
 NAN_PARAM = "body.2.weight"
@@ -119,6 +118,7 @@ def main(cfg):
     probe = Probe(cfg.get("bad_step", -1))
     callbacks = [probe]
     if cfg.get("watch"):
+        from trainwatch.integrations.lightning import TrainwatchCallback
         callbacks.append(TrainwatchCallback(server=cfg.get("server", ""), run_id=cfg["run_id"],
                                             rules=RULES))
     plugins = []

@@ -15,7 +15,8 @@ import subprocess
 import sys
 import unittest
 
-from trainwatchd_process import DaemonTestCase, free_port
+import lightning_trainer
+from trainwatchd_process import DaemonTestCase, free_port, trainwatch_run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "lightning_trainer.py")
@@ -24,12 +25,15 @@ STEPS, BAD, NAN = 80, 60, 70
 
 
 class LightningTest(DaemonTestCase):
-    def run_job(self, name, expect_rc, **cfg):
-        cfg = dict(cfg, watch=True, server=self.daemon.address, run_id=name, steps=STEPS,
-                   bad_step=BAD, nan_step=NAN, out=os.path.join(self.work.name, name + ".json"))
+    def run_job(self, name, expect_rc, zero_code=False, **cfg):
+        cfg = dict(cfg, watch=not zero_code, server=self.daemon.address, run_id=name,
+                   steps=STEPS, bad_step=BAD, nan_step=NAN,
+                   out=os.path.join(self.work.name, name + ".json"))
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-        p = subprocess.run([sys.executable, SCRIPT, json.dumps(cfg)], capture_output=True,
-                           text=True, timeout=600, env=env)
+        cmd = [sys.executable, SCRIPT, json.dumps(cfg)]
+        if zero_code:  # no trainwatch in the job: `trainwatch run` adds the callback
+            cmd = trainwatch_run(self.daemon.address, name, lightning_trainer.RULES) + cmd
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
         self.assertEqual(p.returncode, expect_rc, p.stderr[-3000:])
         with open(cfg["out"]) as f:
             result = json.load(f)
@@ -77,6 +81,14 @@ class LightningTest(DaemonTestCase):
         self.assertEqual(result["skip_snapshot"], {"weights": True, "optimizer_state": True})
         self.assertAlmostEqual(self.steps[0]["log_z"], math.log(64), delta=0.3)
         return skipped
+
+    def test_under_trainwatch_run_with_no_code_change(self):
+        # The job holds no trainwatch import: `trainwatch run` adds the
+        # callback when the Trainer is constructed; same verdicts and numbers.
+        result, p = self.run_job("acc-run", 3, zero_code=True)
+        self.assertIn("trainwatch: attached through the Lightning integration", p.stderr)
+        skipped = self.assert_skip_and_halt(result, p, ranks=1)
+        self.assertEqual([int(x) for x in skipped], list(range(1000 + 8 * BAD, 1000 + 8 * BAD + 8)))
 
     def test_accumulation_skip_and_halt(self):
         result, p = self.run_job("acc", 3)

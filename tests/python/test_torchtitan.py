@@ -19,7 +19,8 @@ import subprocess
 import sys
 import unittest
 
-from trainwatchd_process import DaemonTestCase, free_port
+import torchtitan_trainer
+from trainwatchd_process import DaemonTestCase, free_port, trainwatch_run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "torchtitan_trainer.py")
@@ -27,15 +28,16 @@ NAN_PARAM = "layers.1.feed_forward.w1.weight"
 
 
 class TorchtitanTest(DaemonTestCase):
-    def run_job(self, name, ranks, **cfg):
-        cfg = dict(cfg, work=os.path.join(self.work.name, "job"), watch=True,
+    def run_job(self, name, ranks, zero_code=False, **cfg):
+        cfg = dict(cfg, work=os.path.join(self.work.name, "job"), watch=not zero_code,
                    server=self.daemon.address, run_id=name,
                    out=os.path.join(self.work.name, name + ".json"))
-        p = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
-             "--master_addr=127.0.0.1", f"--master_port={free_port()}", SCRIPT, json.dumps(cfg)],
-            capture_output=True, text=True, timeout=900,
-            env=dict(os.environ, OMP_NUM_THREADS="1"))
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
+               "--master_addr=127.0.0.1", f"--master_port={free_port()}", SCRIPT, json.dumps(cfg)]
+        if zero_code:  # no trainwatch in the job: `trainwatch run` attaches the integration
+            cmd = trainwatch_run(self.daemon.address, name, torchtitan_trainer.RULES) + cmd
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
         with open(cfg["out"]) as f:
             result = json.load(f)
         print(f"\n  torchtitan {result['torchtitan']}, torch {result['torch']}")
@@ -84,6 +86,19 @@ class TorchtitanTest(DaemonTestCase):
         # log Z of the chunked loss's logits: about ln(vocab 2048) at the start.
         self.assertTrue(all(math.isfinite(z) for _, _, z in self.steps.values()))
         self.assertAlmostEqual(self.steps[1][2], math.log(2048), delta=1.0)
+
+    def test_under_trainwatch_run_with_no_code_change(self):
+        # The job holds no trainwatch import: `trainwatch run` attaches the
+        # integration when torchtitan's Trainer is constructed; the same
+        # verdicts and numbers, and the launcher's exit status 3.
+        result, p = self.run_job("titan-run", 1, zero_code=True, steps=30, accum=2, bad_step=24,
+                                 nan_step=28)
+        self.assertIn("trainwatch: attached through the torchtitan integration", p.stderr)
+        self.assertEqual(p.returncode, 3, p.stderr[-3000:])
+        self.assert_halted(p, 28, 0, 1)
+        self.assertEqual(sorted(self.steps), list(range(1, 29)))
+        self.assert_torchtitans_numbers(result, 27)
+        self.assertEqual(self.events, [(24, 1, 2), (28, 3, 4)])
 
     def test_fsdp2_by_tp_four_processes(self):
         result, p = self.run_job("titan-4", 4, steps=12, dp_shard=2, tp=2, nan_step=10,

@@ -21,6 +21,9 @@ import unittest
 from trainwatchd_process import DaemonTestCase
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "readme"))
+import doc_snippets  # noqa: E402  (tests/readme: the documentation's tested snippets)
+
 ZERO = os.path.join(HERE, "zero_code")
 TRAIN = os.path.join(ZERO, "nanogpt_train.py")
 INJECT = os.path.join(ZERO, "inject.py")
@@ -280,6 +283,25 @@ class TrainwatchRunTest(DaemonTestCase):
                          env=env)
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertNotIn("step 0", p.stdout)
+
+    def test_readme_quick_start(self):
+        # The README's command, with its address made the test daemon's and
+        # its job this folder's nanoGPT-style script on 2 ranks.
+        code, page = doc_snippets.snippet("trainwatch-run", "sh",
+                                          root=os.path.join(HERE, "..", ".."))
+        for old, new in (("127.0.0.1:7070", self.daemon.address),
+                         ("torchrun --nproc-per-node 8 train.py",
+                          f"{sys.executable} -m torch.distributed.run --standalone "
+                          f"--nproc-per-node 2 {TRAIN} --steps 5"),
+                         ("trainwatch run", f"{TRAINWATCH} run")):
+            self.assertIn(old, code, page)
+            code = code.replace(old, new)
+        p = subprocess.run(["sh", "-c", code], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=self.work.name)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        self.assertIn("layout: DDP (replicated on 2 ranks)", p.stderr)
+        self.assertEqual(self.query("SELECT count(*), max(step) FROM steps WHERE run_id='my-run'"),
+                         [(5, 4)])
 
     def test_exit_status_and_usage(self):
         p = subprocess.run([TRAINWATCH, "run", "--", sys.executable, "-c", "raise SystemExit(5)"],

@@ -14,7 +14,8 @@ import subprocess
 import sys
 import unittest
 
-from trainwatchd_process import DaemonTestCase, free_port
+import hf_trainer
+from trainwatchd_process import DaemonTestCase, free_port, trainwatch_run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "hf_trainer.py")
@@ -22,14 +23,18 @@ NAN_PARAM = "transformer.h.1.mlp.c_fc.weight"
 
 
 class TrainerTest(DaemonTestCase):
-    def run_job(self, name, ranks=1, expect_rc=0, **cfg):
+    def run_job(self, name, ranks=1, expect_rc=0, zero_code=False, **cfg):
         cfg = dict(cfg, out=os.path.join(self.work.name, name + ".json"), run_id=name)
+        if zero_code:  # no trainwatch in the job: `trainwatch run` attaches the integration
+            cfg["watch"] = False
         if cfg.get("watch"):
             cfg["server"] = self.daemon.address
         cmd = [sys.executable, SCRIPT, json.dumps(cfg)]
         if ranks > 1:
             cmd[1:1] = ["-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
                         "--master_addr=127.0.0.1", f"--master_port={free_port()}"]
+        if zero_code:
+            cmd = trainwatch_run(self.daemon.address, name, hf_trainer.RULES) + cmd
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if expect_rc is not None:
             self.assertEqual(p.returncode, expect_rc, p.stderr[-3000:])
@@ -54,15 +59,15 @@ class TrainerTest(DaemonTestCase):
     def logged(result):
         return {h["step"]: h for h in result["log_history"] if "grad_norm" in h}
 
-    def check_job(self, ranks):
+    def check_job(self, ranks, zero_code=False):
         # The same job with and without trainwatch: until the bad batch both
         # train identically (trainwatch's clip is torch's), so the Trainer's
         # own loss and pre-clip grad_norm are the oracle for what trainwatchd
         # stored.
-        tag = f"hf-{ranks}"
+        tag = f"hf-{ranks}" + ("-run" if zero_code else "")
         plain, _ = self.run_job(tag + "-0", ranks=ranks, steps=60, bad_step=50, clip=1.0)
         watched, p = self.run_job(tag + "-w", ranks=ranks, expect_rc=None, watch=True, steps=60,
-                                  bad_step=50, nan_step=55, clip=1.0)
+                                  bad_step=50, nan_step=55, clip=1.0, zero_code=zero_code)
         self.assertNotEqual(p.returncode, 0)
         if ranks == 1:
             self.assertEqual(p.returncode, 3, p.stderr[-3000:])
@@ -113,12 +118,21 @@ class TrainerTest(DaemonTestCase):
         self.assertEqual(watched["global_step"], 54)
         # After the skip the watched run trained without the bad batch.
         self.assertLess(got[51]["loss"], ref[51]["loss"])
+        return p
 
     def test_gradient_accumulation_skip_and_halt(self):
         self.check_job(ranks=1)
 
     def test_ddp_two_ranks(self):
         self.check_job(ranks=2)
+
+    def test_under_trainwatch_run_with_no_code_change(self):
+        # The job holds no trainwatch import: `trainwatch run` attaches the
+        # integration when the Trainer is constructed; same verdicts, same
+        # numbers, exit status 3.
+        p = self.check_job(ranks=1, zero_code=True)
+        self.assertIn("trainwatch: attached through the Hugging Face Trainer integration",
+                      p.stderr)
 
     def test_clipping_off_reports_the_same_norm(self):
         plain, _ = self.run_job("noclip-0", steps=8, clip=0.0)

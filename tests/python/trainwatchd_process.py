@@ -1,7 +1,8 @@
 """trainwatchd ($TRAINWATCHD) as a child process on a free loopback port,
 with its database (and its --rules file, when given) in a temporary folder;
 for the Python tests. DaemonTestCase: one per test, with a scratch folder.
-free_port(): a free loopback port, for the gloo ranks' rendezvous."""
+free_port(): a free loopback port, for the gloo ranks' rendezvous.
+trainwatch_run(): the command prefix that runs a job under `trainwatch run`."""
 
 import json
 import os
@@ -17,6 +18,14 @@ def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def trainwatch_run(server, run_id, rules):
+    """`trainwatch run --server S --run-id R --rules JSON --`: the console
+    script the wheel installed beside this interpreter."""
+    import sys
+    return [os.path.join(os.path.dirname(sys.executable), "trainwatch"), "run", "--server", server,
+            "--run-id", run_id, "--rules", json.dumps(rules), "--"]
 
 
 class Trainwatchd:

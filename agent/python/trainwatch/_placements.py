@@ -24,7 +24,7 @@ the trainer reduces them itself.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 import torch as _torch
 
@@ -59,16 +59,16 @@ def local(t: _torch.Tensor) -> _torch.Tensor:
     return t.to_local() if is_dtensor(t) else t
 
 
-def _root_size(mesh: object) -> int:
+def _root_size(mesh: Any) -> int:
     """The size of the mesh a (sub-)mesh was sliced from."""
     root = getattr(mesh, "_get_root_mesh", None)
     if callable(root):
         return int(root().size())
     try:  # torch 2.8
-        from torch.distributed.device_mesh import _mesh_resources  # type: ignore[attr-defined]
+        from torch.distributed.device_mesh import _mesh_resources
         return int(_mesh_resources.get_root_mesh(mesh).size())
     except (ImportError, AttributeError):
-        return int(mesh.size())  # type: ignore[attr-defined]
+        return int(mesh.size())
 
 
 class DTensorLayout:

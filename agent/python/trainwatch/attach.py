@@ -92,7 +92,7 @@ class Attachment:
         self.require = environ.get("TRAINWATCH_REQUIRE") == "1"
         self.explain = environ.get("TRAINWATCH_EXPLAIN") == "1"
         self.state_dir = environ.get("TRAINWATCH_STATE_DIR", "")
-        self.default_run_id = environ.get("TRAINWATCH_DEFAULT_RUN_ID", "")
+        self.default_run_id = str(environ.get("TRAINWATCH_DEFAULT_RUN_ID", ""))
         self.inert = False          # forked helper, detached, or delegated
         self.delegated = ""         # who acts instead (an integration, watch())
         self.started = False
@@ -227,10 +227,9 @@ class Attachment:
 
     def trainer_imported(self, name: str, module: Any) -> None:
         """The trainers that own their loop take their integration when
-        constructed, and the gates then stand aside."""
-        from . import integrations  # noqa: F401
-
-        def wrap(cls: Any, attach: Callable[[Any], object], who: str) -> None:
+        constructed, made with this run's options, and the gates then stand
+        aside."""
+        def wrap(cls: Any, attach: Callable[[Any, dict[str, Any]], object], who: str) -> None:
             init = cls.__init__
 
             def trainer_init(trainer: Any, *args: Any, **kwargs: Any) -> None:
@@ -238,28 +237,63 @@ class Attachment:
                 if self.inert or self.started:
                     return
                 self.delegate(who)
-                attach(trainer)
+                attach(trainer, self.integration_options())
             self._set(cls, "__init__", trainer_init)
 
+        # Each integration is imported when its Trainer is constructed, not
+        # here: the trainer's package is still initialising at this point.
         if name == "transformers.trainer":
-            from .integrations import transformers as hf
-            wrap(module.Trainer, lambda t: hf.watch(t), "the Hugging Face Trainer integration")
+            def hf_watch(trainer: Any, options: dict[str, Any]) -> None:
+                from .integrations import transformers as hf
+                hf.watch(trainer, **options)
+            wrap(module.Trainer, hf_watch, "the Hugging Face Trainer integration")
         elif name in ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer"):
-            from .integrations import lightning as pl
-
-            def add_callback(trainer: Any) -> None:
-                trainer.callbacks.append(pl.TrainwatchCallback())
+            def add_callback(trainer: Any, options: dict[str, Any]) -> None:
+                from .integrations import lightning as pl
+                trainer.callbacks.append(pl.TrainwatchCallback(**options))
             wrap(module.Trainer, add_callback, "the Lightning integration")
-        elif name == "torchtitan.train":
-            from .integrations import torchtitan as tt
-            wrap(module.Trainer, lambda t: tt.watch(t), "the torchtitan integration")
+        elif name == "torchtitan.trainer":
+            def titan_watch(trainer: Any, options: dict[str, Any]) -> None:
+                from .integrations import torchtitan as tt
+                tt.watch(trainer, **options)
+            wrap(module.Trainer, titan_watch, "the torchtitan integration")
+
+    def integration_options(self) -> dict[str, Any]:
+        """The Agent options an integration's agent takes from this run (the
+        rest it reads from TRAINWATCH_* as any agent does)."""
+        options: dict[str, Any] = {}
+        run_id = self.run_id()
+        if run_id:
+            options["run_id"] = run_id
+        if not self.enforcing:
+            options["observed"] = True
+        return options
+
+    def run_id(self) -> str:
+        """The launcher's default run id, where nothing names the job: the
+        agent itself prefers TRAINWATCH_RUN_ID, torchrun's id, SLURM's."""
+        if os.environ.get("TRAINWATCH_RUN_ID") or os.environ.get("SLURM_JOB_ID") or \
+                os.environ.get("TORCHELASTIC_RUN_ID", "none") != "none":
+            return ""
+        return self.default_run_id
 
     def delegate(self, who: str) -> None:
+        from .integrations import _common
         self.delegated = who
         self.inert = True
         self.stop_discovery()
+        _common.enforcing = self.enforcing
+        _common.halt_handler = self.delegated_halt
         if int(os.environ.get("RANK", "0")) == 0:
-            _say(f"attached through {who}")
+            mode = "" if self.enforcing else f", observe-only ({self.observe_reason})"
+            _say(f"attached through {who}{mode}")
+
+    def delegated_halt(self, v: Verdict) -> None:
+        """An integration's halt: the line and the launcher's record, then
+        SystemExit(3) through the trainer, so that the integration closes
+        (and flushes) its agent on the way out."""
+        self.record_halt(v)
+        raise SystemExit(3)
 
     # ---- what the trainer does ----------------------------------------
 
@@ -427,8 +461,14 @@ class Attachment:
             except Exception:
                 found = None
         if found is None:
+            # A projection to the vocabulary: its weight's rows are the last
+            # dimension (a norm's output may have the logits' shape too, and
+            # a chunked loss returns the hidden states, never the logits).
             for module, shape in reversed(self.called):
-                if module is not root and module is not inner and shape in shapes:
+                weight = getattr(module, "weight", None)
+                if module is not root and module is not inner and shape in shapes and \
+                        isinstance(weight, torch.Tensor) and weight.dim() == 2 and \
+                        weight.shape[0] == shape[-1]:
                     found = module
                     break
         if found is None:
@@ -523,6 +563,16 @@ class Attachment:
         return False
 
     def halt(self, v: Verdict) -> None:
+        self.record_halt(v)
+        if self.agent is not None:
+            self.agent.close(5000)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(3)
+
+    def record_halt(self, v: Verdict) -> None:
+        """The halt's one line, and its record for the launcher (its exit
+        status, and no restart into the same failure)."""
         line = str(TrainingHalted(v))
         _say(line)
         record = os.path.join(self.state_dir, "halted") if self.state_dir else ""
@@ -534,11 +584,6 @@ class Attachment:
                     f.write(line + "\n")
             except OSError as e:
                 _say(f"could not record the halt for the launcher: {e}")
-        if self.agent is not None:
-            self.agent.close(5000)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(3)
 
     def detach(self, why: str) -> None:
         _say(f"not attached: {why}")
@@ -599,11 +644,7 @@ class Attachment:
         if any(type(r).__name__ == "DeepSpeedEngine" for r in self.roots):
             self.observe_reason = "DeepSpeed's engine clips and steps inside itself"
         self.enforcing = not self.observe_reason
-        run_id = ""
-        if not (os.environ.get("TRAINWATCH_RUN_ID") or os.environ.get("SLURM_JOB_ID") or
-                os.environ.get("TORCHELASTIC_RUN_ID", "none") != "none"):
-            run_id = self.default_run_id
-        self.agent = Agent(run_id=run_id, rank=rank, world_size=world,
+        self.agent = Agent(run_id=self.run_id(), rank=rank, world_size=world,
                            reduce=distributed_reduce() if world > 1 else None,
                            observed=not self.enforcing)
         self.guard = Guard(opt, self.agent, params=named, model=model, layout=layout,

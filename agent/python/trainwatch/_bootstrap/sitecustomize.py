@@ -177,7 +177,7 @@ def _attach_at_process_group(torch: object) -> None:
 
 # The modules whose import loads trainwatch.attach (it patches each one).
 _WATCHED = ("torch", "transformers.trainer", "lightning.pytorch.trainer.trainer",
-            "pytorch_lightning.trainer.trainer", "torchtitan.train")
+            "pytorch_lightning.trainer.trainer", "torchtitan.trainer")
 
 
 def _imported(name: str, module: object) -> None:

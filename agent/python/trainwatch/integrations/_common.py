@@ -35,12 +35,24 @@ def make_agent(agent: Optional[Agent], options: Mapping[str, Any], rank: int, wo
     return Agent(rank=rank, world_size=world_size, reduce=reduce, **options), True
 
 
+# Set by `trainwatch run` (trainwatch.attach), which attaches an integration
+# to a trainer whose code has no trainwatch.exit_on_halt() around it: the
+# halt handler ends the process with the halt's line and status instead of
+# raising TrainingHalted, and an observe-only run acts on nothing.
+halt_handler: Optional[Callable[[Verdict], None]] = None
+enforcing = True
+
+
 def act(verdict: Verdict, params: Iterable[_torch.Tensor]) -> bool:
     """Halt: raises TrainingHalted. Skip: drops every gradient, so that the
     optimizer step the trainer runs next leaves the weights and the
     optimizer's state untouched (torch optimizers pass over parameters
     without a gradient). True when the step was skipped."""
+    if not enforcing:
+        return False
     if verdict.halt:
+        if halt_handler is not None:
+            halt_handler(verdict)
         raise TrainingHalted(verdict)
     if verdict.skip:
         for p in params:

@@ -110,7 +110,7 @@ class PyAgent {
           std::optional<std::string> rules_json, py::object reduce,
           std::optional<std::string> ca_file, std::optional<std::string> cert_file,
           std::optional<std::string> key_file, std::optional<int64_t> resume_step,
-          bool observed) {
+          bool observed, std::string attachment) {
     absl::StatusOr<agent::AgentConfig> env = agent::AgentConfig::FromEnvironment();
     if (!env.ok()) throw py::value_error(std::string(env.status().message()));
     agent::AgentConfig cfg = *env;
@@ -123,6 +123,7 @@ class PyAgent {
     if (key_file) cfg.key_file = *key_file;
     cfg.resume_step = resume_step;
     cfg.observed = observed;
+    cfg.attachment = std::move(attachment);
     if (rules_json) {
       auto rules = core::ParseRuleConfigJson(*rules_json, "rules");
       if (!rules.ok()) throw py::value_error(std::string(rules.status().message()));
@@ -493,13 +494,14 @@ PYBIND11_MODULE(_trainwatch, m) {
       .def(py::init<std::string, std::string, int, int, std::optional<std::string>,
                     std::optional<std::string>, std::optional<std::string>, py::object,
                     std::optional<std::string>, std::optional<std::string>,
-                    std::optional<std::string>, std::optional<int64_t>, bool>(),
+                    std::optional<std::string>, std::optional<int64_t>, bool, std::string>(),
            py::arg("server") = "", py::arg("run_id") = "", py::arg("rank") = 0,
            py::arg("world_size") = 1, py::arg("token") = py::none(),
            py::arg("spill_dir") = py::none(), py::arg("rules_json") = py::none(),
            py::arg("reduce") = py::none(), py::arg("ca_file") = py::none(),
            py::arg("cert_file") = py::none(), py::arg("key_file") = py::none(),
-           py::arg("resume_step") = py::none(), py::arg("observed") = false)
+           py::arg("resume_step") = py::none(), py::arg("observed") = false,
+           py::arg("attachment") = "")
       .def("step", &PyAgent::Step, py::arg("step"), py::arg("loss") = py::none(),
            py::arg("grads") = py::none(), py::arg("logits") = py::none(),
            py::arg("labels") = py::none(), py::arg("log_z") = py::none(),

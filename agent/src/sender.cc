@@ -365,6 +365,7 @@ v1::AgentMessage Sender::HelloMessage() const {
   h->set_incarnation_id(origin_.incarnation);
   if (config_.resume_step) h->set_resume_step(*config_.resume_step);
   h->set_observed(config_.observed);
+  h->set_attachment(config_.attachment);
   if (config_.rules.has_value()) h->set_rules_json(core::RuleConfigToJson(*config_.rules));
   return m;
 }

@@ -119,6 +119,9 @@ class StatusCommand : public Command {
                       "  rebuilding: trainwatchd restarted and is replaying this run's stored "
                       "steps into its rule engine; the figures are the stored ones until then\n");
     }
+    if (!resp.run().attachment().empty()) {  // what `trainwatch run` found
+      absl::StrAppend(out, "  trainwatch run: ", resp.run().attachment(), "\n");
+    }
     absl::StrAppend(out, "  ", RulesText(resp.run()), "\n");
     std::vector<double> loss, gn, lz, ratio;
     for (const auto& p : resp.recent()) {

@@ -66,6 +66,12 @@ absl::Status CheckAgentMessage(const v1::AgentMessage& m, const AgentStreamProgr
         return absl::InvalidArgumentError(
             absl::StrCat("hello: resume_step must be >= -1, not ", h.resume_step()));
       }
+      if (h.attachment().size() > kMaxHelloAttachmentBytes) {
+        return absl::InvalidArgumentError(absl::StrCat("hello: attachment is ",
+                                                       h.attachment().size(),
+                                                       " bytes long: at most ",
+                                                       kMaxHelloAttachmentBytes));
+      }
       if (h.rules_json().size() > limits.max_hello_rules_bytes) {
         return absl::InvalidArgumentError(
             absl::StrCat("hello: rules_json is ", h.rules_json().size(), " bytes long: at most ",

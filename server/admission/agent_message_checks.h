@@ -17,6 +17,7 @@
 //   - A Hello's incarnation_id is at most kMaxIncarnationIdBytes bytes of
 //     the run id's characters (it may be empty: an older agent), and its
 //     resume_step, when set, is >= -1 (INVALID_ARGUMENT).
+//   - A Hello's attachment is at most kMaxHelloAttachmentBytes.
 //   - A Hello's rules_json, when set, is at most max_hello_rules_bytes and
 //     valid rules (core::ParseRuleConfigJson, which also bounds the rules'
 //     memory): INVALID_ARGUMENT naming hello.rules_json and what is wrong,
@@ -41,6 +42,8 @@ using wire::CheckRunId;
 using wire::kMaxRunIdBytes;
 // The agent's own ids are 16 hex digits; room for a launcher's.
 inline constexpr size_t kMaxIncarnationIdBytes = 64;
+// Hello.attachment: one line of what `trainwatch run` found.
+inline constexpr size_t kMaxHelloAttachmentBytes = 4096;
 
 struct AgentStreamLimits {
   // Largest world_size a Hello or StepReport may claim: a bound on what one

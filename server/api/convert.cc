@@ -68,6 +68,7 @@ void RunToProto(const RunView& s, int32_t ranks_connected, v1::RunInfo* out) {
   SetTime(s.row.created_ms, out->mutable_first_seen());
   SetTime(s.row.last_seen_ms, out->mutable_last_seen());
   out->set_observed(s.row.observed);
+  out->set_attachment(s.row.attachment);
   // A followed run's trainer cannot be halted: its halt verdict is a
   // recommendation, and the run trains on.
   const bool halted = !s.row.observed && s.has_latest &&

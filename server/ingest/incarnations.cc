@@ -41,6 +41,10 @@ void Incarnations::HandleHello(const trainwatch::v1::Hello& h, uint64_t stream, 
     run->row_dirty = true;
     run->incidents.set_observed(h.observed());
   }
+  if (run->row.attachment != h.attachment()) {  // the latest launch's, as observed
+    run->row.attachment = h.attachment();
+    run->row_dirty = true;
+  }
   rules_->AdoptHello(*run, h);
   // A job restarted for the rollback under way may have fewer ranks: the
   // command waits for the world it says it has.

@@ -70,8 +70,9 @@ inline constexpr char kDecisionColumns[] =
     "at_ms";
 
 // A run with its rules: run_id, world_size, attempt, last_step, created_ms,
-// last_seen_ms, incarnation, resume_step, observed, rules_json and
-// rules_source (each backend's SELECT: the NULL-to-'' function differs).
+// last_seen_ms, incarnation, resume_step, observed, rules_json,
+// rules_source and attachment (each backend's SELECT: the NULL-to-''
+// function differs).
 template <typename Cursor>
 RunRow ReadRun(const Cursor& r) {
   RunRow row;
@@ -86,6 +87,7 @@ RunRow ReadRun(const Cursor& r) {
   row.observed = r.Bool(8);
   row.rules_json = r.Text(9);
   row.rules_source = r.Text(10);
+  row.attachment = r.Text(11);
   return row;
 }
 

@@ -85,15 +85,21 @@ struct RunRow {
   // stored before migration 9: the server's rules of the day.
   std::string rules_json;
   std::string rules_source;
+  // What `trainwatch run` found when it attached the job (Hello.attachment),
+  // or why it could not; empty for a job that attached itself. Set by every
+  // Hello; kept in a table of its own, written only when it changes.
+  std::string attachment;
 };
 
 // Every field: a standby rebuilds a run's view when its row changed
 // (api/standby_reads.h), so a new field belongs here too.
 inline bool operator==(const RunRow& a, const RunRow& b) {
   return std::tie(a.run_id, a.world_size, a.attempt, a.last_step, a.created_ms, a.last_seen_ms,
-                  a.incarnation, a.resume_step, a.observed, a.rules_json, a.rules_source) ==
+                  a.incarnation, a.resume_step, a.observed, a.rules_json, a.rules_source,
+                  a.attachment) ==
          std::tie(b.run_id, b.world_size, b.attempt, b.last_step, b.created_ms, b.last_seen_ms,
-                  b.incarnation, b.resume_step, b.observed, b.rules_json, b.rules_source);
+                  b.incarnation, b.resume_step, b.observed, b.rules_json, b.rules_source,
+                  b.attachment);
 }
 
 // How an attempt began (operator.proto's AttemptStart).

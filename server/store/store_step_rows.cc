@@ -66,8 +66,17 @@ absl::Status UpsertRuns(sqlite3* db, const std::vector<RunRow>& runs) {
                      "SET rules_json=excluded.rules_json, rules_source=excluded.rules_source "
                      "WHERE rules_json != excluded.rules_json OR "
                      "rules_source != excluded.rules_source");
-  return rules.RunEach(runs, [](SqlStatement& q, const RunRow& r) {
+  s = rules.RunEach(runs, [](SqlStatement& q, const RunRow& r) {
     q.BindUncopied(1, r.run_id).BindUncopied(2, r.rules_json).BindUncopied(3, r.rules_source);
+  });
+  if (!s.ok()) return s;
+  // Likewise what `trainwatch run` found (migration 12).
+  SqlStatement attachment(db,
+                          "INSERT INTO run_attachments (run_id, attachment) VALUES (?1, ?2) "
+                          "ON CONFLICT(run_id) DO UPDATE SET attachment=excluded.attachment "
+                          "WHERE attachment != excluded.attachment");
+  return attachment.RunEach(runs, [](SqlStatement& q, const RunRow& r) {
+    q.BindUncopied(1, r.run_id).BindUncopied(2, r.attachment);
   });
 }
 
@@ -75,7 +84,8 @@ absl::StatusOr<std::vector<RunRow>> Runs(sqlite3* db) {
   SqlStatement q(db,
                  "SELECT runs.run_id, world_size, attempt, last_step, created_ms, last_seen_ms, "
                  "incarnation, resume_step, observed, ifnull(rules_json, ''), "
-                 "ifnull(rules_source, '') FROM runs LEFT JOIN run_rules USING (run_id) "
+                 "ifnull(rules_source, ''), ifnull(attachment, '') FROM runs "
+                 "LEFT JOIN run_rules USING (run_id) LEFT JOIN run_attachments USING (run_id) "
                  "ORDER BY runs.run_id");
   return q.All(ReadRun<SqlStatement>);
 }

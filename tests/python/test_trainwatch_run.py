@@ -93,6 +93,12 @@ class TrainwatchRunTest(DaemonTestCase):
             self.assertLessEqual(abs(stored[step][1] - norm), 1e-6 * abs(norm), step)
         self.assertIn(NAN, stored)
 
+    def status(self, run):
+        p = subprocess.run([os.environ["TWCTL"], "--server", self.daemon.address, "status", run],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return p.stdout
+
     def check_snapshot(self, path):
         with open(path) as f:
             snap = json.load(f)
@@ -110,6 +116,9 @@ class TrainwatchRunTest(DaemonTestCase):
                       "(vocabulary 32", "layout: one process", "shards: none",
                       "mode: enforcing"):
             self.assertIn(found, summary[0])
+        # trainwatchd keeps what was found with the run, for twctl status.
+        self.assertIn("  trainwatch run: " + summary[0][len("trainwatch: attached: "):] + "\n",
+                      self.status("plain"))
 
     def test_plain_loop_under_torchrun_ddp(self):
         snap = os.path.join(self.work.name, "snap.json")
@@ -279,6 +288,8 @@ class TrainwatchRunTest(DaemonTestCase):
         self.assertIn("finished", p.stdout)
         self.assertIn("trainwatch: not attached: WORLD_SIZE is 2 but torch.distributed is not "
                       "initialized", p.stderr)
+        # The run is on record as unwatched, and why.
+        self.assertIn("  trainwatch run: not attached: WORLD_SIZE is 2", self.status("lost"))
         p = self.run_job([sys.executable, TRAIN, "--steps", "3"], "--run-id", "lost", "--require",
                          env=env)
         self.assertEqual(p.returncode, 2, p.stderr)

@@ -133,6 +133,12 @@ class TrainerTest(DaemonTestCase):
         p = self.check_job(ranks=1, zero_code=True)
         self.assertIn("trainwatch: attached through the Hugging Face Trainer integration",
                       p.stderr)
+        db = sqlite3.connect(self.daemon.db)
+        self.assertEqual(db.execute("SELECT attachment FROM run_attachments WHERE run_id=?",
+                                    ("hf-1-run-w",)).fetchall(),
+                         [("through the Hugging Face Trainer integration; mode: enforcing "
+                           "(skip and halt)",)])
+        db.close()
 
     def test_clipping_off_reports_the_same_norm(self):
         plain, _ = self.run_job("noclip-0", steps=8, clip=0.0)

@@ -71,7 +71,8 @@ void TrainStep(agent::Agent& a, int64_t step, double loss, double grad_norm) {
 }
 
 // The same step of a followed job, as its log reports it: a follower's agent
-// judges nothing (Step() is refused on it) and streams the record as given.
+// judges nothing of the trainer's (no gradients to reduce) and streams the
+// record as given.
 void FollowStep(agent::Agent& a, int64_t step, double loss, double grad_norm) {
   core::StepRecord r;
   r.step = step;

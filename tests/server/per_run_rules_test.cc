@@ -301,6 +301,19 @@ TEST_CASE("rules: a hello's rules are checked - too long or invalid is refused n
   CHECK(too_long.message().find("hello: rules_json is") != absl::string_view::npos);
 }
 
+TEST_CASE("hello: what trainwatch run found is bounded - longer is refused naming the field",
+          "[server][rules]") {
+  AgentStreamLimits limits;
+  v1::AgentMessage m = Hello("run-x", 0, 1);
+  m.mutable_hello()->set_attachment(std::string(kMaxHelloAttachmentBytes, 'a'));
+  CHECK(CheckAgentMessage(m, {}, limits).ok());
+  m.mutable_hello()->set_attachment(std::string(kMaxHelloAttachmentBytes + 1, 'a'));
+  absl::Status too_long = CheckAgentMessage(m, {}, limits);
+  CHECK(too_long.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(too_long.message().find("hello: attachment is 4097 bytes long: at most 4096") !=
+        absl::string_view::npos);
+}
+
 RunState NewRun(const std::string& id) {
   RunRow row;
   row.run_id = id;

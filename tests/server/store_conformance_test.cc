@@ -339,6 +339,7 @@ TEMPLATE_TEST_CASE("store conformance", "[server][store][conformance]", SqliteBa
     run.last_seen_ms = 100;
     run.rules_json = R"({"spike_sigma": 6})";
     run.rules_source = "hello";
+    run.attachment = "ranks: 8; optimizers: AdamW; mode: enforcing (skip and halt)";
     WriteBatch b;
     b.runs.push_back(run);
     RunRow other;
@@ -356,6 +357,7 @@ TEMPLATE_TEST_CASE("store conformance", "[server][store][conformance]", SqliteBa
     run.observed = true;
     run.rules_json = R"({"spike_sigma": 7})";
     run.rules_source = "run_rules";
+    run.attachment = "not attached: the layout is unknown";  // the next launch's
     b.clear();
     b.runs.push_back(run);
     b.runs.push_back(run);  // twice in a batch
@@ -366,6 +368,7 @@ TEMPLATE_TEST_CASE("store conformance", "[server][store][conformance]", SqliteBa
     CHECK(!runs[0].resume_step.has_value());
     CHECK(runs[0].world_size == 1);
     CHECK(runs[0].rules_json.empty());
+    CHECK(runs[0].attachment.empty());
     const RunRow& got = runs[1];
     CHECK(got.run_id == "job-1");
     CHECK(got.world_size == 8);
@@ -378,6 +381,7 @@ TEMPLATE_TEST_CASE("store conformance", "[server][store][conformance]", SqliteBa
     CHECK(got.observed);
     CHECK(got.rules_json == R"({"spike_sigma": 7})");
     CHECK(got.rules_source == "run_rules");
+    CHECK(got.attachment == "not attached: the layout is unknown");
   }
 
   SECTION("incidents: upserted whole, filtered and paged; events and flagged shards") {

@@ -40,13 +40,13 @@ TEST_CASE("store migrations: a fresh database reaches the latest version", "[ser
   MemoryDb db;
   auto version = MigrateSchema(db.get());
   REQUIRE(version.ok());
-  CHECK(*version == 11);
+  CHECK(*version == 12);
   CHECK(*version == static_cast<int>(SchemaMigrations().size()));
-  CHECK(db.Int("PRAGMA user_version") == 11);
+  CHECK(db.Int("PRAGMA user_version") == 12);
   for (const char* table :
        {"runs", "steps", "rank_steps", "checkpoints", "incidents", "events", "flagged_shards",
         "quarantined_shards", "commands", "command_acks", "decisions", "outbox", "attempts",
-        "incarnations", "engine_snapshots", "run_rules"}) {
+        "incarnations", "engine_snapshots", "run_rules", "run_attachments"}) {
     INFO(table);
     CHECK(
         db.Int(std::string("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '") +
@@ -68,8 +68,8 @@ TEST_CASE("store migrations: an older database is upgraded and keeps its rows", 
 
   auto latest = MigrateSchema(db.get());
   REQUIRE(latest.ok());
-  CHECK(*latest == 11);
-  CHECK(db.Int("PRAGMA user_version") == 11);
+  CHECK(*latest == 12);
+  CHECK(db.Int("PRAGMA user_version") == 12);
   CHECK(HasIndex(db, "outbox_once") == 1);
   CHECK(db.Int("SELECT world_size FROM runs WHERE run_id = 'r'") == 2);
   // Migration 5: a run from before incarnations has none, and no resume step.
@@ -203,17 +203,17 @@ TEST_CASE("store migrations: running twice is a no-op", "[server][store]") {
   const std::string before = Schema(db);
   auto again = MigrateSchema(db.get());
   REQUIRE(again.ok());
-  CHECK(*again == 11);
+  CHECK(*again == 12);
   CHECK(Schema(db) == before);
 }
 
 TEST_CASE("store migrations: a newer database is refused untouched", "[server][store]") {
   MemoryDb db;
-  REQUIRE(db.Exec("PRAGMA user_version=12") == SQLITE_OK);
+  REQUIRE(db.Exec("PRAGMA user_version=13") == SQLITE_OK);
   auto version = MigrateSchema(db.get());
   REQUIRE_FALSE(version.ok());
   CHECK(version.status().code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(db.Int("PRAGMA user_version") == 12);
+  CHECK(db.Int("PRAGMA user_version") == 13);
   CHECK(db.Int("SELECT COUNT(*) FROM sqlite_master") == 0);
 }
 

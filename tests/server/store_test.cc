@@ -35,7 +35,7 @@ TEST_CASE("store: migrates - writes a batch - deduplicates and reads back", "[se
   {
     auto store = Store::Open(db);
     REQUIRE(store.ok());
-    CHECK((*store)->schema_version() == 11);
+    CHECK((*store)->schema_version() == 12);
     WriteBatch b;
     b.runs.push_back({"run-a", 4, 0, 2, 1, 2, "", std::nullopt});
     for (int64_t s = 0; s < 3; ++s) b.steps.push_back({"run-a", 0, MakeStep(s, 2.5 - 0.1 * s)});

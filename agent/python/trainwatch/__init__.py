@@ -239,6 +239,8 @@ class Agent:
         run as observed, not enforced, and its tier 1 and tier 3 verdicts
         as recommended, not applied (`trainwatch run --observe-only`).
         The caller must then neither skip nor halt.
+    attachment: what `trainwatch run` found when it attached the job, one
+        line stored with the run for `twctl status`.
 
     Used as a context manager, it closes (flushing its records) on the way out.
     """
@@ -248,12 +250,13 @@ class Agent:
                  spill_dir: Optional[str] = None, rules: Optional[Mapping[str, Any]] = None,
                  reduce: Optional[Reduce] = None, ca_file: Optional[str] = None,
                  cert_file: Optional[str] = None, key_file: Optional[str] = None,
-                 resume_step: Optional[int] = None, observed: bool = False) -> None:
+                 resume_step: Optional[int] = None, observed: bool = False,
+                 attachment: str = "") -> None:
         self._native = _NativeAgent(
             server=_server_list(server), run_id=run_id, rank=rank, world_size=world_size, token=token,
             spill_dir=spill_dir, rules_json=None if rules is None else _json.dumps(rules),
             reduce=reduce, ca_file=ca_file, cert_file=cert_file, key_file=key_file,
-            resume_step=resume_step, observed=observed)
+            resume_step=resume_step, observed=observed, attachment=attachment)
 
     def step(self, step: int, loss: Optional[float] = None,
              grads: Union[Sequence[Any], Mapping[str, Any], None] = None,

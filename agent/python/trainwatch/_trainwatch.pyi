@@ -62,7 +62,7 @@ class Agent:
                  rules_json: Optional[str] = None, reduce: Optional[_Reduce] = None,
                  ca_file: Optional[str] = None, cert_file: Optional[str] = None,
                  key_file: Optional[str] = None, resume_step: Optional[int] = None,
-                 observed: bool = False) -> None: ...
+                 observed: bool = False, attachment: str = "") -> None: ...
     def step(self, step: int, loss: Optional[float] = None,
              grads: Union[Sequence[Optional[_Tensor]], Mapping[str, Optional[_Tensor]], None] = None,
              logits: Optional[_Tensor] = None, labels: Optional[Sequence[int]] = None,

@@ -261,7 +261,9 @@ class Attachment:
     def integration_options(self) -> dict[str, Any]:
         """The Agent options an integration's agent takes from this run (the
         rest it reads from TRAINWATCH_* as any agent does)."""
-        options: dict[str, Any] = {}
+        mode = "enforcing (skip and halt)" if self.enforcing else \
+            f"observe-only ({self.observe_reason})"
+        options: dict[str, Any] = {"attachment": f"through {self.delegated}; mode: {mode}"}
         run_id = self.run_id()
         if run_id:
             options["run_id"] = run_id
@@ -587,6 +589,8 @@ class Attachment:
 
     def detach(self, why: str) -> None:
         _say(f"not attached: {why}")
+        if self.agent is None:
+            self.report_unwatched(why)
         if self.require:
             _say("stopping: trainwatch run --require")
             os._exit(2)
@@ -595,6 +599,19 @@ class Attachment:
         if self.agent is not None:
             self.agent.close(2000)
             self.agent = None
+
+    def report_unwatched(self, why: str) -> None:
+        """Tells trainwatchd, from the job's first rank, that the run trains
+        unwatched and why: a hello alone, recorded with the run."""
+        if int(os.environ.get("RANK", "0")) != 0:
+            return
+        try:
+            agent = Agent(run_id=self.run_id(), observed=True, attachment=f"not attached: {why}")
+            if agent.streaming:
+                agent.wait_for_server(3.0)
+            agent.close(2000)
+        except Exception as e:  # the job goes on regardless
+            _say(f"could not tell trainwatchd: {e}")
 
     # ---- the first verdict: what was found ---------------------------
 
@@ -644,20 +661,23 @@ class Attachment:
         if any(type(r).__name__ == "DeepSpeedEngine" for r in self.roots):
             self.observe_reason = "DeepSpeed's engine clips and steps inside itself"
         self.enforcing = not self.observe_reason
+        self.summary = self.describe(world, layout_note)
         self.agent = Agent(run_id=self.run_id(), rank=rank, world_size=world,
                            reduce=distributed_reduce() if world > 1 else None,
-                           observed=not self.enforcing)
+                           observed=not self.enforcing, attachment=self.summary_line())
         self.guard = Guard(opt, self.agent, params=named, model=model, layout=layout,
                            gate=False)
         self.guard.scaler = self.scaler
         self.step = self.resume_count(world)
         if self.logits is not None:
             self.logits[1].register_forward_hook(self.logits_seen)
-        self.summary = self.describe(world, layout_note)
         if rank == 0:
-            _say("attached: " + "; ".join(f"{k}: {v}" for k, v in self.summary.items()))
+            _say("attached: " + self.summary_line())
         if not self.enforcing:
             _say(f"observe-only on rank {rank}: {self.observe_reason}")
+
+    def summary_line(self) -> str:
+        return "; ".join(f"{k}: {v}" for k, v in (self.summary or {}).items())
 
     def resume_count(self, world: int) -> int:
         """The step to count from: after the last one the server holds for

@@ -203,6 +203,13 @@ CREATE TABLE engine_snapshots (
   PRIMARY KEY (run_id, attempt, step)
 );
 )sql",
+    // 2: SQLite's migration 12, what `trainwatch run` found.
+    R"sql(
+CREATE TABLE run_attachments (
+  run_id text PRIMARY KEY,
+  attachment text NOT NULL
+);
+)sql",
 };
 
 }  // namespace

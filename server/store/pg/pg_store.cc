@@ -46,7 +46,8 @@ absl::StatusOr<std::vector<RunRow>> Runs(PgConnection& c) {
   return Query(c,
                "SELECT runs.run_id, world_size, attempt, last_step, created_ms, last_seen_ms, "
                "incarnation, resume_step, observed, COALESCE(rules_json, ''), "
-               "COALESCE(rules_source, '') FROM runs LEFT JOIN run_rules USING (run_id) "
+               "COALESCE(rules_source, ''), COALESCE(attachment, '') FROM runs "
+               "LEFT JOIN run_rules USING (run_id) LEFT JOIN run_attachments USING (run_id) "
                "ORDER BY runs.run_id",
                {}, rows::ReadRun<Cells>);
 }

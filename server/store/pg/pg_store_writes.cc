@@ -47,6 +47,12 @@ absl::Status UpsertRuns(PgConnection& c, const std::vector<RunRow>& runs) {
             "excluded.rules_json OR run_rules.rules_source <> excluded.rules_source",
             {r.run_id, r.rules_json, r.rules_source});
     if (!s.ok()) return s;
+    s = Run(c,
+            "INSERT INTO run_attachments (run_id, attachment) VALUES ($1::text, $2::text) "
+            "ON CONFLICT (run_id) DO UPDATE SET attachment = excluded.attachment "
+            "WHERE run_attachments.attachment <> excluded.attachment",
+            {r.run_id, r.attachment});
+    if (!s.ok()) return s;
   }
   return absl::OkStatus();
 }

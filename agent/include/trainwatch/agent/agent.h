@@ -158,6 +158,10 @@ struct AgentConfig {
   // applied, and sends the run no commands. Not read from the environment:
   // only the caller sets it. Default false.
   bool observed = false;
+  // What `trainwatch run` found when it attached this job (or why it could
+  // not), told to the server in the hello (Hello.attachment, at most 4 KiB)
+  // for `twctl status`. Empty: the trainer attached the agent itself.
+  std::string attachment;
 
   // Overrides the fields above from TRAINWATCH_* variables (and RANK /
   // WORLD_SIZE are the reducer's business, not the config's). Bad values

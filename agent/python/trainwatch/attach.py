@@ -126,7 +126,6 @@ class Attachment:
         self.called: list[tuple[torch.nn.Module, torch.Size]] = []
         self.logits: Optional[tuple[str, torch.nn.Module, int]] = None
         self.discovery: list[Any] = []
-        self.restore: list[Callable[[], None]] = []
 
     # ---- patches -------------------------------------------------------
 
@@ -140,7 +139,7 @@ class Attachment:
         def optimizer_init(opt: Any, *args: Any, **kwargs: Any) -> None:
             init(opt, *args, **kwargs)
             att.adopt(opt)
-        self._set(optim, "__init__", optimizer_init)
+        setattr(optim, "__init__", optimizer_init)
 
         backward = torch.autograd.backward
 
@@ -154,7 +153,7 @@ class Attachment:
                 return backward(tensors, grad_tensors, *args, **kwargs)
             finally:
                 att.in_backward = False
-        self._set(torch.autograd, "backward", autograd_backward)
+        setattr(torch.autograd, "backward", autograd_backward)
 
         import torch.nn.utils.clip_grad as clip_grad
         total_norm = clip_grad._get_total_norm
@@ -163,8 +162,8 @@ class Attachment:
             if not att.inert:
                 att.pre_clip(tensors)
             return total_norm(tensors, *args, **kwargs)
-        self._set(clip_grad, "_get_total_norm", get_total_norm)
-        self._set(torch.nn.utils, "get_total_norm", get_total_norm)
+        setattr(clip_grad, "_get_total_norm", get_total_norm)
+        setattr(torch.nn.utils, "get_total_norm", get_total_norm)
 
         scaler_cls = torch.amp.grad_scaler.GradScaler
         scale, scaler_step = scaler_cls.scale, scaler_cls.step
@@ -175,7 +174,7 @@ class Attachment:
                 att.scaler = scaler
                 att.scaled[id(out)] = weakref.ref(out)
             return out
-        self._set(scaler_cls, "scale", scaler_scale)
+        setattr(scaler_cls, "scale", scaler_scale)
 
         def scaler_step_(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
             # The scaler skips optimizer.step() on an overflow: judged here,
@@ -184,7 +183,7 @@ class Attachment:
                 att.scaler = scaler
                 att.decide(optimizer)
             return scaler_step(scaler, optimizer, *args, **kwargs)
-        self._set(scaler_cls, "step", scaler_step_)
+        setattr(scaler_cls, "step", scaler_step_)
 
         ddp = torch.nn.parallel.DistributedDataParallel
         ddp_init = ddp.__init__
@@ -192,7 +191,7 @@ class Attachment:
         def ddp_init_(module: Any, *args: Any, **kwargs: Any) -> None:
             ddp_init(module, *args, **kwargs)
             att.ddp.append(weakref.ref(module))
-        self._set(ddp, "__init__", ddp_init_)
+        setattr(ddp, "__init__", ddp_init_)
 
         import torch.utils.data.dataloader as dataloader
         iter_next = dataloader._BaseDataLoaderIter.__next__
@@ -202,20 +201,15 @@ class Attachment:
             if not att.inert:
                 att.batch_loaded(batch)
             return batch
-        self._set(dataloader._BaseDataLoaderIter, "__next__", loader_next)
+        setattr(dataloader._BaseDataLoaderIter, "__next__", loader_next)
 
         from torch.optim.optimizer import register_optimizer_step_pre_hook
-        self.restore.append(register_optimizer_step_pre_hook(self.ungated_step).remove)
+        register_optimizer_step_pre_hook(self.ungated_step)
 
         import torch.nn.modules.module as module_mod
         self.discovery = [module_mod.register_module_forward_pre_hook(self.module_entered),
                           module_mod.register_module_forward_hook(self.module_left)]
         os.register_at_fork(after_in_child=self.forked)
-
-    def _set(self, owner: Any, name: str, value: Any) -> None:
-        original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-        setattr(owner, name, value)
-        self.restore.append(lambda: setattr(owner, name, original))
 
     def forked(self) -> None:
         # A forked DataLoader worker (or any fork of a rank): it copied this
@@ -238,7 +232,7 @@ class Attachment:
                     return
                 self.delegate(who)
                 attach(trainer, self.integration_options())
-            self._set(cls, "__init__", trainer_init)
+            setattr(cls, "__init__", trainer_init)
 
         # Each integration is imported when its Trainer is constructed, not
         # here: the trainer's package is still initialising at this point.

@@ -196,10 +196,11 @@ def _imported(name: str, module: object) -> None:
             os._exit(2)
 
 
-_chain_shadowed()
-try:
-    _install()
-except Exception as e:
-    _say(f"not attached: {e!r}")
-    if os.environ.get("TRAINWATCH_REQUIRE") == "1":
-        os._exit(2)
+if __name__ == "sitecustomize":  # at start-up; not when a test imports it to read role()
+    _chain_shadowed()
+    try:
+        _install()
+    except Exception as e:
+        _say(f"not attached: {e!r}")
+        if os.environ.get("TRAINWATCH_REQUIRE") == "1":
+            os._exit(2)

@@ -432,6 +432,7 @@ class PyAgent {
     d["streaming"] = s.streaming;
     d["unacked"] = s.unacked;
     d["replaced"] = s.replaced;
+    d["run_last_step"] = s.run_last_step;
     return d;
   }
   bool Streaming() const { return agent_->Stats().streaming; }

@@ -191,6 +191,7 @@ void Sender::FillStats(AgentStats* s) const {
   s->unacked = memory_.size() + (spill_ ? spill_->records() : 0);
   s->spill_bytes = spill_ ? spill_->bytes() : 0;
   s->replaced = replaced_;
+  s->run_last_step = run_last_step_;
 }
 
 void Sender::Close(int timeout_ms) {
@@ -293,6 +294,7 @@ void Sender::HandleServerMessage(const v1::ServerMessage& m) {
     if (!answered_) {
       answered_ = true;
       awaited_command_ = a.pending_command_id();
+      if (a.has_run_last_step()) run_last_step_ = a.run_last_step();
     }
     // The first rules the server names are kept: the run's rules are fixed
     // by the server, and a rank that switched must not switch again.

@@ -134,6 +134,7 @@ class Sender {
   const std::unique_ptr<SpillStore> spill_ ABSL_PT_GUARDED_BY(mu_);
   bool spill_resend_ ABSL_GUARDED_BY(mu_) = false;  // re-send the spill on this connection
   int64_t durable_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t run_last_step_ ABSL_GUARDED_BY(mu_) = -1;  // the hello's answer
   int64_t acked_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t spilled_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;

@@ -66,6 +66,7 @@ void Incarnations::HandleHello(const trainwatch::v1::Hello& h, uint64_t stream, 
     (*ack.mutable_durability_ack()->mutable_durable_step())[0] = run->row.last_step;
   }
   approvals_->AnswerHello(*run, h, kind, now, ack.mutable_durability_ack());
+  ack.mutable_durability_ack()->set_run_last_step(run->row.last_step);
   ack.mutable_durability_ack()->set_rules_json(run->row.rules_json);
   ack.mutable_durability_ack()->set_rules_source(run->row.rules_source);
   batch_->outgoing.emplace_back(run->row.run_id, stream, ack.SerializeAsString());

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <string>
 
 #include "fake_trainwatchd.h"
 #include "test_util.h"
@@ -20,16 +21,22 @@ using core::Signal;
 using testing::FreePort;
 using testing::WaitUntil;
 
+// An observed agent of `run` streaming to the fake server on `port`.
+AgentConfig ObservedConfig(int port, const std::string& run) {
+  AgentConfig cfg;
+  cfg.server_address = "127.0.0.1:" + std::to_string(port);
+  cfg.run_id = run;
+  cfg.observed = true;
+  return cfg;
+}
+
 TEST_CASE("observed: the hello says observed and records go as given with nothing skipped",
           "[agent][observed]") {
   const int port = FreePort();
   FakeServer service;
   Running server(&service, port);
-  AgentConfig cfg;
-  cfg.server_address = "127.0.0.1:" + std::to_string(port);
-  cfg.run_id = "run-o";
-  cfg.observed = true;
-  auto agent = Agent::Create(cfg, std::make_unique<SingleProcessReducer>());
+  auto agent = Agent::Create(ObservedConfig(port, "run-o"),
+                             std::make_unique<SingleProcessReducer>());
   REQUIRE(agent.ok());
   for (int64_t s = 0; s < 5; ++s) {
     core::StepRecord rec;
@@ -59,10 +66,7 @@ TEST_CASE("observed: Step() judges and its skip is reported as not applied",
   const int port = FreePort();
   FakeServer service;
   Running server(&service, port);
-  AgentConfig cfg;
-  cfg.server_address = "127.0.0.1:" + std::to_string(port);
-  cfg.run_id = "run-oo";
-  cfg.observed = true;
+  AgentConfig cfg = ObservedConfig(port, "run-oo");
   core::RuleConfig rules;
   rules.warmup_steps = 20;
   rules.warmup_min_records = 10;

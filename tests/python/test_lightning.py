@@ -104,6 +104,12 @@ class LightningTest(DaemonTestCase):
         result, p = self.run_job("ddp", 3, devices=2)
         self.assert_skip_and_halt(result, p, ranks=2)
 
+    def test_ddp_two_processes_under_trainwatch_run(self):
+        # Lightning starts the second process itself, with the environment
+        # that carries trainwatch run's bootstrap.
+        result, p = self.run_job("ddp-run", 3, zero_code=True, devices=2)
+        self.assert_skip_and_halt(result, p, ranks=2)
+
     def check_fp16(self, result, p):
         # The scaler starts at 2^30: fp16 overflows until it has halved into
         # range, each one a tier 0 record with its scale, never a halt; a

@@ -217,6 +217,15 @@ class TrainwatchRunTest(DaemonTestCase):
                 self.assertEqual(self.query("SELECT count(*) FROM steps WHERE run_id=?",
                                             f"loader-{context}"), [(3,)])
 
+    def test_a_restarted_job_counts_on_from_the_stored_steps(self):
+        # The script counts from 0 each launch; trainwatch counts on from the
+        # last step trainwatchd holds for the run, so a restart adds records.
+        for _ in range(2):
+            p = self.run_job([sys.executable, TRAIN, "--steps", "4"], "--run-id", "again")
+            self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        self.assertEqual([s for (s,) in self.query("SELECT step FROM steps WHERE run_id='again' "
+                                                   "ORDER BY step")], list(range(8)))
+
     def test_existing_sitecustomize_still_runs(self):
         theirs = os.path.join(self.work.name, "theirs")
         os.makedirs(theirs)

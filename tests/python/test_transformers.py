@@ -69,7 +69,7 @@ class TrainerTest(DaemonTestCase):
         watched, p = self.run_job(tag + "-w", ranks=ranks, expect_rc=None, watch=True, steps=60,
                                   bad_step=50, nan_step=55, clip=1.0, zero_code=zero_code)
         self.assertNotEqual(p.returncode, 0)
-        if ranks == 1:
+        if ranks == 1 or zero_code:  # trainwatch run exits 3 whatever torchrun made of it
             self.assertEqual(p.returncode, 3, p.stderr[-3000:])
         halts = [line for line in p.stderr.splitlines() if "trainwatch: halted at step 55" in line]
         self.assertGreaterEqual(len(halts), 1, p.stderr[-3000:])
@@ -125,6 +125,9 @@ class TrainerTest(DaemonTestCase):
 
     def test_ddp_two_ranks(self):
         self.check_job(ranks=2)
+
+    def test_ddp_two_ranks_under_trainwatch_run(self):
+        self.check_job(ranks=2, zero_code=True)
 
     def test_under_trainwatch_run_with_no_code_change(self):
         # The job holds no trainwatch import: `trainwatch run` attaches the

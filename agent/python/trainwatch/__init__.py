@@ -157,7 +157,9 @@ class AgentStats(_KeyAccess):
     durable_step: the last step trainwatchd acknowledged (-1: none);
     reconnects: streams opened after the first; connected: a stream is up
     now; streaming: records go to a server at all (a server and a run id);
-    replaced: another agent took over this run and rank.
+    replaced: another agent took over this run and rank; run_last_step: the
+    run's last step stored at the server when this launch said hello (-1:
+    none, or no answer yet).
 
     stats["steps"] reads as the dict of earlier releases did (deprecated).
     """
@@ -173,6 +175,7 @@ class AgentStats(_KeyAccess):
     streaming: bool
     unacked: int
     replaced: bool
+    run_last_step: int = -1
 
 
 def _server_list(server: Union[str, Sequence[str]]) -> str:
@@ -355,7 +358,8 @@ class Agent:
             records_acked=s["records_acked"], records_spilled=s["records_spilled"],
             records_dropped=s["records_dropped"], reconnects=s["reconnects"],
             durable_step=s["durable_step"], connected=s["connected"],
-            streaming=s["streaming"], unacked=s["unacked"], replaced=s["replaced"])
+            streaming=s["streaming"], unacked=s["unacked"], replaced=s["replaced"],
+            run_last_step=s["run_last_step"])
 
     @property
     def streaming(self) -> bool:

@@ -131,12 +131,14 @@ class Attachment:
 
     def patch(self) -> None:
         """Wraps what the trainer calls (each wrapper passes straight through
-        once this process is inert) and starts the first-step discovery."""
+        once this process is inert) and starts the first-step discovery. The
+        wrappers take their object positional-only: callers name the wrapped
+        methods' own parameters (DistributedDataParallel(module=...))."""
         att = self
         optim = torch.optim.Optimizer
         init = optim.__init__
 
-        def optimizer_init(opt: Any, *args: Any, **kwargs: Any) -> None:
+        def optimizer_init(opt: Any, /, *args: Any, **kwargs: Any) -> None:
             init(opt, *args, **kwargs)
             att.adopt(opt)
         setattr(optim, "__init__", optimizer_init)
@@ -168,7 +170,7 @@ class Attachment:
         scaler_cls = torch.amp.grad_scaler.GradScaler
         scale, scaler_step = scaler_cls.scale, scaler_cls.step
 
-        def scaler_scale(scaler: Any, outputs: Any) -> Any:
+        def scaler_scale(scaler: Any, /, outputs: Any) -> Any:
             out = scale(scaler, outputs)
             if not att.inert and isinstance(out, torch.Tensor) and scaler.is_enabled():
                 att.scaler = scaler
@@ -176,7 +178,7 @@ class Attachment:
             return out
         setattr(scaler_cls, "scale", scaler_scale)
 
-        def scaler_step_(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        def scaler_step_(scaler: Any, /, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
             # The scaler skips optimizer.step() on an overflow: judged here,
             # so that the overflow is recorded (tier 0) all the same.
             if not att.inert and not att.in_gate and scaler.is_enabled():
@@ -188,7 +190,7 @@ class Attachment:
         ddp = torch.nn.parallel.DistributedDataParallel
         ddp_init = ddp.__init__
 
-        def ddp_init_(module: Any, *args: Any, **kwargs: Any) -> None:
+        def ddp_init_(module: Any, /, *args: Any, **kwargs: Any) -> None:
             ddp_init(module, *args, **kwargs)
             att.ddp.append(weakref.ref(module))
         setattr(ddp, "__init__", ddp_init_)
@@ -196,7 +198,7 @@ class Attachment:
         import torch.utils.data.dataloader as dataloader
         iter_next = dataloader._BaseDataLoaderIter.__next__
 
-        def loader_next(it: Any) -> Any:
+        def loader_next(it: Any, /) -> Any:
             batch = iter_next(it)
             if not att.inert:
                 att.batch_loaded(batch)
@@ -226,7 +228,7 @@ class Attachment:
         def wrap(cls: Any, attach: Callable[[Any, dict[str, Any]], object], who: str) -> None:
             init = cls.__init__
 
-            def trainer_init(trainer: Any, *args: Any, **kwargs: Any) -> None:
+            def trainer_init(trainer: Any, /, *args: Any, **kwargs: Any) -> None:
                 init(trainer, *args, **kwargs)
                 if self.inert or self.started:
                     return
@@ -283,6 +285,9 @@ class Attachment:
         if int(os.environ.get("RANK", "0")) == 0:
             mode = "" if self.enforcing else f", observe-only ({self.observe_reason})"
             _say(f"attached through {who}{mode}")
+        if self.explain:  # what was found is the integration: nothing more to say
+            sys.stdout.flush()
+            os._exit(0)
 
     def delegated_halt(self, v: Verdict) -> None:
         """An integration's halt: the line and the launcher's record, then
@@ -303,7 +308,7 @@ class Attachment:
         inner = opt.__dict__.get("step")
         att = self
 
-        def step(o: Any, *args: Any, **kwargs: Any) -> Any:
+        def step(o: Any, /, *args: Any, **kwargs: Any) -> Any:
             def run(*a: Any, **kw: Any) -> Any:
                 return inner(*a, **kw) if inner is not None else type(o).step(o, *a, **kw)
             return att.gate(o, run, args, kwargs)
@@ -351,11 +356,7 @@ class Attachment:
             loss = closure()
             if not judged:
                 judged = True
-                v = self.decide(opt)
-                if v is not None and self.act(v):
-                    for group in opt.param_groups:
-                        for p in group["params"]:
-                            p.grad = None
+                self.decide_dropping_gradients(opt)
             return loss
         if "closure" in kwargs:
             kwargs = dict(kwargs, closure=judged_closure)
@@ -372,12 +373,18 @@ class Attachment:
         if not self.started and not type(opt).__module__.startswith("torch.optim"):
             self.observe_reason = (f"{type(opt).__name__}.step() bypasses the gate trainwatch "
                                    "puts on optimizers")
+        self.decide_dropping_gradients(opt)
+        return None
+
+    def decide_dropping_gradients(self, opt: Any) -> None:
+        """The verdict where the optimizer's step runs regardless: a skip
+        can only drop the gradients, which a torch.optim optimizer honours
+        (elsewhere observe_reason has made the run observe-only)."""
         v = self.decide(opt)
         if v is not None and self.act(v):
             for group in opt.param_groups:
                 for p in group["params"]:
                     p.grad = None
-        return None
 
     def backward_called(self, tensors: Any, grad_tensors: Any) -> None:
         self.depth = 0  # a forward that raised left it unbalanced
@@ -680,7 +687,7 @@ class Attachment:
         assert agent is not None
         last = -1
         if agent.streaming and agent.wait_for_server(5.0):
-            last = agent.stats().durable_step
+            last = agent.stats().run_last_step
         if world > 1:
             last = int(distributed_reduce()([0.0], [float(last)])[1][0])
         return last + 1

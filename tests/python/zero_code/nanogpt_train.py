@@ -5,13 +5,22 @@ name, DDP under torchrun. It prints, for each optimizer step, the step's loss
 (the mean over micro-batches and ranks) and the norm its clip returned.
 
 Options: --steps N, --accum N, --no-clip (the norm printed is the script's
-own), --fused (AdamW(fused=True)), --scaler (a CPU GradScaler, fp16 autocast; --init-scale its first scale),
---loader-workers N (batches from a DataLoader with N workers), --out FILE
-(final parameters and AdamW state, for bit-identity checks)."""
+own), --fused (AdamW(fused=True)), --scaler (a CPU GradScaler, fp16
+autocast; --init-scale its first scale), --loader-workers N (batches from a
+DataLoader with N workers).
+
+For bench/agent/run_overhead.py: --size bench (a GPT of 4 layers, width
+128, vocabulary 2,048), --time (prints the median step time after 5 warm-up
+steps, as JSON), --watch (trainwatch attached in the code instead:
+trainwatch.torch.watch(), accumulate() per micro-batch, observe() before the
+clip)."""
 
 import argparse
+import json
 import math
 import os
+import statistics
+import time
 
 import torch
 import torch.nn as nn
@@ -80,8 +89,12 @@ if __name__ == "__main__":  # DataLoader workers may spawn
     p.add_argument("--scaler", action="store_true")
     p.add_argument("--init-scale", type=float, default=2.0 ** 10)
     p.add_argument("--loader-workers", type=int, default=-1)
-    p.add_argument("--out", default="")
+    p.add_argument("--size", choices=("test", "bench"), default="test")
+    p.add_argument("--time", action="store_true")
+    p.add_argument("--watch", action="store_true")
     args = p.parse_args()
+    if args.size == "bench":
+        VOCAB, BLOCK, EMBD, HEADS, LAYERS = 2048, 64, 128, 4, 4
 
     ddp = int(os.environ.get("RANK", -1)) != -1
     if ddp:
@@ -110,6 +123,12 @@ if __name__ == "__main__":  # DataLoader workers may spawn
     optimizer = torch.optim.AdamW(raw.parameters(), lr=3e-3, weight_decay=0.1,
                                   **({"fused": True} if args.fused else {}))
     scaler = torch.amp.GradScaler("cpu", init_scale=args.init_scale) if args.scaler else None
+    guard = None
+    if args.watch:
+        import trainwatch
+        import trainwatch.torch
+        guard = trainwatch.torch.watch(optimizer, trainwatch.Agent(),
+                                       params=raw.named_parameters())
 
     batches = None
     if args.loader_workers >= 0:
@@ -119,7 +138,9 @@ if __name__ == "__main__":  # DataLoader workers may spawn
                                                  Sequences(), generator=gen))
         batches = iter(loader)
 
+    times = []
     for step in range(args.steps):
+        t0 = time.perf_counter()
         total = 0.0
         for micro in range(args.accum):
             if batches is not None:
@@ -129,9 +150,11 @@ if __name__ == "__main__":  # DataLoader workers may spawn
                 x, y = get_batch()
             if scaler is not None:
                 with torch.autocast("cpu", dtype=torch.float16):
-                    _, loss = model(x, y)
+                    logits, loss = model(x, y)
             else:
-                _, loss = model(x, y)
+                logits, loss = model(x, y)
+            if guard is not None:
+                guard.accumulate(loss, logits=logits)
             loss = loss / args.accum
             total += loss.item()
             if scaler is not None:
@@ -140,6 +163,8 @@ if __name__ == "__main__":  # DataLoader workers may spawn
                 loss.backward()
         if scaler is not None:
             scaler.unscale_(optimizer)
+        if guard is not None:
+            guard.observe(step)
         if args.no_clip:
             norm = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in raw.parameters()
                                  if p.grad is not None))
@@ -155,12 +180,13 @@ if __name__ == "__main__":  # DataLoader workers may spawn
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if step >= 5:
+            times.append(time.perf_counter() - t0)
         if master:
             print(f"step {step} loss {total:.9g} norm {norm:.9g}", flush=True)
 
-    if args.out and master:
-        torch.save({"params": {n: p.detach().clone() for n, p in raw.named_parameters()},
-                    "state": optimizer.state_dict()["state"]}, args.out)
+    if args.time and master:
+        print(json.dumps({"step_s": statistics.median(times)}), flush=True)
     if master:
         print("finished", flush=True)
     if ddp:

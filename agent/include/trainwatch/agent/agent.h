@@ -306,6 +306,9 @@ struct AgentStats {
   // The step from which the local engine judges by the server's rules for
   // the run (AgentConfig::rules, 3 to 5); -1 while on its own or defaults.
   int64_t server_rules_from_step = -1;
+  // The run's last step stored at the server when this launch said hello
+  // (DurabilityAck.run_last_step; -1: none, or not answered yet).
+  int64_t run_last_step = -1;
 };
 
 // Incarnations: each Create() with a server address is one launch of the

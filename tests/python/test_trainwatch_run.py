@@ -116,6 +116,16 @@ class TrainwatchRunTest(DaemonTestCase):
                       "(vocabulary 32", "layout: one process", "shards: none",
                       "mode: enforcing"):
             self.assertIn(found, summary[0])
+        # Until the bad batch the job trains as without trainwatch: its clip
+        # scaled by the verdict's norm is torch's clip.
+        alone = subprocess.run(self.injected(), capture_output=True, text=True, timeout=300,
+                               env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=self.work.name)
+        self.assertEqual(alone.returncode, 0, alone.stderr[-3000:])
+        ref, got = printed(alone.stdout), printed(p.stdout)
+        for step in range(BAD):
+            for i in (0, 1):  # loss and norm
+                self.assertLessEqual(abs(got[step][i] - ref[step][i]), 1e-5 * abs(ref[step][i]),
+                                     step)
         # trainwatchd keeps what was found with the run, for twctl status.
         self.assertIn("  trainwatch run: " + summary[0][len("trainwatch: attached: "):] + "\n",
                       self.status("plain"))

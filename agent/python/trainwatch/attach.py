@@ -11,7 +11,8 @@ for the verdict of the step it lets through:
   norm through clip_grad._get_total_norm, which is wrapped: a name bound by
   `from ... import` before the patch still goes through it), else at the
   step; either way the Guard computes it from the gradients, so it is the
-  same number.
+  same number, and at a clip torch's clip scales by it instead of reading
+  the gradients again.
 - loss: the scalars backward() is called on since the last step, summed
   (a loss divided by the accumulation count sums to the step's mean), with
   a GradScaler's scale taken back out.
@@ -37,6 +38,7 @@ the first step instead).
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import types
@@ -161,9 +163,12 @@ class Attachment:
         total_norm = clip_grad._get_total_norm
 
         def get_total_norm(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            if not att.inert:
-                att.pre_clip(tensors)
-            return total_norm(tensors, *args, **kwargs)
+            if att.inert:
+                return total_norm(tensors, *args, **kwargs)
+            grads = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+            norm_type = args[0] if args else kwargs.get("norm_type", 2.0)
+            judged = att.pre_clip(grads, float(norm_type) == 2.0)
+            return judged if judged is not None else total_norm(grads, *args, **kwargs)
         setattr(clip_grad, "_get_total_norm", get_total_norm)
         setattr(torch.nn.utils, "get_total_norm", get_total_norm)
 
@@ -412,23 +417,32 @@ class Attachment:
                 self.shards.extend(shard_list(batch[name]) or [])
                 return
 
-    def pre_clip(self, grads: Any) -> None:
+    def pre_clip(self, grads: list[torch.Tensor], two_norm: bool) -> Optional[torch.Tensor]:
         """The trainer takes the gradients' norm (to clip them): the verdict
         is taken now, from the gradients before clipping, when these are the
-        gradients the gate watches."""
+        gradients the gate watches. Its 2-norm is then the trainer's too, as
+        Guard.clip_grad_norm_ uses it: a tensor of the gradients' dtype on
+        their device, so that torch's clip does not read them a second time.
+        None (torch takes the norm itself) for another norm, DTensors (whose
+        norm torch returns as a DTensor), a nonfinite norm (torch's NaN or
+        inf, and its error_if_nonfinite) or a verdict taken earlier (the
+        gradients may have been clipped since)."""
         if self.in_backward or not self.optimizers:
-            return
-        if isinstance(grads, torch.Tensor):
-            grads = [grads]
-        grads = list(grads)
+            return None
         given = {id(g) for g in grads}
         watched = {id(p.grad) for p in self.parameters() if p.grad is not None}
         if not given or given != watched:
-            return  # a part of the model: not the step's norm
+            return None  # a part of the model: not the step's norm
         opt = self.optimizers[0]()
-        if opt is not None:
-            self.judged_at = self.judged_at or "clip"
-            self.decide(opt)
+        if opt is None:
+            return None
+        self.judged_at = self.judged_at or "clip"
+        fresh = self.fresh
+        v = self.decide(opt)
+        if v is None or not fresh or not two_norm or v.nan_frac > 0 or \
+                not math.isfinite(v.grad_norm) or any(_is_dtensor(g) for g in grads):
+            return None
+        return torch.tensor(v.grad_norm, dtype=grads[0].dtype, device=grads[0].device)
 
     # ---- first-step discovery ------------------------------------------
 

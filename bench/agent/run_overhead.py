@@ -15,7 +15,9 @@ from round to round so that a neighbour's load falls on all three alike:
   run     `trainwatch run -- python <the loop as written>`.
 
 Each process times its steps after a warm-up and prints the median step
-time. No trainwatchd: both agents decide locally (streaming is the agent's
+time, in CPU time (user + sys of the process: on a shared machine a
+neighbour's load inflates it far less than the wall clock) and in wall time,
+which the log keeps. No trainwatchd: both agents decide locally (streaming is the agent's
 own thread, off the step). Reported, as figures of the bench schema: the
 median over rounds of run / plain and of run / watch, with their spread.
 Goals (bench/run_all.py): run / plain <= 1.02, run / watch <= 1.0 (within
@@ -53,6 +55,7 @@ def main():
         env.pop(var, None)
     modes = ["plain", "watch", "run"]
     got = {m: [] for m in modes}
+    wall = {m: [] for m in modes}
     for r in range(args.rounds):
         for m in modes[r % 3:] + modes[:r % 3]:
             p = subprocess.run(child(m, args.steps), capture_output=True, text=True, env=env,
@@ -61,18 +64,20 @@ def main():
                 sys.stderr.write(p.stdout + p.stderr)
                 sys.exit(f"run_overhead: the {m} loop failed ({p.returncode})")
             line = [x for x in p.stdout.splitlines() if x.startswith("{")][-1]
-            got[m].append(json.loads(line)["step_s"])
+            rec = json.loads(line)
+            got[m].append(rec["cpu_s"])
+            wall[m].append(rec["wall_s"])
             if m == "run" and "trainwatch: attached:" not in p.stderr:
                 sys.exit("run_overhead: the loop under trainwatch run was not attached:\n"
                          + p.stderr[-2000:])
-    print(json.dumps({m: got[m] for m in modes}), file=sys.stderr)
+    print(json.dumps({"cpu_s": got, "wall_s": wall}), file=sys.stderr)
     import torch
     version = torch.__version__.split("+")[0]
     for base, what in (("plain", "the loop without trainwatch"), ("watch", "the loop with watch()")):
         ratios = [a / b for a, b in zip(got["run"], got[base])]
         print(json.dumps({
             "figure": f"trainwatch run vs {what}, nanoGPT-shaped loop on the CPU, torch {version}",
-            "unit": "s/step", "value": statistics.median(got["run"]),
+            "unit": "CPU s/step", "value": statistics.median(got["run"]),
             "baseline": statistics.median(got[base]), "ratio": statistics.median(ratios),
             "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}))
 

@@ -512,6 +512,11 @@ void Sender::WriterLoop() {
       if (reader.joinable()) reader.join();
     }
     const grpc::Status finished = stream->Finish();
+    // The call's objects go before its context (ctx_, reset below): gRPC
+    // requires the context to outlive the stream, and a stream destroyed
+    // after it, at the end of this iteration or at the break that ends the
+    // loop on Close(), could touch the freed call.
+    stream.reset();
     // A server that answered and then broke off (a restart, a failover) is
     // reconnected to soon; only refusals and failed dials back off further.
     if (answered) backoff_ms = config_.reconnect_initial_ms;

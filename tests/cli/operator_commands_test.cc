@@ -408,7 +408,11 @@ TEST_CASE("runs and status from a standby replica say so - and what it cannot kn
   v1::StandbyAnswer standby;
   standby.set_replica("tw-b");
   standby.set_owner("tw-a");
-  standby.mutable_as_of()->set_seconds(absl::ToUnixSeconds(absl::Now()) - 3);
+  // 3 s ago to the nanosecond: whole seconds made it up to 3.99 s, which a
+  // loaded machine's delay turned into "4.0 s ago".
+  const int64_t as_of_ns = absl::ToUnixNanos(absl::Now() - absl::Seconds(3));
+  standby.mutable_as_of()->set_seconds(as_of_ns / 1000000000);
+  standby.mutable_as_of()->set_nanos(static_cast<int32_t>(as_of_ns % 1000000000));
   *fake.runs.mutable_standby() = standby;
   *fake.run_status.mutable_standby() = standby;
   const std::string note = "answered by standby replica tw-b from the store as of 3.";

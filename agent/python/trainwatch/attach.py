@@ -48,6 +48,8 @@ from typing import Any, Callable, Optional
 import torch
 
 from . import Agent, TrainingHalted, Verdict
+from ._first_step import FirstStep
+from ._placements import is_dtensor
 from .integrations._common import shard_list
 from .torch import Guard, distributed_reduce
 
@@ -85,7 +87,7 @@ def _say(text: str) -> None:
 
 
 class Attachment:
-    """The process's one attachment: the patches, what the first step found,
+    """The process's one attachment: the patches, what the first step found (FirstStep),
     and the Guard and Agent made at the first verdict. Used from the training
     thread only (the trainer's own)."""
 
@@ -122,12 +124,7 @@ class Attachment:
         self.shard_field = ""
         self.scaler: Any = None
         self.scaled: dict[int, weakref.ReferenceType[torch.Tensor]] = {}
-        # First-step discovery by global module hooks.
-        self.roots: list[torch.nn.Module] = []
-        self.depth = 0
-        self.called: list[tuple[torch.nn.Module, torch.Size]] = []
-        self.logits: Optional[tuple[str, torch.nn.Module, int]] = None
-        self.discovery: list[Any] = []
+        self.first = FirstStep()
 
     # ---- patches -------------------------------------------------------
 
@@ -213,9 +210,7 @@ class Attachment:
         from torch.optim.optimizer import register_optimizer_step_pre_hook
         register_optimizer_step_pre_hook(self.ungated_step)
 
-        import torch.nn.modules.module as module_mod
-        self.discovery = [module_mod.register_module_forward_pre_hook(self.module_entered),
-                          module_mod.register_module_forward_hook(self.module_left)]
+        self.first.start()
         os.register_at_fork(after_in_child=self.forked)
 
     def forked(self) -> None:
@@ -224,7 +219,7 @@ class Attachment:
         # The agent object stays referenced: its destructor would wait on
         # threads this process does not have.
         self.inert = True
-        self.stop_discovery()
+        self.first.stop()
 
     def trainer_imported(self, name: str, module: Any) -> None:
         """The trainers that own their loop take their integration when
@@ -284,7 +279,7 @@ class Attachment:
         from .integrations import _common
         self.delegated = who
         self.inert = True
-        self.stop_discovery()
+        self.first.stop()
         _common.enforcing = self.enforcing
         _common.halt_handler = self.delegated_halt
         if int(os.environ.get("RANK", "0")) == 0:
@@ -392,7 +387,7 @@ class Attachment:
                     p.grad = None
 
     def backward_called(self, tensors: Any, grad_tensors: Any) -> None:
-        self.depth = 0  # a forward that raised left it unbalanced
+        self.first.depth = 0  # a forward that raised left it unbalanced
         t = tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else tensors
         if not isinstance(t, torch.Tensor) or t.numel() != 1:
             return  # not a loss (a pipeline stage's output, a vector-Jacobian product)
@@ -440,65 +435,9 @@ class Attachment:
         fresh = self.fresh
         v = self.decide(opt)
         if v is None or not fresh or not two_norm or v.nan_frac > 0 or \
-                not math.isfinite(v.grad_norm) or any(_is_dtensor(g) for g in grads):
+                not math.isfinite(v.grad_norm) or any(is_dtensor(g) for g in grads):
             return None
         return torch.tensor(v.grad_norm, dtype=grads[0].dtype, device=grads[0].device)
-
-    # ---- first-step discovery ------------------------------------------
-
-    def module_entered(self, module: torch.nn.Module, inputs: Any) -> None:
-        if self.depth == 0 and torch.is_grad_enabled() and \
-                all(module is not r for r in self.roots):
-            self.roots.append(module)
-        if self.depth == 0:
-            self.called = []
-        self.depth += 1
-
-    def module_left(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
-        self.depth = max(0, self.depth - 1)
-        if isinstance(output, torch.Tensor):
-            self.called.append((module, output.shape))
-        if self.depth == 0 and self.logits is None and torch.is_grad_enabled():
-            self.find_logits(module, output)
-
-    def find_logits(self, root: torch.nn.Module, output: Any) -> None:
-        """The module whose output reaches the model's output as a
-        [..., vocab] tensor: Hugging Face's get_output_embeddings(), else the
-        last module called whose output has that tensor's shape."""
-        inner = getattr(root, "module", root)
-        shapes = {t.shape for t in _tensors(output)
-                  if t.is_floating_point() and t.dim() >= 2 and t.shape[-1] >= 2}
-        if not shapes:
-            return
-        found: Optional[torch.nn.Module] = None
-        get = getattr(inner, "get_output_embeddings", None)
-        if callable(get):
-            try:
-                found = get()
-            except Exception:
-                found = None
-        if found is None:
-            # A projection to the vocabulary: its weight's rows are the last
-            # dimension (a norm's output may have the logits' shape too, and
-            # a chunked loss returns the hidden states, never the logits).
-            for module, shape in reversed(self.called):
-                weight = getattr(module, "weight", None)
-                if module is not root and module is not inner and shape in shapes and \
-                        isinstance(weight, torch.Tensor) and weight.dim() == 2 and \
-                        weight.shape[0] == shape[-1]:
-                    found = module
-                    break
-        if found is None:
-            return
-        name = next((n for n, m in inner.named_modules() if m is found), type(found).__name__)
-        vocab = next(s[-1] for s in shapes)
-        self.logits = (name, found, int(vocab))
-
-    def stop_discovery(self) -> None:
-        for handle in self.discovery:
-            handle.remove()
-        self.discovery = []
-        self.called = []
 
     def logits_seen(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
         if self.inert or self.guard is None or not torch.is_grad_enabled() or \
@@ -610,7 +549,7 @@ class Attachment:
             _say("stopping: trainwatch run --require")
             os._exit(2)
         self.inert = True
-        self.stop_discovery()
+        self.first.stop()
         if self.agent is not None:
             self.agent.close(2000)
             self.agent = None
@@ -634,7 +573,7 @@ class Attachment:
         """Makes the Guard and the Agent at the first verdict, from what the
         first step showed; False (and detached) when this cannot be watched."""
         self.started = True
-        self.stop_discovery()
+        self.first.stop()
         try:
             self.make_guard(opt)
         except Exception as e:
@@ -656,24 +595,24 @@ class Attachment:
                                "is not initialized at the first optimizer step")
         self.rank = rank
         params = self.parameters()
-        names = self.parameter_names(params)
+        names = self.first.parameter_names()
         named = [(names.get(id(p), f"param{i}"), p) for i, p in enumerate(params)]
         ddp = [m for m in (r() for r in self.ddp) if m is not None]
         model = next((m for m in ddp if any(p is q for p in m.parameters() for q in params[:1])),
                      None)
         layout_note = "one process"
         layout: Optional[str] = None
-        if any(_is_dtensor(p) for p in params):
+        if any(is_dtensor(p) for p in params):
             layout_note = "DTensor placements (FSDP2 / tensor parallel)"
         elif model is not None:
             layout_note = f"DDP (replicated on {world} ranks)"
         elif world > 1:
-            if any(type(r).__name__ == "FullyShardedDataParallel" for r in self.roots):
+            if any(type(r).__name__ == "FullyShardedDataParallel" for r in self.first.roots):
                 layout, layout_note = "sharded", f"FSDP (sharded over {world} ranks)"
             else:
                 raise RuntimeError(f"{world} ranks, and the gradients' layout is unknown (no "
                                    "DistributedDataParallel, FSDP or DTensor parameters)")
-        if any(type(r).__name__ == "DeepSpeedEngine" for r in self.roots):
+        if any(type(r).__name__ == "DeepSpeedEngine" for r in self.first.roots):
             self.observe_reason = "DeepSpeed's engine clips and steps inside itself"
         self.enforcing = not self.observe_reason
         self.summary = self.describe(world, layout_note)
@@ -684,8 +623,8 @@ class Attachment:
                            gate=False)
         self.guard.scaler = self.scaler
         self.step = self.resume_count(world)
-        if self.logits is not None:
-            self.logits[1].register_forward_hook(self.logits_seen)
+        if self.first.logits is not None:
+            self.first.logits[1].register_forward_hook(self.logits_seen)
         if rank == 0:
             _say("attached: " + self.summary_line())
         if not self.enforcing:
@@ -706,15 +645,6 @@ class Attachment:
             last = int(distributed_reduce()([0.0], [float(last)])[1][0])
         return last + 1
 
-    def parameter_names(self, params: list[torch.Tensor]) -> dict[int, str]:
-        names: dict[int, str] = {}
-        for root in self.roots:
-            inner = getattr(root, "module", root)  # DDP's, and torch.compile's _orig_mod
-            inner = getattr(inner, "_orig_mod", inner)
-            for n, p in inner.named_parameters():
-                names.setdefault(id(p), n)
-        return names
-
     def describe(self, world: int, layout: str) -> dict[str, str]:
         opts = [o for o in (r() for r in self.optimizers) if o is not None]
         kinds = []
@@ -726,8 +656,9 @@ class Attachment:
         if self.scaler is not None:
             loss += ", GradScaler's scale taken out"
         logits = "none (no [..., vocab] tensor in the model's output)"
-        if self.logits is not None:
-            logits = f"{self.logits[0]} (vocabulary {self.logits[2]}; from the second step)"
+        if self.first.logits is not None:
+            name, _, vocab = self.first.logits
+            logits = f"{name} (vocabulary {vocab}; from the second step)"
         shards = (f"from the batch field '{self.shard_field}'" if self.shard_field else
                   "none (no DataLoader batch field " + ", ".join(SHARD_FIELDS) + ")")
         mode = ("enforcing (skip and halt)" if self.enforcing else
@@ -740,17 +671,3 @@ class Attachment:
             "loss": loss, "logits": logits, "layout": layout, "shards": shards, "mode": mode,
         }
 
-
-def _tensors(output: Any) -> list[torch.Tensor]:
-    if isinstance(output, torch.Tensor):
-        return [output]
-    if isinstance(output, dict):
-        return [t for v in output.values() for t in _tensors(v)]
-    if isinstance(output, (list, tuple)):
-        return [t for v in output for t in _tensors(v)]
-    return []
-
-
-def _is_dtensor(p: torch.Tensor) -> bool:
-    from ._placements import is_dtensor
-    return is_dtensor(p)

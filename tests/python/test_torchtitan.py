@@ -8,7 +8,10 @@ there), streaming to a real trainwatchd:
   status 3 naming the tensor; every stored loss and grad_norm equal to the
   ones torchtitan itself logs for the step;
 - FSDP2 x TP on a 2 x 2 mesh, four processes: the same equality on DTensor
-  gradients, and a NaN in one rank's shard named with that rank.
+  gradients, and a NaN in one rank's shard named with that rank;
+- torchtitan's own training entry point (torchtitan.train, its command
+  line) under `trainwatch run`, with no trainwatch in the job: the same
+  verdicts and numbers as the one-process test.
 """
 
 import json
@@ -34,8 +37,13 @@ class TorchtitanTest(DaemonTestCase):
                    out=os.path.join(self.work.name, name + ".json"))
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
                "--master_addr=127.0.0.1", f"--master_port={free_port()}", SCRIPT, json.dumps(cfg)]
-        if zero_code:  # no trainwatch in the job: `trainwatch run` attaches the integration
-            cmd = trainwatch_run(self.daemon.address, name, torchtitan_trainer.RULES) + cmd
+        if zero_code:
+            # No trainwatch in the job, which is torchtitan's own entry point
+            # (torchtitan.train) on torchtitan's command line: `trainwatch
+            # run` attaches the integration when the entry point builds the
+            # Trainer.
+            cmd = trainwatch_run(self.daemon.address, name, torchtitan_trainer.RULES) + cmd + \
+                torchtitan_trainer.flags(cfg)
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
                            env=dict(os.environ, OMP_NUM_THREADS="1"))
         with open(cfg["out"]) as f:
@@ -88,11 +96,14 @@ class TorchtitanTest(DaemonTestCase):
         self.assertAlmostEqual(self.steps[1][2], math.log(2048), delta=1.0)
 
     def test_under_trainwatch_run_with_no_code_change(self):
-        # The job holds no trainwatch import: `trainwatch run` attaches the
-        # integration when torchtitan's Trainer is constructed; the same
-        # verdicts and numbers, and the launcher's exit status 3.
+        # torchtitan.train, as `torchrun -m torchtitan.train` runs it, with
+        # no trainwatch import: `trainwatch run` attaches the integration
+        # when the entry point constructs the Trainer; the same verdicts and
+        # numbers as test_one_process_accumulation_skip_and_halt, and the
+        # launcher's exit status 3.
         result, p = self.run_job("titan-run", 1, zero_code=True, steps=30, accum=2, bad_step=24,
                                  nan_step=28)
+        self.assertIn("torchtitan version: ", p.stdout + p.stderr)  # torchtitan.train main()
         self.assertIn("trainwatch: attached through the torchtitan integration", p.stderr)
         self.assertEqual(p.returncode, 3, p.stderr[-3000:])
         self.assert_halted(p, 28, 0, 1)

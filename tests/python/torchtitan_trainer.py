@@ -1,8 +1,16 @@
 """A torchtitan job for test_torchtitan.py: torchtitan 0.3's real Trainer
-(config.build(), train(), its train_step) with its smallest model, llama3
-"debugmodel", on the CPU over gloo, a tokenizer and a text dataset made
-here (nothing downloaded). Run under torch.distributed.run with one JSON
-argument:
+with its smallest model, llama3 "debugmodel", on the CPU over gloo, a
+tokenizer and a text dataset made here (nothing downloaded), configured by
+torchtitan's own command line (flags() below). Run under
+torch.distributed.run with one JSON argument, either of two ways:
+
+- built here (config.build(), trainer.train()), trainwatch attached with
+  integrations.torchtitan.watch() when "watch" is set;
+- torchtitan's own training entry point: the JSON argument is followed by
+  torchtitan's command line, and torchtitan.train runs as `python -m
+  torchtitan.train` would (runpy), this file only patching from outside.
+
+The JSON argument:
 
   work        a folder (the tokenizer, the data, torchtitan's outputs)
   steps       training steps; accum: gradient accumulation steps
@@ -34,6 +42,7 @@ changed), make it run on the CPU:
 import json
 import os
 import random
+import runpy
 import sys
 import time
 import types
@@ -155,46 +164,42 @@ def patch_for_cpu():
     attention._compiled_create_block_mask = create_block_mask  # no inductor build: faster
 
 
-def build(cfg, rank):
-    from torch.distributed.fsdp import FSDPModule
-
-    from torchtitan.components.optimizer import default_adamw
-    from torchtitan.models.llama3.config_registry import llama3_debugmodel
-    tok_dir, data_dir = make_assets(cfg["work"], rank)
-    patch_for_cpu()
-    c = llama3_debugmodel()
-    c.hf_assets_path = tok_dir
-    c.dump_folder = os.path.join(cfg["work"], "outputs")
-    c.dataloader.dataset = "c4_test"
-    c.dataloader.dataset_path = data_dir
-    c.training.steps = cfg["steps"]
-    c.training.seq_len = 64
-    c.training.local_batch_size = 2
+def flags(cfg):
+    """torchtitan's command line for the job cfg describes."""
     dp = cfg.get("dp_shard", 1)
-    c.training.global_batch_size = 2 * dp * cfg.get("accum", 1)
-    c.training.disable_cuda_graphs = True  # patch 2
-    c.training.mixed_precision_param = "float32"
-    c.parallelism.data_parallel_shard_degree = dp
-    c.parallelism.tensor_parallel_degree = cfg.get("tp", 1)
-    c.optimizer = default_adamw(lr=2e-3)
-    c.lr_scheduler.warmup_steps = 2
-    c.checkpoint.enable = False
-    c.validator.enable = False
-    c.metrics.log_freq = 1
-    c.debug.seed = 0
-    c.activation_checkpoint = None
-    trainer = c.build()
+    return ["--module", "llama3", "--config", "llama3_debugmodel",
+            "--hf-assets-path", os.path.join(cfg["work"], "tokenizer"),
+            "--dump-folder", os.path.join(cfg["work"], "outputs"),
+            "--dataloader.dataset", "c4_test",
+            "--dataloader.dataset-path", os.path.join(cfg["work"], "data"),
+            "--training.steps", str(cfg["steps"]), "--training.seq-len", "64",
+            "--training.local-batch-size", "2",
+            "--training.global-batch-size", str(2 * dp * cfg.get("accum", 1)),
+            "--training.disable-cuda-graphs",  # patch 2
+            "--training.mixed-precision-param", "float32",
+            "--parallelism.data-parallel-shard-degree", str(dp),
+            "--parallelism.tensor-parallel-degree", str(cfg.get("tp", 1)),
+            "--optimizer.param-groups.0.optimizer-kwargs.lr", "2e-3",
+            "--lr-scheduler.warmup-steps", "2", "--checkpoint.no-enable",
+            "--validator.no-enable", "--metrics.log-freq", "1", "--debug.seed", "0",
+            "activation-checkpoint:none"]
+
+
+def prepare(cfg, rank):
+    """The assets, and the CPU patches on the modules the llama3 job uses."""
+    make_assets(cfg["work"], rank)
+    import torchtitan.models.llama3.config_registry  # noqa: F401
+    patch_for_cpu()
+
+
+def built(trainer, cfg, rank, logged):
+    """What the test does to a constructed Trainer: patch 4, the injections,
+    and torchtitan's own logged numbers recorded in `logged`."""
+    from torch.distributed.fsdp import FSDPModule
     for part in trainer.model_parts:  # patch 4
         for m in part.modules():
             if isinstance(m, FSDPModule):
                 m.set_force_sum_reduction_for_comms(True)
-    return trainer
-
-
-def main(cfg):
-    rank = int(os.environ["RANK"])
-    trainer = build(cfg, rank)
-    logged = {}
     log = trainer.metrics_processor.log
 
     def record(step, loss, max_loss, grad_norm, *args, **kwargs):  # torchtitan's own numbers
@@ -221,18 +226,36 @@ def main(cfg):
         return loss
 
     trainer.forward_backward_step = injected
-    hook = None
-    if cfg.get("watch"):
-        from trainwatch.integrations.torchtitan import watch
-        hook = watch(trainer, server=cfg["server"], run_id=cfg["run_id"], rules=RULES)
+
+
+def main(cfg, titan_args):
+    rank = int(os.environ["RANK"])
+    prepare(cfg, rank)
     import torchtitan
+    from torchtitan.trainer import Trainer
     result = {"torchtitan": getattr(torchtitan, "__version__", "?"), "torch": torch.__version__}
+    logged, trainers = {}, []
     try:
-        trainer.train()
+        if titan_args:  # torchtitan's entry point builds the Trainer
+            init = Trainer.__init__
+
+            def test_init(trainer, *args, **kwargs):
+                init(trainer, *args, **kwargs)
+                built(trainer, cfg, rank, logged)
+                trainers.append(trainer)
+            Trainer.__init__ = test_init
+            sys.argv = ["torchtitan.train", *titan_args]
+            runpy.run_module("torchtitan.train", run_name="__main__", alter_sys=True)
+        else:
+            from torchtitan.config import ConfigManager
+            trainers.append(ConfigManager().parse_args(flags(cfg)).build())
+            built(trainers[0], cfg, rank, logged)
+            if cfg.get("watch"):
+                from trainwatch.integrations.torchtitan import watch
+                watch(trainers[0], server=cfg["server"], run_id=cfg["run_id"], rules=RULES)
+            trainers[0].train()
     finally:
-        result.update(logged=logged, step=trainer.step,
-                      verdict=None if hook is None or hook.verdict is None else
-                      {"step": hook.verdict.step, "decision": str(hook.verdict.decision)})
+        result.update(logged=logged, step=trainers[0].step if trainers else None)
         trainer_job.write_results(cfg["out"], rank, result)
 
 
@@ -240,4 +263,4 @@ if __name__ == "__main__":
     config = json.loads(sys.argv[1])
     os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                       HF_HOME=os.path.join(config["work"], "hf"))
-    trainer_job.run(main, config)
+    trainer_job.run(lambda cfg: main(cfg, sys.argv[2:]), config)

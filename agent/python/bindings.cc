@@ -378,6 +378,20 @@ class PyAgent {
   void ReportCheckpoint(int64_t step, const std::string& uri) {
     agent_->ReportCheckpoint(step, uri);
   }
+  void SetPhase(int phase) { agent_->SetPhase(CheckedPhase(phase)); }
+  void SetStack(int64_t finished_step, std::string stack, std::string blocked_at, int phase) {
+    agent_->SetStack(finished_step, std::move(stack), std::move(blocked_at), CheckedPhase(phase));
+  }
+  std::tuple<int64_t, int64_t, int64_t> Liveness() const {
+    const agent::LivenessInfo i = agent_->Liveness();
+    return {i.finished_step, i.in_step_ms, i.step_ms_median};
+  }
+  static agent::Phase CheckedPhase(int phase) {
+    if (phase < 0 || phase > static_cast<int>(agent::Phase::kData)) {
+      throw py::value_error(absl::StrCat("phase ", phase, " is not a trainwatch.v1.Phase"));
+    }
+    return static_cast<agent::Phase>(phase);
+  }
   py::object PollCommand() {
     std::optional<agent::Command> c = agent_->PollCommand();
     return c ? py::object(CommandToDict(*c)) : py::none();
@@ -512,6 +526,10 @@ PYBIND11_MODULE(_trainwatch, m) {
            py::arg("log_z_sum") = py::none(), py::arg("ignore_index") = -100,
            py::arg("loss_scale") = py::none(), py::arg("loss_scale_overflow") = false)
       .def("report_checkpoint", &PyAgent::ReportCheckpoint)
+      .def("set_phase", &PyAgent::SetPhase, py::arg("phase"))
+      .def("set_stack", &PyAgent::SetStack, py::arg("finished_step"), py::arg("stack"),
+           py::arg("blocked_at"), py::arg("phase") = 0)
+      .def("liveness", &PyAgent::Liveness)
       .def("poll_command", &PyAgent::PollCommand)
       .def("on_command", &PyAgent::OnCommand)
       .def("acknowledge", &PyAgent::Acknowledge, py::arg("command_id"), py::arg("status"),

@@ -146,8 +146,12 @@ absl::StatusOr<Verdict> Agent::Impl::Step(const StepInput& in) {
   const bool awaits_rules = !config_.rules.has_value() && server_rules_from_.load() < 0 &&
                             !config_.server_address.empty();
   if (awaits_rules) reduced.SetRulesHash(sender_.server_rules_hash());
-  if (absl::Status s = reducer_->AllReduce(reduced.sums(), reduced.maxes()); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("cross-rank reduction failed: ", s.message()));
+  sender_.liveness().InReduction(true);
+  absl::Status reduce = reducer_->AllReduce(reduced.sums(), reduced.maxes());
+  sender_.liveness().InReduction(false);
+  if (!reduce.ok()) {
+    return absl::Status(reduce.code(),
+                        absl::StrCat("cross-rank reduction failed: ", reduce.message()));
   }
   values_ = reduced.Values();
   if (const uint32_t agreed = reduced.AgreedRulesHash(); awaits_rules && agreed != 0) {
@@ -182,6 +186,7 @@ absl::StatusOr<Verdict> Agent::Impl::Step(const StepInput& in) {
   if (!config_.server_address.empty() && (origin_.rank == 0 || reduced.local_nonfinite() > 0)) {
     Queue(in, rec, reduced, std::move(gathered));
   }
+  sender_.liveness().StepDone(in.step);
   return outcome_.verdict;
 }
 
@@ -258,6 +263,7 @@ absl::Status Agent::Impl::StepObserved(const core::StepRecord& rec) {
   slot->tensor_report.reset();
   slot->time_ms = config_.clock->NowMs();
   sender_.Commit(slot);
+  sender_.liveness().StepDone(rec.step);
   return absl::OkStatus();
 }
 
@@ -407,6 +413,18 @@ absl::StatusOr<AgentConfig> AgentConfig::FromEnvironment(AgentConfig c) {
     }
     c.sender_nice = n;  // its range is Create's to check, as for a config's
   }
+  if (const char* v = env("TRAINWATCH_HEARTBEAT_MS")) {
+    int n;
+    if (!absl::SimpleAtoi(v, &n)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TRAINWATCH_HEARTBEAT_MS=", v, " is not a number of milliseconds"));
+    }
+    c.heartbeat_ms = n;  // its range is Create's to check
+  }
+  if (const char* v = env("LOCAL_RANK")) {
+    int n;
+    if (absl::SimpleAtoi(v, &n) && n >= 0) c.local_rank = n;
+  }
   if (const char* v = env("TRAINWATCH_RULES")) {
     absl::StatusOr<core::RuleConfig> rules = RulesFromEnvironment(v);
     if (!rules.ok()) return rules.status();
@@ -460,6 +478,10 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config,
   if (config.clock == nullptr) return absl::InvalidArgumentError("clock is null");
   // Below 0 would put the sender above the training thread (and needs a
   // privilege); above 19 is no nice value at all.
+  if (config.heartbeat_ms < 100 || config.heartbeat_ms > 60'000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("heartbeat_ms ", config.heartbeat_ms, " is outside 100..60000"));
+  }
   if (config.sender_nice < 0 || config.sender_nice > 19) {
     return absl::InvalidArgumentError(
         absl::StrCat("sender_nice ", config.sender_nice, " is outside 0..19"));
@@ -516,6 +538,16 @@ absl::Status Agent::StepObserved(const core::StepRecord& record) {
 void Agent::ReportCheckpoint(int64_t step, const std::string& uri) {
   impl_->ReportCheckpoint(step, uri);
 }
+
+void Agent::SetPhase(Phase phase) { impl_->sender().liveness().SetPhase(phase); }
+
+void Agent::SetStack(int64_t finished_step, std::string stack, std::string blocked_at,
+                     Phase phase) {
+  impl_->sender().liveness().SetStack(finished_step, std::move(stack), std::move(blocked_at),
+                                      phase);
+}
+
+LivenessInfo Agent::Liveness() const { return impl_->sender().liveness().Info(); }
 
 void Agent::SetCommandCallback(std::function<void(const Command&)> callback) {
   impl_->sender().SetCommandCallback(std::move(callback));

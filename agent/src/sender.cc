@@ -68,6 +68,7 @@ Sender::Sender(const AgentConfig& config, Origin origin, std::unique_ptr<SpillSt
     : config_(config),
       origin_(std::move(origin)),
       clock_(config.clock != nullptr ? config.clock : core::SystemClock()),
+      liveness_(clock_),
       ring_(config.ring_records),
       spill_(std::move(spill)) {}
 
@@ -379,6 +380,11 @@ v1::AgentMessage Sender::HeartbeatMessage() const {
   h->set_rank(origin_.rank);
   h->mutable_time()->set_seconds(clock_->NowMs() / 1000);
   h->set_agent_version(absl::StrCat("trainwatch-agent ", kVersion));
+  h->set_host_name(config_.host_name);
+  h->set_local_rank(config_.local_rank);
+  h->set_device(config_.device);
+  h->set_interval_ms(config_.heartbeat_ms);
+  liveness_.Fill(h);
   absl::MutexLock lock(&mu_);
   h->set_queue_depth(static_cast<uint32_t>(memory_.size()));
   h->set_queue_capacity(static_cast<uint32_t>(config_.memory_records));
@@ -573,6 +579,7 @@ void Sender::SendUntilBroken(Stream* stream) {
   int64_t last_heartbeat = clock_->NowMs();
   for (;;) {
     std::vector<Message> batch;
+    bool closing = false;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -582,25 +589,28 @@ void Sender::SendUntilBroken(Stream* stream) {
       // Wakes at least every 20 ms for the heartbeat.
       mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(20));
       if (!connected_) return;
-      if (stop_ && memory_.empty() && control_.empty()) return;
-      if (spill_resend_ && spill_ != nullptr) {
-        spill_->ForEach([&](int64_t step, const std::string& bytes) {
-          auto m = std::make_shared<v1::AgentMessage>();
-          if (step > durable_ && m->ParseFromString(bytes)) batch.push_back(std::move(m));
-        }).IgnoreError();
-      }
-      spill_resend_ = false;
-      for (Entry& e : memory_) {
-        if (e.sent_gen != gen_) {
-          batch.push_back(e.message);
-          e.sent_gen = gen_;
+      closing = stop_ && memory_.empty() && control_.empty();
+      if (!closing) {
+        if (spill_resend_ && spill_ != nullptr) {
+          spill_->ForEach([&](int64_t step, const std::string& bytes) {
+            auto m = std::make_shared<v1::AgentMessage>();
+            if (step > durable_ && m->ParseFromString(bytes)) batch.push_back(std::move(m));
+          }).IgnoreError();
+        }
+        spill_resend_ = false;
+        for (Entry& e : memory_) {
+          if (e.sent_gen != gen_) {
+            batch.push_back(e.message);
+            e.sent_gen = gen_;
+          }
+        }
+        while (!control_.empty()) {
+          batch.push_back(std::move(control_.front()));
+          control_.pop_front();
         }
       }
-      while (!control_.empty()) {
-        batch.push_back(std::move(control_.front()));
-        control_.pop_front();
-      }
     }
+    if (closing) break;
     // A burst goes out as few frames and syscalls as gRPC can make of it:
     // every write but the burst's last is hinted as one that may wait for
     // the next, and the last flushes them all. A lone record is its burst's
@@ -614,8 +624,13 @@ void Sender::SendUntilBroken(Stream* stream) {
       last_heartbeat = clock_->NowMs();
     }
     absl::MutexLock lock(&mu_);
-    if (stop_ && memory_.empty() && control_.empty()) return;
+    if (stop_ && memory_.empty() && control_.empty()) break;
   }
+  // Everything is sent: the server hears that this rank's silence from now
+  // on is the end of its job, not a lost rank.
+  v1::AgentMessage last = HeartbeatMessage();
+  last.mutable_heartbeat()->set_closing(true);
+  Write(stream, last);
 }
 
 }  // namespace trainwatch::agent::internal

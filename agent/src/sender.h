@@ -23,6 +23,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "liveness.h"
 #include "ring.h"
 #include "spill.h"
 #include "step_message.h"
@@ -88,6 +89,10 @@ class Sender {
   // threads; what is still unacknowledged goes to the spill folder.
   void Close(int timeout_ms) ABSL_LOCKS_EXCLUDED(mu_, drain_mu_);
 
+  // What the heartbeats say of the training thread.
+  Liveness& liveness() { return liveness_; }
+  const Liveness& liveness() const { return liveness_; }
+
  private:
   // What is waiting for the server's durability ack, oldest first.
   // Shared, immutable: the writer takes its batch under the lock by pointer,
@@ -116,6 +121,7 @@ class Sender {
   const AgentConfig config_;
   const Origin origin_;
   core::Clock* const clock_;
+  Liveness liveness_;
   Ring<Slot> ring_;
   // Written by every step: a cache line of its own, since the mutexes that
   // followed it on the same line are taken by the sender's threads all the

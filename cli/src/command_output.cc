@@ -88,4 +88,9 @@ std::string TerminalSafe(absl::string_view text) {
   return out;
 }
 
+std::string CostText(const v1::RollbackCost& cost) {
+  return absl::StrFormat("costs %.3f GPU-hours: %d steps x %.3f s x %d ranks, trained again",
+                         cost.gpu_hours(), cost.steps(), cost.step_seconds(), cost.ranks());
+}
+
 }  // namespace trainwatch::cli

@@ -29,6 +29,8 @@ std::string Fmt(double v);
 std::string TierName(v1::Tier t);
 // An incident title cut to 90 characters for one table row.
 std::string RowTitle(const std::string& title);
+// "costs 0.778 GPU-hours: 700 steps x 2.000 s x 2 ranks, trained again".
+std::string CostText(const v1::RollbackCost& cost);
 
 // `text` with every character a terminal would act on written out as \u00XX:
 // C0 controls but the newline (ESC, CR, backspace, tab...), DEL, C1

@@ -132,6 +132,10 @@ class IncidentShowCommand : public Command {
           &out, "decision %s: %s by %s: \"%s\"\n", d.decision_id(),
           d.kind() == v1::DECISION_KIND_APPROVE_ROLLBACK ? "approved" : "rejected", d.actor().id(),
           d.comment());
+      if (d.plan().has_cost()) {  // the rollback's price in GPU time
+        absl::StrAppendFormat(&out, "  rollback to step %d %s\n", d.plan().target_step(),
+                              CostText(d.plan().cost()));
+      }
     }
     if (!s.approve_command().empty()) {
       absl::StrAppendFormat(&out, "\napprove with:\n  %s\n", s.approve_command());

@@ -230,6 +230,7 @@ class ApproveCommand : public Command {
       absl::StrAppendFormat(&what, ", skip the batches of steps %d..%d on every rank",
                             p.skip_steps().first(), p.skip_steps().last());
     }
+    if (p.has_cost()) absl::StrAppend(&what, "; ", CostText(p.cost()));
     for (const auto& st : p.settings()) {
       if (st.has_z_loss_alpha()) {
         absl::StrAppendFormat(&what, ", z-loss alpha %g", st.z_loss_alpha());

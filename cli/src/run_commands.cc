@@ -26,6 +26,30 @@ namespace {
 // The most steps the server answers a status with (its own cap).
 constexpr int64_t kMaxPoints = 100'000;
 
+// What the heartbeats say: the time since the last step against the stall
+// bound, lost ranks, and the slowest ranks' pace (docs/hangs.md).
+std::string LivenessText(const v1::RunLiveness& l) {
+  std::string out = absl::StrFormat(
+      "  liveness: %s; last step %.1f s ago (stall bound %.0f s), median step %.3f s, %d ranks "
+      "heard from",
+      l.stalled() ? "STALLED" : "stepping", l.seconds_since_step(), l.stall_bound_seconds(),
+      l.step_seconds(), l.ranks_alive());
+  if (l.ranks_lost() > 0) absl::StrAppendFormat(&out, ", %d LOST", l.ranks_lost());
+  if (l.goodput() >= 0) absl::StrAppendFormat(&out, ", goodput %.0f%%", 100 * l.goodput());
+  absl::StrAppend(&out, "\n");
+  if (l.slowest_size() > 0) {
+    absl::StrAppend(&out, "  slowest ranks:");
+    for (const v1::RankPace& p : l.slowest()) {
+      absl::StrAppendFormat(&out, " %d%s %.2fx", p.rank(),
+                            p.host_name().empty() ? "" : absl::StrCat(" (", p.host_name(), ")"),
+                            p.ratio());
+      if (&p != &l.slowest(l.slowest_size() - 1)) absl::StrAppend(&out, ",");
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  return out;
+}
+
 // A standby replica's answer (operator.proto, StandbyAnswer) says so: its
 // figures lag the owner's, and agent connections are the owner's to know.
 std::string StandbyNote(const v1::StandbyAnswer& s) {
@@ -122,6 +146,7 @@ class StatusCommand : public Command {
     if (!resp.run().attachment().empty()) {  // what `trainwatch run` found
       absl::StrAppend(out, "  trainwatch run: ", resp.run().attachment(), "\n");
     }
+    if (resp.run().has_liveness()) absl::StrAppend(out, LivenessText(resp.run().liveness()));
     absl::StrAppend(out, "  ", RulesText(resp.run()), "\n");
     std::vector<double> loss, gn, lz, ratio;
     for (const auto& p : resp.recent()) {

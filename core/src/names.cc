@@ -62,6 +62,9 @@ absl::string_view EventKindName(EventKind k) {
     case EventKind::kTransient: return "transient";
     case EventKind::kLossScaleOverflow: return "loss_scale_overflow";
     case EventKind::kLossScaleCollapse: return "loss_scale_collapse";
+    case EventKind::kStall: return "stall";
+    case EventKind::kRankLost: return "rank_lost";
+    case EventKind::kStraggler: return "straggler";
   }
   return "unknown";
 }

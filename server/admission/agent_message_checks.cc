@@ -100,9 +100,31 @@ absl::Status CheckAgentMessage(const v1::AgentMessage& m, const AgentStreamProgr
       }
       return CheckRank("step_report", r.rank(), r.world_size(), limits);
     }
-    case v1::AgentMessage::kHeartbeat:
-      if (absl::Status s = CheckRunId(m.heartbeat().run_id()); !s.ok()) return s;
-      return NonNegative("heartbeat", "rank", m.heartbeat().rank());
+    case v1::AgentMessage::kHeartbeat: {
+      const v1::Heartbeat& h = m.heartbeat();
+      if (absl::Status s = CheckRunId(h.run_id()); !s.ok()) return s;
+      if (absl::Status s = NonNegative("heartbeat", "rank", h.rank()); !s.ok()) return s;
+      if (h.rank() >= limits.max_world_size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "heartbeat: rank ", h.rank(), " is not below the server's --max_world_size ",
+            limits.max_world_size));
+      }
+      if (h.stack().size() > kMaxHeartbeatStackBytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "heartbeat: stack is ", h.stack().size(), " bytes, over ", kMaxHeartbeatStackBytes));
+      }
+      for (const auto& [name, value] : {std::pair<const char*, const std::string*>{
+                                            "blocked_at", &h.blocked_at()},
+                                        {"host_name", &h.host_name()},
+                                        {"device", &h.device()}}) {
+        if (value->size() > kMaxHeartbeatFieldBytes) {
+          return absl::InvalidArgumentError(absl::StrCat("heartbeat: ", name, " is ",
+                                                         value->size(), " bytes, over ",
+                                                         kMaxHeartbeatFieldBytes));
+        }
+      }
+      return absl::OkStatus();
+    }
     case v1::AgentMessage::kCheckpoint: {
       const v1::CheckpointNotice& c = m.checkpoint();
       if (absl::Status s = CheckRunId(c.run_id()); !s.ok()) return s;

@@ -18,6 +18,9 @@
 //     the run id's characters (it may be empty: an older agent), and its
 //     resume_step, when set, is >= -1 (INVALID_ARGUMENT).
 //   - A Hello's attachment is at most kMaxHelloAttachmentBytes.
+//   - A Heartbeat's rank is below max_world_size, its stack at most
+//     kMaxHeartbeatStackBytes and its other strings at most
+//     kMaxHeartbeatFieldBytes (the server keeps the latest of every rank).
 //   - A Hello's rules_json, when set, is at most max_hello_rules_bytes and
 //     valid rules (core::ParseRuleConfigJson, which also bounds the rules'
 //     memory): INVALID_ARGUMENT naming hello.rules_json and what is wrong,
@@ -44,6 +47,9 @@ using wire::kMaxRunIdBytes;
 inline constexpr size_t kMaxIncarnationIdBytes = 64;
 // Hello.attachment: one line of what `trainwatch run` found.
 inline constexpr size_t kMaxHelloAttachmentBytes = 4096;
+// Heartbeat.stack (the agent cuts it to 8 KiB) and its shorter strings.
+inline constexpr size_t kMaxHeartbeatStackBytes = 8192;
+inline constexpr size_t kMaxHeartbeatFieldBytes = 512;
 
 struct AgentStreamLimits {
   // Largest world_size a Hello or StepReport may claim: a bound on what one

@@ -52,7 +52,7 @@ void AttemptToProto(const AttemptRow& a, v1::AttemptInfo* out) {
   if (a.started_ms > 0) SetTime(a.started_ms, out->mutable_started_at());
 }
 
-void RunToProto(const RunView& s, int32_t ranks_connected, v1::RunInfo* out) {
+void RunToProto(const RunView& s, int32_t ranks_connected, int64_t now_ms, v1::RunInfo* out) {
   out->set_run_id(s.row.run_id);
   out->set_world_size(s.row.world_size);
   out->set_latest_step(s.row.last_step);
@@ -69,6 +69,23 @@ void RunToProto(const RunView& s, int32_t ranks_connected, v1::RunInfo* out) {
   SetTime(s.row.last_seen_ms, out->mutable_last_seen());
   out->set_observed(s.row.observed);
   out->set_attachment(s.row.attachment);
+  if (const LivenessView& l = s.liveness; l.ranks_alive > 0) {
+    v1::RunLiveness* live = out->mutable_liveness();
+    live->set_seconds_since_step(static_cast<double>(now_ms - l.last_step_ms) / 1000.0);
+    live->set_stall_bound_seconds(static_cast<double>(l.bound_ms) / 1000.0);
+    live->set_stalled(l.stalled);
+    live->set_ranks_alive(l.ranks_alive);
+    live->set_ranks_lost(l.ranks_lost);
+    live->set_step_seconds(static_cast<double>(l.step_ms_median) / 1000.0);
+    live->set_goodput(l.goodput);
+    for (const RankTiming& t : l.slowest) {
+      v1::RankPace* p = live->add_slowest();
+      p->set_rank(t.rank);
+      p->set_host_name(t.host);
+      p->set_ratio(t.ratio);
+      p->set_lead_seconds(static_cast<double>(t.lead_ms) / 1000.0);
+    }
+  }
   // A followed run's trainer cannot be halted: its halt verdict is a
   // recommendation, and the run trains on.
   const bool halted = !s.row.observed && s.has_latest &&

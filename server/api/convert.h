@@ -18,7 +18,9 @@ namespace trainwatch::server {
 void StepToProto(const StepRow& s, trainwatch::v1::StepMetrics* out);
 // The incident without its summary (lists).
 void IncidentToProto(const IncidentRow& r, trainwatch::v1::Incident* out);
-void RunToProto(const RunView& s, int32_t ranks_connected, trainwatch::v1::RunInfo* out);
+// now_ms: the time its liveness is told against (seconds since its last step).
+void RunToProto(const RunView& s, int32_t ranks_connected, int64_t now_ms,
+                trainwatch::v1::RunInfo* out);
 void AttemptToProto(const AttemptRow& a, trainwatch::v1::AttemptInfo* out);
 
 }  // namespace trainwatch::server

@@ -147,7 +147,7 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
         const int32_t ranks = it == connected.end() ? 0 : static_cast<int32_t>(it->second.size());
         if (req->active_only() && ranks == 0) continue;
         if (!req->page_token().empty() && s.row.run_id <= req->page_token()) continue;
-        RunToProto(s, ranks, resp->add_runs());
+        RunToProto(s, ranks, state_->clock()->NowMs(), resp->add_runs());
         const int limit = req->page_size() > 0 ? req->page_size() : 1000;
         if (resp->runs_size() >= limit) {
           resp->set_next_page_token(s.row.run_id);
@@ -173,7 +173,7 @@ class OperatorServiceImpl : public v1::OperatorService::CallbackService {
       const auto connected = state_->sessions().ConnectedRanks();
       auto it = connected.find(run->row.run_id);
       RunToProto(*run, it == connected.end() ? 0 : static_cast<int32_t>(it->second.size()),
-                 resp->mutable_run());
+                 state_->clock()->NowMs(), resp->mutable_run());
       resp->mutable_run()->set_rules_json(run->row.rules_json);
       if (run->has_latest) StepToProto(run->latest, resp->mutable_latest());
       const int window = static_cast<int>(std::clamp<int64_t>(

@@ -215,6 +215,25 @@ absl::Status CheckServerOptions(const ServerOptions& o) {
       !s.ok()) {
     return s;
   }
+  const LivenessOptions& live = o.ingest.liveness;
+  for (absl::Status s :
+       {CheckFlagRange("stall_floor_seconds", live.stall_floor_ms / 1000, 1, 86'400),
+        CheckFlagRange("stall_startup_seconds", live.stall_startup_ms / 1000,
+                       live.stall_floor_ms / 1000, 86'400 * 7),
+        CheckFlagRange("stall_long_phase_seconds", live.long_phase_ms / 1000, 1, 86'400 * 7),
+        CheckFlagRange("straggler_steps", live.straggler_steps, 1,
+                       std::numeric_limits<int64_t>::max())}) {
+    if (!s.ok()) return s;
+  }
+  if (!(live.straggler_ratio >= 1.05 && live.straggler_ratio <= 100)) {
+    return absl::InvalidArgumentError(absl::StrCat("--straggler_ratio ", live.straggler_ratio,
+                                                   " is outside [1.05, 100]"));
+  }
+  if (!(live.stall_step_multiple >= 2 && live.stall_step_multiple <= 1000)) {
+    return absl::InvalidArgumentError(absl::StrCat("--stall_step_multiple ",
+                                                   live.stall_step_multiple,
+                                                   " is outside [2, 1000]"));
+  }
   if (absl::Status s = CheckFlagRange("max_runs_in_memory",
                                      static_cast<int64_t>(o.ingest.max_runs_in_memory), 1,
                                      kMaxRunsLimit);

@@ -119,6 +119,24 @@ ABSL_FLAG(int64_t, engine_snapshot_steps, 10000,
           "its step and replays only the steps after it. A snapshot that does not decode or was "
           "built under other rules is logged and the whole history replayed. 0: no snapshots, "
           "every rebuild replays the whole history");
+ABSL_FLAG(int64_t, stall_floor_seconds, 120,
+          "a run whose agents are alive but that made no step for stall_step_multiple times its "
+          "median step time, and at least this long, is stalled: a tier 2 incident, paged, "
+          "naming the ranks behind, their host and line (docs/hangs.md). 1 to 86400");
+ABSL_FLAG(double, stall_step_multiple, 10.0,
+          "the stall bound in the run's median step times (see stall_floor_seconds), 2 to 1000");
+ABSL_FLAG(int64_t, stall_startup_seconds, 1800,
+          "the stall bound before a run made 8 steps (compilation, the data pipeline's warm-up), "
+          "at least stall_floor_seconds");
+ABSL_FLAG(int64_t, stall_long_phase_seconds, 1800,
+          "the least stall bound while a rank reports a checkpoint or an evaluation in progress");
+ABSL_FLAG(double, straggler_ratio, 1.2,
+          "a rank whose own time per step is at least this many times the median rank's, for "
+          "straggler_steps steps, is a straggler: a warning page naming its host "
+          "(docs/hangs.md). 1.05 to 100");
+ABSL_FLAG(int64_t, straggler_steps, 100,
+          "steps a rank must stay past straggler_ratio before it is paged as a straggler, "
+          "at least 1");
 ABSL_FLAG(int64_t, engine_snapshots_kept, 3,
           "engine snapshots kept per run attempt, the newest; older ones serve a resume or "
           "rollback to an earlier step. At least 1");
@@ -184,6 +202,12 @@ int Run(int argc, char** argv) {
   o.ingest.max_step_jump = absl::GetFlag(FLAGS_max_step_jump);
   o.ingest.engine_snapshot_steps = absl::GetFlag(FLAGS_engine_snapshot_steps);
   o.ingest.commit_interval_ms = absl::GetFlag(FLAGS_commit_interval_ms);
+  o.ingest.liveness.stall_floor_ms = absl::GetFlag(FLAGS_stall_floor_seconds) * 1000;
+  o.ingest.liveness.stall_step_multiple = absl::GetFlag(FLAGS_stall_step_multiple);
+  o.ingest.liveness.stall_startup_ms = absl::GetFlag(FLAGS_stall_startup_seconds) * 1000;
+  o.ingest.liveness.long_phase_ms = absl::GetFlag(FLAGS_stall_long_phase_seconds) * 1000;
+  o.ingest.liveness.straggler_ratio = absl::GetFlag(FLAGS_straggler_ratio);
+  o.ingest.liveness.straggler_steps = absl::GetFlag(FLAGS_straggler_steps);
   // These three change type or unit on the way into the options, so they are
   // checked as given.
   const int64_t max_runs = absl::GetFlag(FLAGS_max_runs_in_memory);

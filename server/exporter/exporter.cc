@@ -189,6 +189,52 @@ class Exporter : public prometheus::Collectable {
       }
     }
     {
+      // Liveness (docs/hangs.md), for the runs whose agents send heartbeats:
+      // the Prometheus rules' backstop to trainwatchd's own stall pages, and
+      // the dashboard's stall and straggler row.
+      MetricFamily& since = family("trainwatch_run_seconds_since_step",
+                                   "Seconds since the run's last step was taken.",
+                                   MetricType::Gauge);
+      MetricFamily& bound = family("trainwatch_run_stall_bound_seconds",
+                                   "The run's stall bound now: learned from its step times, "
+                                   "longer before they are and in checkpoints or evaluations.",
+                                   MetricType::Gauge);
+      MetricFamily& stalled = family("trainwatch_run_stalled",
+                                     "1 while the run is stalled (an open stall incident).",
+                                     MetricType::Gauge);
+      MetricFamily& lost = family("trainwatch_run_ranks_lost",
+                                  "Ranks whose heartbeats stopped while others' go on.",
+                                  MetricType::Gauge);
+      MetricFamily& step = family("trainwatch_run_step_seconds",
+                                  "The median of the ranks' recent step times.",
+                                  MetricType::Gauge);
+      MetricFamily& goodput = family("trainwatch_run_goodput_ratio",
+                                     "The run's net step progress at its median step time over "
+                                     "the wall time since trainwatchd first saw it step: stalls "
+                                     "and steps trained again after a rollback lower it.",
+                                     MetricType::Gauge);
+      MetricFamily& pace = family("trainwatch_rank_step_time_ratio",
+                                  "A rank's own time per step over the median rank's, for the "
+                                  "run's slowest ranks only (at most 5 series per run).",
+                                  MetricType::Gauge);
+      const int64_t now = state_->clock()->NowMs();
+      for (const RunView& r : runs) {
+        const LivenessView& l = r.liveness;
+        if (l.ranks_alive == 0) continue;
+        const std::vector<prometheus::ClientMetric::Label> run = {{"run", r.row.run_id}};
+        add(since, run, double(now - l.last_step_ms) / 1000.0);
+        add(bound, run, double(l.bound_ms) / 1000.0);
+        add(stalled, run, l.stalled ? 1.0 : 0.0);
+        add(lost, run, double(l.ranks_lost));
+        add(step, run, double(l.step_ms_median) / 1000.0);
+        if (l.goodput >= 0) add(goodput, run, l.goodput);
+        for (const RankTiming& t : l.slowest) {
+          add(pace, {{"run", r.row.run_id}, {"rank", std::to_string(t.rank)}, {"host", t.host}},
+              t.ratio);
+        }
+      }
+    }
+    {
       const auto connected = state_->sessions().ConnectedRanks();
       MetricFamily& f = family("trainwatch_agents_connected", "Agent streams open, by run.",
                                MetricType::Gauge);

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "common/log.h"
+#include "ingest/liveness.h"
 #include "absl/strings/str_cat.h"
 
 namespace trainwatch::server {
@@ -95,6 +96,17 @@ ApprovalOutcome Approvals::Run(const ApprovalRequest& r, int64_t now) {
       return out;
     }
     *d.mutable_plan() = *std::move(plan);
+    // Its cost: the steps since the checkpoint, trained again.
+    if (std::optional<RunView> view = views_->Get(inc.run_id);
+        view.has_value() && view->liveness.step_ms_median > 0) {
+      const int64_t steps = std::max<int64_t>(run->row.last_step - d.plan().target_step(), 0);
+      const int64_t step_ms = view->liveness.step_ms_median;
+      v1::RollbackCost* cost = d.mutable_plan()->mutable_cost();
+      cost->set_steps(steps);
+      cost->set_step_seconds(static_cast<double>(step_ms) / 1000.0);
+      cost->set_ranks(run->row.world_size);
+      cost->set_gpu_hours(GpuHours(steps * step_ms, run->row.world_size));
+    }
     d.set_command_id(absl::StrCat("C-", decision_id));
     // Nothing in a followed run's trainer can load a checkpoint.
     d.set_manual_restart(run->row.observed);

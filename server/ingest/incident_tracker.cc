@@ -59,6 +59,54 @@ IncidentRow* IncidentTracker::FindOpen(int64_t incident_id) {
   return nullptr;
 }
 
+const IncidentRow* IncidentTracker::FindOpenServerIncident(core::EventKind kind) const {
+  auto it = open_.find(kServerEpisodes | static_cast<uint64_t>(kind));
+  return it == open_.end() ? nullptr : &it->second;
+}
+
+void IncidentTracker::RaiseServerIncident(core::EventKind kind, int64_t step,
+                                          const std::string& title, int64_t now, IdCounters* ids,
+                                          const IncidentSink& sink) {
+  const uint64_t key = kServerEpisodes | static_cast<uint64_t>(kind);
+  auto it = open_.find(key);
+  if (it != open_.end()) {
+    if (it->second.title == title) return;
+    it->second.title = title;
+    it->second.detection_step = step;
+    it->second.updated_ms = now;
+    sink.Record(it->second, IncidentChange::kUpdated);
+    return;
+  }
+  IncidentRow inc;
+  inc.id = ids->next_incident++;
+  inc.run_id = run_id_;
+  inc.episode = key;
+  inc.tier = 2;
+  inc.state = IncidentState::kOpen;
+  inc.kind = kind;
+  inc.title = title;
+  inc.onset_step = step;
+  inc.detection_step = step;
+  inc.opened_ms = now;
+  inc.updated_ms = now;
+  inc.observed = observed_;
+  totals_[TierIndex(inc.tier)]++;
+  sink.Record(open_.emplace(key, std::move(inc)).first->second, IncidentChange::kOpened);
+}
+
+void IncidentTracker::ResolveServerIncident(core::EventKind kind, const std::string& title,
+                                            int64_t now, const IncidentSink& sink) {
+  auto it = open_.find(kServerEpisodes | static_cast<uint64_t>(kind));
+  if (it == open_.end()) return;
+  IncidentRow& inc = it->second;
+  inc.title = title;
+  inc.state = IncidentState::kResolved;
+  inc.updated_ms = now;
+  inc.closed_ms = now;
+  sink.Record(inc, IncidentChange::kStateChanged);
+  open_.erase(it);
+}
+
 void IncidentTracker::Update(const IncidentRow& incident) {
   for (auto it = open_.begin(); it != open_.end(); ++it) {
     if (it->second.id != incident.id) continue;

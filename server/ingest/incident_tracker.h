@@ -88,6 +88,19 @@ class IncidentTracker {
 
   // The open incident with this id, or null.
   IncidentRow* FindOpen(int64_t incident_id);
+
+  // The incidents trainwatchd raises itself from the agents' heartbeats (a
+  // stall, a lost rank; liveness.h), not from the engine's events: at most
+  // one open per kind, under an episode key no engine episode reaches.
+  static constexpr uint64_t kServerEpisodes = uint64_t{1} << 62;
+  // The open one of `kind`, or null.
+  const IncidentRow* FindOpenServerIncident(core::EventKind kind) const;
+  // Opens one (tier 2: paged), or gives an open one of `kind` a new title.
+  void RaiseServerIncident(core::EventKind kind, int64_t step, const std::string& title,
+                           int64_t now, IdCounters* ids, const IncidentSink& sink);
+  // Resolves the open one of `kind`, if any, with its final title.
+  void ResolveServerIncident(core::EventKind kind, const std::string& title, int64_t now,
+                             const IncidentSink& sink);
   // Replaces an open incident by its new state, forgetting it once closed.
   void Update(const IncidentRow& incident);
 

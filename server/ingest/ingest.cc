@@ -66,7 +66,8 @@ Ingestor::Ingestor(Store* store, const IngestOptions& options, core::Clock* cloc
       runs_(store, &options_, clock, &views_, &rules_, &snapshots_, &batch_),
       approvals_(store, &runs_, &snapshots_, &views_, &batch_),
       incarnations_(&runs_, &rules_, &approvals_, &snapshots_, &views_, &batch_),
-      intake_(&options_, &views_, &batch_, &snapshots_, &rules_) {}
+      intake_(&options_, &views_, &batch_, &snapshots_, &rules_),
+      liveness_(options.liveness, &views_) {}
 
 Ingestor::~Ingestor() { Stop(); }
 
@@ -197,10 +198,15 @@ void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
       run->row_dirty = false;
     }
   }
+  liveness_.Check(now, [&](const std::string& id) { return runs_.Get(id, 0, now, false); },
+                  &batch_.ids, batch_.sink());
   if (batch_.empty()) return;
   if (pager_ != nullptr) {
     for (const IncidentRow& inc : batch_.rows.incidents) {
       std::string summary = inc.title;
+      if (std::string detail = liveness_.PageDetail(inc, now); !detail.empty()) {
+        absl::StrAppend(&summary, ". ", detail);
+      }
       if (inc.recommended_checkpoint_step >= 0) {
         absl::StrAppend(&summary, " Recommended: roll back to checkpoint step ",
                         inc.recommended_checkpoint_step, ".");
@@ -307,6 +313,7 @@ void Ingestor::Handle(IngestItem& item, int64_t now) {
         incarnations_.DecideResume(*run, r.step() - 1, now);
       }
       intake_.Take(*run, r, item.stream_id, now);
+      liveness_.OnProgress(r.run_id(), run->row.last_step, now);
       break;
     }
     case trainwatch::v1::AgentMessage::kCheckpoint: {
@@ -328,6 +335,8 @@ void Ingestor::Handle(IngestItem& item, int64_t now) {
       break;
     }
     case trainwatch::v1::AgentMessage::kHeartbeat:
+      liveness_.OnHeartbeat(m.heartbeat(), now);
+      break;
     case trainwatch::v1::AgentMessage::KIND_NOT_SET:
       break;
   }

@@ -44,6 +44,7 @@
 #include "ingest/ingest_listener.h"
 #include "ingest/ingest_options.h"
 #include "ingest/ingest_queue.h"
+#include "ingest/liveness.h"
 #include "ingest/per_run_rules.h"
 #include "ingest/run_table.h"
 #include "ingest/run_views.h"
@@ -122,6 +123,7 @@ class Ingestor {
   Approvals approvals_;
   Incarnations incarnations_;
   StepIntake intake_;
+  Liveness liveness_;
   // Streams ended after a failed batch -> when; their step reports still
   // queued are dropped (the agent re-sends them in order). Kept a minute.
   std::map<uint64_t, int64_t> ended_streams_;

@@ -19,6 +19,22 @@ struct RunRules {
   core::RuleConfig rules;
 };
 
+// Stall and lost-rank detection (liveness.h); trainwatchd's flags.
+struct LivenessOptions {
+  int64_t stall_floor_ms = 120'000;      // --stall_floor_seconds
+  double stall_step_multiple = 10.0;     // --stall_step_multiple
+  int64_t stall_startup_ms = 1'800'000;  // --stall_startup_seconds
+  int64_t long_phase_ms = 1'800'000;     // --stall_long_phase_seconds
+  // A rank silent this many heartbeat intervals, and at least lost_min_ms,
+  // is lost: the ranks of a job that ends stop within seconds of each other
+  // (a closing agent says so, but a killed one cannot).
+  int lost_heartbeats = 4;
+  int64_t lost_min_ms = 30'000;
+  int64_t check_interval_ms = 1'000;
+  double straggler_ratio = 1.2;          // --straggler_ratio
+  int64_t straggler_steps = 100;         // --straggler_steps
+};
+
 struct IngestOptions {
   // The rules of a run whose agent announces none and that no run_rules
   // pattern matches (trainwatchd --rules), and how runs record their source.
@@ -48,6 +64,7 @@ struct IngestOptions {
   // passed since, so that a rebuild replays only the steps after the newest
   // (engine_snapshots.h). 0: every rebuild replays the attempt's history.
   int64_t engine_snapshot_steps = 10'000;
+  LivenessOptions liveness;
 };
 
 }  // namespace trainwatch::server

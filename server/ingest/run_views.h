@@ -21,6 +21,30 @@
 namespace trainwatch::server {
 
 // What the exporter and the operator API read about a run.
+// One rank's pace against the run's (liveness.h): its own time per step
+// over the median rank's.
+struct RankTiming {
+  int32_t rank = 0;
+  std::string host;
+  double ratio = 1.0;
+  int64_t lead_ms = 0;
+};
+
+// What the heartbeats say of a run (liveness.h), for /metrics and
+// `twctl status`.
+struct LivenessView {
+  int64_t last_step_ms = 0;  // when its last step was taken (server clock)
+  int64_t bound_ms = 0;      // the stall bound now
+  bool stalled = false;
+  int32_t ranks_alive = 0;
+  int32_t ranks_lost = 0;
+  int64_t step_ms_median = 0;
+  // The run's net progress at its median step time over the wall time since
+  // this trainwatchd first saw it step, in [0, 1]; -1: not known yet.
+  double goodput = -1;
+  std::vector<RankTiming> slowest;  // the slowest ranks, slowest first (at most 5)
+};
+
 struct RunView {
   RunRow row;
   bool rank_mode = false;
@@ -41,6 +65,9 @@ struct RunView {
   // After a restart, until the run's engine is rebuilt: the figures above
   // are the store's (docs/ingest.md, "Restart").
   bool rebuilding = false;
+  // Filled by All() and Get() from SetLiveness (the liveness check's, apart
+  // from the run's state the other writers replace).
+  LivenessView liveness;
 };
 
 struct IngestStats {
@@ -79,6 +106,8 @@ class RunViews {
 
   // Writer thread.
   void Set(const std::string& run_id, RunView view);
+  // A run's liveness; one with no rank heard from is forgotten.
+  void SetLiveness(const std::string& run_id, LivenessView liveness);
   void Erase(const std::string& run_id);
   // Adds `n` to one counter.
   void Count(int64_t IngestStats::*counter, int64_t n = 1);
@@ -90,6 +119,7 @@ class RunViews {
  private:
   mutable absl::Mutex mu_;
   std::map<std::string, RunView> views_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, LivenessView> liveness_ ABSL_GUARDED_BY(mu_);
   IngestStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

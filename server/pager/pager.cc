@@ -168,7 +168,10 @@ std::string PagePayload(const Receiver& r, const PageContent& c, int64_t now_ms)
       return absl::StrCat(
           "[{\"labels\":{\"alertname\":\"TrainwatchIncident\",\"run\":", Quote(i.run_id),
           ",\"incident\":", Quote(id), ",\"tier\":", Quote(std::to_string(i.tier)),
-          ",\"severity\":", Quote(i.tier >= 3 ? "critical" : "page"),
+          ",\"severity\":",
+          Quote(i.tier >= 3                                 ? "critical"
+                : i.kind == core::EventKind::kStraggler ? "warning"
+                                                            : "page"),
           "},\"annotations\":{\"summary\":", Quote(title), ",\"description\":", Quote(c.summary),
           ",\"approve_command\":", Quote(c.approve_command), ",\"dashboard\":",
           Quote(c.dashboard_url), ",\"state\":", Quote(StateText(i.state)),
@@ -185,7 +188,9 @@ std::string PagePayload(const Receiver& r, const PageContent& c, int64_t now_ms)
           "{\"routing_key\":", Quote(r.routing_key), ",\"event_action\":", Quote(action),
           ",\"dedup_key\":", Quote(absl::StrCat("trainwatch-", i.run_id, "-", id)),
           ",\"payload\":{\"summary\":", Quote(title), ",\"source\":\"trainwatchd\",\"severity\":",
-          Quote(i.tier >= 3 ? "critical" : "error"), ",\"component\":", Quote(i.run_id),
+          Quote(i.tier >= 3                                 ? "critical"
+                : i.kind == core::EventKind::kStraggler ? "warning"
+                                                            : "error"), ",\"component\":", Quote(i.run_id),
           ",\"custom_details\":{\"incident\":", Quote(id), ",\"summary\":", Quote(c.summary),
           ",\"approve_command\":", Quote(c.approve_command), ",\"onset_step\":", i.onset_step,
           ",\"detection_step\":", i.detection_step, "}},\"links\":[{\"href\":",

@@ -192,14 +192,26 @@ def prepare(cfg, rank):
     patch_for_cpu()
 
 
-def built(trainer, cfg, rank, logged):
-    """What the test does to a constructed Trainer: patch 4, the injections,
-    and torchtitan's own logged numbers recorded in `logged`."""
+def force_sum_reduction(trainer):  # patch 4
     from torch.distributed.fsdp import FSDPModule
-    for part in trainer.model_parts:  # patch 4
+    for part in trainer.model_parts:
         for m in part.modules():
             if isinstance(m, FSDPModule):
                 m.set_force_sum_reduction_for_comms(True)
+
+
+def build(cfg, rank):
+    """The job's Trainer, built here from torchtitan's command line."""
+    from torchtitan.config import ConfigManager
+    prepare(cfg, rank)
+    trainer = ConfigManager().parse_args(flags(cfg)).build()
+    force_sum_reduction(trainer)
+    return trainer
+
+
+def instrument(trainer, cfg, rank, logged):
+    """The injections, and torchtitan's own logged numbers recorded in
+    `logged`."""
     log = trainer.metrics_processor.log
 
     def record(step, loss, max_loss, grad_norm, *args, **kwargs):  # torchtitan's own numbers
@@ -229,27 +241,27 @@ def built(trainer, cfg, rank, logged):
 
 
 def main(cfg, titan_args):
-    rank = int(os.environ["RANK"])
-    prepare(cfg, rank)
     import torchtitan
-    from torchtitan.trainer import Trainer
+    rank = int(os.environ["RANK"])
     result = {"torchtitan": getattr(torchtitan, "__version__", "?"), "torch": torch.__version__}
     logged, trainers = {}, []
     try:
         if titan_args:  # torchtitan's entry point builds the Trainer
+            from torchtitan.trainer import Trainer
+            prepare(cfg, rank)
             init = Trainer.__init__
 
             def test_init(trainer, *args, **kwargs):
                 init(trainer, *args, **kwargs)
-                built(trainer, cfg, rank, logged)
+                force_sum_reduction(trainer)
+                instrument(trainer, cfg, rank, logged)
                 trainers.append(trainer)
             Trainer.__init__ = test_init
             sys.argv = ["torchtitan.train", *titan_args]
             runpy.run_module("torchtitan.train", run_name="__main__", alter_sys=True)
         else:
-            from torchtitan.config import ConfigManager
-            trainers.append(ConfigManager().parse_args(flags(cfg)).build())
-            built(trainers[0], cfg, rank, logged)
+            trainers.append(build(cfg, rank))
+            instrument(trainers[0], cfg, rank, logged)
             if cfg.get("watch"):
                 from trainwatch.integrations.torchtitan import watch
                 watch(trainers[0], server=cfg["server"], run_id=cfg["run_id"], rules=RULES)

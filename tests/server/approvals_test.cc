@@ -109,6 +109,20 @@ TEST_CASE("rollback: approve - command every rank - acknowledge - resolve past t
     if (s > 0 && s % 1000 == 0) r0.Send(Checkpoint(run, s));
   }
   REQUIRE(r0.WaitDurable(0, 3699));
+  // Both ranks' heartbeats: 2 s steps. A step a second later carries them
+  // through the liveness check into the run's view.
+  for (int rank = 0; rank < 2; ++rank) {
+    v1::AgentMessage hb;
+    hb.mutable_heartbeat()->set_run_id(run);
+    hb.mutable_heartbeat()->set_rank(rank);
+    hb.mutable_heartbeat()->set_finished_step(3699);
+    hb.mutable_heartbeat()->set_step_ms_median(2000);
+    hb.mutable_heartbeat()->set_window_steps(32);
+    (rank == 0 ? r0 : r1).Send(hb);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  r0.Send(Step(run, 0, 2, 3700, Loss(3700) + 0.3, 1.0));
+  REQUIRE(r0.WaitDurable(0, 3700));
   Operator op(ch);
   std::vector<v1::Incident> incidents = op.List(run);
   const v1::Incident* page = nullptr;
@@ -137,6 +151,11 @@ TEST_CASE("rollback: approve - command every rank - acknowledge - resolve past t
   CHECK(approved.decision().comment() == "logit drift; roll back with z-loss");
   const v1::RollbackPlan plan = approved.decision().plan();
   CHECK(plan.checkpoint_uri() == "ckpt://run-rb/3000");
+  // Its cost: steps 3001..3700 trained again, 2 s each, on 2 ranks.
+  CHECK(plan.cost().steps() == 700);
+  CHECK(plan.cost().step_seconds() == 2.0);
+  CHECK(plan.cost().ranks() == 2);
+  CHECK(plan.cost().gpu_hours() == Approx(700 * 2.0 * 2 / 3600));
   REQUIRE(plan.quarantine().ranges_size() == 1);
 
   // The same request again (same key): the same decision, replayed.

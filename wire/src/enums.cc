@@ -53,12 +53,15 @@ v1::Rule RuleToProto(EventKind kind) {
     case EventKind::kTransient: return v1::RULE_LOSS_TRANSIENT;
     case EventKind::kLossScaleOverflow: return v1::RULE_LOSS_SCALE_OVERFLOW;
     case EventKind::kLossScaleCollapse: return v1::RULE_LOSS_SCALE_COLLAPSE;
+    case EventKind::kStall: return v1::RULE_STALL;
+    case EventKind::kRankLost: return v1::RULE_RANK_LOST;
+    case EventKind::kStraggler: return v1::RULE_STRAGGLER;
   }
   return v1::RULE_UNSPECIFIED;
 }
 
 std::optional<EventKind> RuleFromProto(v1::Rule rule) {
-  return Invert(RuleToProto, EventKind::kLossScaleCollapse, rule);  // the last kind
+  return Invert(RuleToProto, EventKind::kStraggler, rule);  // the last kind
 }
 
 v1::Verdict DecisionToProto(Decision d) {

@@ -65,11 +65,14 @@ from __future__ import annotations
 
 import contextlib as _contextlib
 import json as _json
+import os as _os
 import sys as _sys
+import threading as _threading
 from dataclasses import dataclass
 from typing import (TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Optional,
                     Sequence, Tuple, Union)
 
+from . import _liveness
 from ._legacy import KeyAccess as _KeyAccess
 from ._verdict import Decision, Event, NonfiniteTensor, Verdict
 from .command import AckStatus, Command, CommandKind
@@ -260,6 +263,13 @@ class Agent:
             spill_dir=spill_dir, rules_json=None if rules is None else _json.dumps(rules),
             reduce=reduce, ca_file=ca_file, cert_file=cert_file, key_file=key_file,
             resume_step=resume_step, observed=observed, attachment=attachment)
+        # The stack of the thread that builds the agent (the training
+        # thread's) goes with the heartbeats when its step is late.
+        self._watchdog: Optional[_liveness.Watchdog] = None
+        if self._native.streaming:
+            self._watchdog = _liveness.Watchdog(
+                self._native, _threading.get_ident(),
+                int(_os.environ.get("TRAINWATCH_HEARTBEAT_MS", "5000")))
 
     def step(self, step: int, loss: Optional[float] = None,
              grads: Union[Sequence[Any], Mapping[str, Any], None] = None,
@@ -300,6 +310,28 @@ class Agent:
             step, loss, grads, logits, labels, log_z, shards, lr, z_loss_alpha, grad_stats,
             grad_tensors, grad_copies, log_z_sum, ignore_index, loss_scale,
             loss_scale_overflow))
+
+    def set_phase(self, name: str) -> None:
+        """Tells the heartbeats where the training thread is, until the next
+        set_phase() or the end of the step (phase() below, as a block). The
+        first "backward" or "collective" of a step marks this rank's first
+        wait on the others, from which a straggler is found."""
+        if name not in _liveness.PHASES:
+            raise ValueError(f"phase {name!r} is not one of {', '.join(_liveness.PHASES)}")
+        self._native.set_phase(_liveness.PHASES[name])
+
+    @_contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """`with agent.phase("checkpoint"): save()`: tells trainwatchd that
+        the training thread is in a phase long by design ("checkpoint",
+        "eval"), or where it is ("forward", "backward", "collective",
+        "optimizer", "data"), so that a long checkpoint or evaluation is not
+        paged as a stall (docs/hangs.md). The phase ends with the block."""
+        self.set_phase(name)
+        try:
+            yield
+        finally:
+            self._native.set_phase(0)
 
     def report_checkpoint(self, step: int, uri: str) -> None:
         """Tells trainwatchd that the checkpoint of `step` is at `uri` (a
@@ -378,6 +410,8 @@ class Agent:
     def close(self, timeout_ms: int = 5000) -> None:
         """Flushes the records to the server (waiting up to timeout_ms) and
         stops the agent's thread."""
+        if self._watchdog is not None:
+            self._watchdog.stop()
         self._native.close(timeout_ms)
 
     def __enter__(self) -> Agent:

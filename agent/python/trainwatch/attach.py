@@ -388,6 +388,10 @@ class Attachment:
 
     def backward_called(self, tensors: Any, grad_tensors: Any) -> None:
         self.first.depth = 0  # a forward that raised left it unbalanced
+        if self.agent is not None:
+            # Where DDP and FSDP wait on the other ranks: the heartbeats'
+            # lead time, which names a straggler (docs/hangs.md).
+            self.agent.set_phase("backward")
         t = tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else tensors
         if not isinstance(t, torch.Tensor) or t.numel() != 1:
             return  # not a loss (a pipeline stage's output, a vector-Jacobian product)

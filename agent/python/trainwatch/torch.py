@@ -614,6 +614,26 @@ def watch(optimizer: _torch.optim.Optimizer, agent: Agent, params: Optional[Para
                  tensor_parallel_size, scaler, replicas)
 
 
+_exit_hold_registered = False
+
+
+def _hold_exit_for_collectives() -> None:
+    """A collective's tensors are released by the process group's own worker
+    thread after the caller's wait returns (gloo's runLoop), which takes the
+    GIL to drop their Python objects. If the interpreter is finalizing by
+    then, that thread is ended from inside C++ and the process aborts
+    ("terminate called without an active exception"; seen at the exit of a
+    job whose last act was the agent's reduction, on a loaded machine). At
+    exit, before finalizing, the GIL is let go for a moment so that they can
+    finish."""
+    global _exit_hold_registered
+    if not _exit_hold_registered:
+        import atexit
+        import time
+        atexit.register(time.sleep, 0.2)
+        _exit_hold_registered = True
+
+
 def distributed_reduce(group: Any = None) -> Reduce:
     """A reduce callable for trainwatch.Agent over torch.distributed.
 
@@ -622,6 +642,7 @@ def distributed_reduce(group: Any = None) -> Reduce:
     weighting its gradients by their copies (watch(layout=)). The agent's
     world_size must be this group's size."""
     import torch.distributed as dist
+    _hold_exit_for_collectives()
 
     def reduce(sums: list[float], maxes: list[float]) -> tuple[list[float], list[float]]:
         # NCCL reduces device tensors only; gloo and MPI host ones.

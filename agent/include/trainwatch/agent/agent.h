@@ -40,6 +40,31 @@ namespace trainwatch::agent {
 using core::Decision;
 using core::Verdict;
 
+// Where a rank's training thread is within its step, as its heartbeats tell
+// the server (trainwatch.v1.Phase; docs/hangs.md).
+enum class Phase : uint8_t {
+  kUnspecified = 0,
+  kForward = 1,
+  kBackward = 2,
+  kCollective = 3,  // the agent sets it around its own reduction
+  kOptimizer = 4,
+  kCheckpoint = 5,  // long by design: not a stall until a longer bound
+  kEval = 6,        // likewise
+  kData = 7,
+};
+
+// The training thread's timing, as the heartbeats report it.
+struct LivenessInfo {
+  int64_t finished_step = -1;  // the last step Step() returned for; -1: none
+  int64_t in_step_ms = 0;      // since then (since Create, before the first)
+  int64_t step_ms_median = 0;  // of the last 32 step intervals; 0: none yet
+  // Of the same steps: from the end of the step before to the rank's first
+  // wait on the others (SetPhase(kBackward or kCollective), else the
+  // agent's reduction). The straggler's is the longest.
+  int64_t lead_ms_median = 0;
+  int64_t window_steps = 0;  // the steps behind the medians, up to 32
+};
+
 struct AgentConfig {
   // trainwatchd's address ("127.0.0.1:7070"), or the addresses of its
   // replicas separated by commas ("10.0.0.1:7070,10.0.0.2:7070"; each entry
@@ -128,6 +153,10 @@ struct AgentConfig {
   // since a standby replica takes over within its lease.
   int reconnect_initial_ms = 100;
   int reconnect_max_ms = 30'000;
+  // Every rank sends one on this interval, with where its training thread
+  // is (the step, how long it has been in it, the phase, its stack when
+  // late; docs/hangs.md): what trainwatchd detects a stall and a lost rank
+  // from. 100..60000. Env: TRAINWATCH_HEARTBEAT_MS.
   int heartbeat_ms = 5000;
   // A write to the server blocked this long is cancelled and the agent
   // reconnects: a server that stopped reading must not hold the records.
@@ -136,6 +165,11 @@ struct AgentConfig {
   // outlive the agent. Tests pass a fake one.
   core::Clock* clock = core::SystemClock();
   std::string host_name;  // reported in hello; default: gethostname()
+  // Reported in heartbeats, so that a page names where a stuck rank runs.
+  // Default: LOCAL_RANK (-1 without it); the device the caller names
+  // ("cuda:3"), empty when unknown.
+  int local_rank = -1;
+  std::string device;
   // The last reduced records kept so that ResumeFrom() rebuilds the local
   // rule engine from the steps up to the checkpoint, identically on every
   // rank, instead of warming up again with tier 1 off. About 128 bytes each;
@@ -346,6 +380,22 @@ class Agent {
 
   // The trainer saved a checkpoint at `step`.
   void ReportCheckpoint(int64_t step, const std::string& uri);
+
+  // Liveness (docs/hangs.md). SetPhase: where the training thread is, told
+  // in the heartbeats; a checkpoint or an evaluation set here is not taken
+  // for a stall. It lasts until set again or the next Step() returns. The
+  // first kBackward or kCollective of a step marks the rank's arrival at
+  // its first wait on the others (a straggler arrives last). A few atomic
+  // operations: any thread, also on the step path.
+  void SetPhase(Phase phase);
+  // The training thread's stack, read by a watchdog thread while the step
+  // was late (the Python agent's: trainwatch/_liveness.py), and its
+  // innermost frame in the trainer's own code, and the phase the stack
+  // shows (where the trainer set none): the heartbeats carry them while the
+  // rank is still in the step after `finished_step`. Any thread.
+  void SetStack(int64_t finished_step, std::string stack, std::string blocked_at,
+                Phase phase = Phase::kUnspecified);
+  LivenessInfo Liveness() const;
 
   // Commands from the server: by callback (called on a background thread)
   // and by poll. Each command is delivered once either way.

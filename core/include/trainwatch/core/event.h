@@ -46,6 +46,10 @@ enum class EventKind : uint8_t {
   kTransient,            // tier 0: a short loss excursion over its local level
   kLossScaleOverflow,    // tier 0: the fp16 loss scaler skipped an overflow step
   kLossScaleCollapse,    // tier 3: overflows persist or the loss scale is below its floor
+  // Raised by trainwatchd from the agents' heartbeats, never by the engine:
+  kStall,                // tier 2: no step for longer than the run's learned bound
+  kRankLost,             // tier 2: a rank's heartbeats stopped, the others' did not
+  kStraggler,            // tier 2, a warning page: one rank sets the job's pace
 };
 
 absl::string_view DecisionName(Decision d);

@@ -254,6 +254,15 @@ void Liveness::CheckRun(Run& run, RunState& state, int64_t now, IdCounters* ids,
     incidents.RaiseServerIncident(core::EventKind::kStall, run.last_step + 1,
                                   Cut(absl::StrCat("stalled: ", Where(run, now))), now, ids,
                                   sink);
+  } else if (const IncidentRow* restored =
+                 incidents.FindOpenServerIncident(core::EventKind::kStall);
+             restored != nullptr && run.stall_started_ms == 0 &&
+             run.last_step >= restored->detection_step) {
+    // Open from before a restart of trainwatchd (its start is not known
+    // here), and the run finished the step it was stuck in.
+    incidents.ResolveServerIncident(core::EventKind::kStall,
+                                    Cut(absl::StrCat(restored->title, " (steps again)")), now,
+                                    sink);
   }
   // Lost ranks: silent while others are heard from.
   if (!lost.empty() && alive > 0) {

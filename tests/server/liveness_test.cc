@@ -296,6 +296,24 @@ TEST_CASE("liveness: a straggler is named after the set steps - and not for a fe
   }
 }
 
+TEST_CASE("liveness: a stall open from before a restart resolves when the run steps",
+          "[server][liveness]") {
+  LivenessFixture f;
+  IdCounters ids;
+  WriteBatch rows;
+  std::vector<std::pair<IncidentRow, IncidentChange>> opened;
+  f.state().incidents.RaiseServerIncident(core::EventKind::kStall, 20, "stalled: rank 2", 0, &ids,
+                                          IncidentSink{&rows, &opened});
+  // Re-sent records up to step 19 after the restart: still stuck in step 20.
+  for (int s = 10; s < 20; ++s) f.Healthy(s * 50, s);
+  CHECK(f.Check(1'000).empty());
+  f.Healthy(1'500, 20);  // step 20 done
+  auto changes = f.Check(1'500);
+  REQUIRE(changes.size() == 1);
+  CHECK(changes[0].first.state == IncidentState::kResolved);
+  CHECK(changes[0].first.title == "stalled: rank 2 (steps again)");
+}
+
 TEST_CASE("liveness: followed runs are not judged by heartbeats", "[server][liveness]") {
   LivenessFixture f;
   f.state().row.observed = true;

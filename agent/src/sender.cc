@@ -224,6 +224,13 @@ void Sender::Close(int timeout_ms) {
           "); they are lost. Set TRAINWATCH_SPILL_DIR (AgentConfig::spill_dir) to keep "
           "them for the next start, or give Close() more time.\n");
     }
+    // The writer's last heartbeat tells the server that this rank's silence
+    // is the end of its job (not a lost rank, nor a stall): a moment for it
+    // before the call is cancelled.
+    auto said = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return closing_sent_ || !connected_;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&said), absl::Milliseconds(kClosingGraceMs));
     if (ctx_ != nullptr) ctx_->TryCancel();
   }
   if (pump_.joinable()) pump_.join();
@@ -631,6 +638,8 @@ void Sender::SendUntilBroken(Stream* stream) {
   v1::AgentMessage last = HeartbeatMessage();
   last.mutable_heartbeat()->set_closing(true);
   Write(stream, last);
+  absl::MutexLock lock(&mu_);
+  closing_sent_ = true;
 }
 
 }  // namespace trainwatch::agent::internal

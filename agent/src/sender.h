@@ -33,6 +33,9 @@
 
 namespace trainwatch::agent::internal {
 
+// How long Close() waits for the closing heartbeat to be written.
+inline constexpr int kClosingGraceMs = 200;
+
 class Sender {
  public:
   // `spill` may be null (no spilling). Sends nothing until Start().
@@ -148,6 +151,8 @@ class Sender {
   bool connected_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t gen_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // The writer sent its closing heartbeat (Close() lets it before cancelling).
+  bool closing_sent_ ABSL_GUARDED_BY(mu_) = false;
   // The server ended the stream with FAILED_PRECONDITION (a newer
   // incarnation of the run took over): the writer stopped for good, and
   // records are no longer kept.

@@ -64,10 +64,12 @@ for a PyTorch loop.
 from __future__ import annotations
 
 import contextlib as _contextlib
+import atexit as _atexit
 import json as _json
 import os as _os
 import sys as _sys
 import threading as _threading
+import weakref as _weakref
 from dataclasses import dataclass
 from typing import (TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Optional,
                     Sequence, Tuple, Union)
@@ -198,6 +200,12 @@ def _server_list(server: Union[str, Sequence[str]]) -> str:
     return ",".join(entries)
 
 
+def _close_at_exit(ref: "_weakref.ReferenceType[Agent]") -> None:
+    agent = ref()
+    if agent is not None:
+        agent.close(1000)
+
+
 class Agent:
     """The in-process agent.
 
@@ -270,6 +278,10 @@ class Agent:
             self._watchdog = _liveness.Watchdog(
                 self._native, _threading.get_ident(),
                 int(_os.environ.get("TRAINWATCH_HEARTBEAT_MS", "5000")))
+            # A process that ends without close() still flushes its records
+            # and says it is closing (else the server sees its ranks fall
+            # silent: lost, or a stall, until they time out).
+            _atexit.register(_close_at_exit, _weakref.ref(self))
 
     def step(self, step: int, loss: Optional[float] = None,
              grads: Union[Sequence[Any], Mapping[str, Any], None] = None,

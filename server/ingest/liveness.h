@@ -46,7 +46,7 @@
 
 namespace trainwatch::server {
 
-// One run's liveness, as the operator API and the pages show it.
+// One rank as its last heartbeat left it, and when that arrived.
 struct RankLiveness {
   int32_t rank = 0;
   trainwatch::v1::Heartbeat heartbeat;

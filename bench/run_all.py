@@ -70,6 +70,10 @@ GOALS = [
     ("replay", "twctl replay --summary, 500k steps (s)", r"^twctl replay", "value", "<=", 0.5),
     ("agent_overhead", "agent Step() p99.9 with the server up, trainer on a core of its own (us)",
      r"p99\.9 with the server up \(own-core\)", "value", "<=", 20.0),
+    # Unchanged within noise (issue 48): p99.9 of a few microseconds moves by
+    # a tenth between rounds of the same build here.
+    ("agent_overhead", "agent Step() p99.9, liveness on vs off (own-core)",
+     r"^agent Step\(\) p99\.9, liveness on vs off \(own-core\)", "ratio", "<=", 1.2),
     ("clip", "observe + guard.clip_grad_norm_ vs torch 1.13's clip alone",
      r"^clip, torch 1\..*: observe \+ guard", "ratio", "<=", 1.1),
     ("clip_torch2", "observe + guard.clip_grad_norm_ vs torch 2.x's clip alone",

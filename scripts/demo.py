@@ -36,6 +36,9 @@ RUN = "demo-lm"
 CORRUPT_AT, DRIFT_FROM, NAN_AT, STEPS = 400, 600, 1300, 1400
 # The module the reconfiguring rollback runs in fp32 (train_lm.py's NaiveNorm).
 FAILING_MODULE = "norm"
+# trainwatchd's least stall bound here (its default is 120 s): the example's
+# steps take milliseconds, so a pause taken for a hang would show in the demo.
+STALL_FLOOR_S = 10
 
 
 def free_port():
@@ -206,7 +209,8 @@ def run(build, work, stack, hook):
     stack.start("trainwatchd", [
         f"{build}/bin/trainwatchd", "--listen", server,
         "--metrics_listen", f"127.0.0.1:{metrics_port}", "--db", f"{work}/trainwatch.db",
-        "--rules", rules, "--pager_config", f"{work}/pager.json"])
+        "--rules", rules, "--pager_config", f"{work}/pager.json",
+        "--stall_floor_seconds", str(STALL_FLOOR_S)])
     with open(os.path.join(work, "prometheus.yml"), "w") as f:
         f.write("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
                 f"rule_files: ['{ROOT}/deploy/prometheus/trainwatch-rules.yml']\n"
@@ -441,6 +445,17 @@ def narrate(work, incident, hook, trainer_code, nan_tensors, reconfigured):
             ok = False
             say(f"  - the reconfigured restart did NOT pass step {NAN_AT} "
                 f"(exit {code}, {inc} {state}, acks {ack})")
+    # Halts, restarts, checkpoints and a human's approval are pauses, not
+    # hangs: none may raise a stall (with a floor of STALL_FLOOR_S), a lost
+    # rank or a straggler.
+    hangs = q("SELECT title FROM incidents WHERE title LIKE 'stalled:%' OR title LIKE "
+              "'rank% lost:%' OR title LIKE 'straggler:%'")
+    if hangs:
+        ok = False
+        say("  - a pause was taken for a hang: " + "; ".join(t for t, in hangs))
+    else:
+        say(f"  - no stall (bound at least {STALL_FLOOR_S} s), lost rank or straggler was "
+            f"raised through the halt, the restarts and the approvals.")
     return 0 if ok else 1
 
 

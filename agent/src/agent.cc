@@ -146,9 +146,9 @@ absl::StatusOr<Verdict> Agent::Impl::Step(const StepInput& in) {
   const bool awaits_rules = !config_.rules.has_value() && server_rules_from_.load() < 0 &&
                             !config_.server_address.empty();
   if (awaits_rules) reduced.SetRulesHash(sender_.server_rules_hash());
-  sender_.liveness().InReduction(true);
+  if (config_.liveness) sender_.liveness().InReduction(true);
   absl::Status reduce = reducer_->AllReduce(reduced.sums(), reduced.maxes());
-  sender_.liveness().InReduction(false);
+  if (config_.liveness) sender_.liveness().InReduction(false);
   if (!reduce.ok()) {
     return absl::Status(reduce.code(),
                         absl::StrCat("cross-rank reduction failed: ", reduce.message()));
@@ -186,7 +186,7 @@ absl::StatusOr<Verdict> Agent::Impl::Step(const StepInput& in) {
   if (!config_.server_address.empty() && (origin_.rank == 0 || reduced.local_nonfinite() > 0)) {
     Queue(in, rec, reduced, std::move(gathered));
   }
-  sender_.liveness().StepDone(in.step);
+  if (config_.liveness) sender_.liveness().StepDone(in.step);
   return outcome_.verdict;
 }
 
@@ -263,7 +263,7 @@ absl::Status Agent::Impl::StepObserved(const core::StepRecord& rec) {
   slot->tensor_report.reset();
   slot->time_ms = config_.clock->NowMs();
   sender_.Commit(slot);
-  sender_.liveness().StepDone(rec.step);
+  sender_.liveness().LogStep(rec.step);
   return absl::OkStatus();
 }
 
@@ -421,6 +421,14 @@ absl::StatusOr<AgentConfig> AgentConfig::FromEnvironment(AgentConfig c) {
     }
     c.heartbeat_ms = n;  // its range is Create's to check
   }
+  if (const char* v = env("TRAINWATCH_LIVENESS")) {
+    const std::string s(v);
+    if (s != "0" && s != "1") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TRAINWATCH_LIVENESS=", s, " is not 0 or 1"));
+    }
+    c.liveness = s == "1";
+  }
   if (const char* v = env("LOCAL_RANK")) {
     int n;
     if (absl::SimpleAtoi(v, &n) && n >= 0) c.local_rank = n;
@@ -548,6 +556,10 @@ void Agent::SetStack(int64_t finished_step, std::string stack, std::string block
 }
 
 LivenessInfo Agent::Liveness() const { return impl_->sender().liveness().Info(); }
+
+void Agent::SourceCaughtUp() { impl_->sender().liveness().CaughtUp(); }
+
+void Agent::SourceEnded(bool ended) { impl_->sender().liveness().SetEnded(ended); }
 
 void Agent::SetCommandCallback(std::function<void(const Command&)> callback) {
   impl_->sender().SetCommandCallback(std::move(callback));

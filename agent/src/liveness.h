@@ -51,6 +51,22 @@ class Liveness {
     finished_step_.store(step, std::memory_order_release);
     phase_.store(Phase::kUnspecified, std::memory_order_relaxed);
   }
+  // A followed log's step (Agent::StepObserved): an interval is counted
+  // from one write of the log to the next, so only for the first step read
+  // after the follower caught up; the steps read with it (the same write)
+  // move the last step and restart the clock.
+  void LogStep(int64_t step) {
+    from_log_.store(true, std::memory_order_relaxed);
+    if (caught_up_.exchange(false, std::memory_order_relaxed)) {
+      StepDone(step);
+      return;
+    }
+    last_end_ms_.store(clock_->NowMs(), std::memory_order_relaxed);
+    finished_step_.store(step, std::memory_order_release);
+  }
+  void CaughtUp() { caught_up_.store(true, std::memory_order_relaxed); }
+  void SetEnded(bool ended) { ended_.store(ended, std::memory_order_relaxed); }
+
   void SetPhase(Phase p) {
     phase_.store(p, std::memory_order_relaxed);
     if (p == Phase::kBackward || p == Phase::kCollective) Arrive();
@@ -93,6 +109,8 @@ class Liveness {
     h->set_step_ms_median(info.step_ms_median);
     h->set_lead_ms_median(info.lead_ms_median);
     h->set_window_steps(info.window_steps);
+    h->set_from_log(from_log_.load(std::memory_order_relaxed));
+    if (ended_.load(std::memory_order_relaxed)) h->set_closing(true);
     // The agent's reduction; else a checkpoint or an evaluation the trainer
     // set; else the phase read from the stack in this same step (the
     // trainer's phase may be stale within the step); else the trainer's.
@@ -140,6 +158,9 @@ class Liveness {
   Window intervals_{};
   Window leads_{};
   std::atomic<uint64_t> intervals_seen_{0};
+  std::atomic<bool> from_log_{false};   // LogStep() was called
+  std::atomic<bool> caught_up_{false};  // the next LogStep() starts a write
+  std::atomic<bool> ended_{false};      // the log's writer is gone
   mutable absl::Mutex mu_;
   std::string stack_ ABSL_GUARDED_BY(mu_);
   std::string blocked_at_ ABSL_GUARDED_BY(mu_);

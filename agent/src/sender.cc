@@ -391,7 +391,11 @@ v1::AgentMessage Sender::HeartbeatMessage() const {
   h->set_local_rank(config_.local_rank);
   h->set_device(config_.device);
   h->set_interval_ms(config_.heartbeat_ms);
-  liveness_.Fill(h);
+  if (config_.liveness) {
+    liveness_.Fill(h);
+  } else {
+    h->set_untimed(true);
+  }
   absl::MutexLock lock(&mu_);
   h->set_queue_depth(static_cast<uint32_t>(memory_.size()));
   h->set_queue_capacity(static_cast<uint32_t>(config_.memory_records));

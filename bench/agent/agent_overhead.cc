@@ -148,13 +148,14 @@ constexpr auto kFloorSpin = std::chrono::nanoseconds(1500);
 // `floor`: no agent at all; the timed region only spins (kFloorSpin), so
 // that what the machine alone does to so short a region is on the table.
 Result Measure(const std::string& address, int64_t steps, double rate, bool floor,
-               int sender_nice, const Layout& layout) {
+               int sender_nice, const Layout& layout, bool liveness = true) {
   PinCallingThread(layout.rest);  // the sender thread is created with this set
   std::unique_ptr<Agent> agent;
   if (!floor) {
     AgentConfig cfg;
     cfg.server_address = address;
     cfg.run_id = "bench";
+    cfg.liveness = liveness;
     if (sender_nice >= 0) cfg.sender_nice = sender_nice;
     auto created = Agent::Create(cfg, std::make_unique<SingleProcessReducer>());
     if (!created.ok()) {
@@ -302,6 +303,44 @@ std::string SiblingBinary(const char* name) {
   std::string dir = n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string();
   dir = dir.substr(0, dir.rfind('/') + 1);
   return dir + name;
+}
+
+// Liveness on and off (AgentConfig::liveness), side by side against the
+// same server: kLivenessRounds of each, alternated so that the machine's
+// drift lands on both; the medians' ratios, on over off.
+constexpr int kLivenessRounds = 3;
+
+void LivenessAB(const std::string& address, int64_t steps, double rate, int sender_nice,
+                const Layout& layout, std::vector<std::string>* figures) {
+  std::vector<double> p50[2], p999[2];  // [0]: off, [1]: on
+  for (int round = 0; round < kLivenessRounds; ++round) {
+    for (int on = 1; on >= 0; --on) {
+      const Result r = Measure(address, steps, rate, false, sender_nice, layout, on == 1);
+      p50[on].push_back(r.p50_us);
+      p999[on].push_back(r.p999_us);
+    }
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::printf("\nliveness on vs off (the step's timing for the heartbeats), %d rounds of each, "
+              "alternated, medians:\n",
+              kLivenessRounds);
+  for (const auto& [what, v] : {std::pair<const char*, std::vector<double>*>{"p50", p50},
+                                {"p99.9", p999}}) {
+    const double on = median(v[1]), off = median(v[0]);
+    const auto [lo, hi] = std::minmax_element(v[1].begin(), v[1].end());
+    std::printf("  Step() %-6s on %7.2f us [%.2f-%.2f], off %7.2f us: ratio %.3f\n", what, on,
+                *lo, *hi, off, on / off);
+    char line[400];
+    std::snprintf(line, sizeof line,
+                  "{\"figure\": \"agent Step() %s, liveness on vs off (%s)\", \"unit\": \"us\", "
+                  "\"value\": %.3f, \"baseline\": %.3f, \"ratio\": %.4f, \"median\": %.3f, "
+                  "\"min\": %.3f, \"max\": %.3f}",
+                  what, layout.name.c_str(), on, off, on / off, on, *lo, *hi);
+    figures->emplace_back(line);
+  }
 }
 
 }  // namespace
@@ -482,6 +521,9 @@ int main(int argc, char** argv) {
                       what_of.c_str(), what, where.c_str(), layout.name.c_str(), v);
         figures.emplace_back(line);
       }
+    }
+    if (!modes.empty() && modes[0].name == "up") {
+      LivenessAB(modes[0].address, steps, rate, sender_nice, layout, &figures);
     }
     std::printf("\nsteps over %.0f us (%s), by what they were made of (see the header), and the "
                 "step that switched to the server's rules:\n",

@@ -305,7 +305,11 @@ class FollowCommand : public Command {
                     "Steps going back (a restart) open a new attempt resuming after the step\n"
                     "before. Checkpoints: Megatron's 'saving checkpoint at iteration N',\n"
                     "nanoGPT's 'saving checkpoint to DIR', a checkpoint column, or\n"
-                    "--checkpoint-pattern. A malformed line is reported\n"
+                    "--checkpoint-pattern. Stalls: the time between the log's writes is\n"
+                    "learned; no step for a multiple of it is a stall (trainwatchd's\n"
+                    "--stall_* flags), unless no process has the file open for writing any\n"
+                    "more (seen in /proc on this host): the job ended.\n"
+                    "A malformed line is reported\n"
                     "and read past. SIGINT/SIGTERM: what was read is sent and acknowledged\n"
                     "(up to --drain-timeout), then a summary.\n"
                     "Exit codes: 0 every record acknowledged; 1 records unacknowledged or lost,\n"
@@ -449,6 +453,7 @@ class FollowCommand : public Command {
       }
     };
     stream->SetWhilePaused(status_if_due);
+    bool writer_gone = false;
     while (g_stop_signal == 0) {
       bool idle = false;
       if (events) {
@@ -488,6 +493,20 @@ class FollowCommand : public Command {
       }
       status_if_due();
       if (idle) {
+        // What was there is read: the next step read is the log's next
+        // write (its interval is the log's pace); and a writer gone is the
+        // job's end, not a stall.
+        stream->CaughtUp();
+        if (tail != nullptr && tail->WriterGone() != writer_gone) {
+          writer_gone = !writer_gone;
+          stream->SourceEnded(writer_gone);
+          if (writer_gone) {
+            std::fprintf(stderr,
+                         "twctl follow: %s: no process has it open for writing: the job "
+                         "ended (no stall is judged until it is written again)\n",
+                         source.c_str());
+          }
+        }
         if (tail != nullptr) {
           tail->WaitForData(poll_ms);
         } else {

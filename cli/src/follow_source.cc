@@ -1,5 +1,6 @@
 #include "follow_source.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/stat.h>
@@ -9,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -101,6 +103,7 @@ absl::StatusOr<TailEvent> FileTail::Poll(std::string* out, size_t max_bytes) {
       first_line_whole_ = nl != absl::string_view::npos;
     }
     offset_ += static_cast<uint64_t>(n);
+    writer_gone_ = false;
     return TailEvent::kData;
   }
   // At the end of what the open file holds: has the path moved on?
@@ -112,6 +115,7 @@ absl::StatusOr<TailEvent> FileTail::Poll(std::string* out, size_t max_bytes) {
     fd_ = -1;
     bool opened;
     if (absl::Status s = Open(&opened); !s.ok()) return s;
+    writer_seen_ = writer_gone_ = false;  // of the old file
     reason_ = "rotated";
     ++restarts_;
     return TailEvent::kRestart;
@@ -128,6 +132,80 @@ absl::StatusOr<TailEvent> FileTail::Poll(std::string* out, size_t max_bytes) {
     return TailEvent::kRestart;
   }
   return TailEvent::kIdle;
+}
+
+bool FileTail::WriterGone() {
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  if (fd_ < 0 || now - writer_checked_ms_ < kWriterCheckMs) return writer_gone_;
+  writer_checked_ms_ = now;
+  switch (FindWriter(device_, inode_, &writer_pid_)) {
+    case OpenForWriting::kYes:
+      writer_seen_ = true;
+      writer_gone_ = false;
+      break;
+    case OpenForWriting::kNo:
+      writer_gone_ = writer_seen_;
+      break;
+    case OpenForWriting::kUnknown:
+      break;
+  }
+  return writer_gone_;
+}
+
+namespace {
+
+// Whether `pid` has the file open for writing.
+bool HasOpenForWriting(pid_t pid, dev_t device, ino_t inode) {
+  const std::string fds = absl::StrCat("/proc/", pid, "/fd");
+  DIR* dir = ::opendir(fds.c_str());
+  if (dir == nullptr) return false;  // gone, or not ours to read
+  bool found = false;
+  while (const dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    struct stat st;
+    if (::stat(absl::StrCat(fds, "/", e->d_name).c_str(), &st) != 0 ||
+        st.st_ino != inode || st.st_dev != device) {
+      continue;
+    }
+    // Open for reading only (another follower, a `tail -f`) is no writer.
+    std::ifstream info(absl::StrCat("/proc/", pid, "/fdinfo/", e->d_name));
+    std::string key;
+    while (info >> key) {
+      if (key != "flags:") continue;
+      std::string octal;
+      info >> octal;
+      const unsigned long flags = std::strtoul(octal.c_str(), nullptr, 8);
+      found = (flags & O_ACCMODE) != O_RDONLY;
+      break;
+    }
+    if (found) break;
+  }
+  ::closedir(dir);
+  return found;
+}
+
+}  // namespace
+
+OpenForWriting FindWriter(dev_t device, ino_t inode, pid_t* hint) {
+  const pid_t self = ::getpid();
+  if (*hint > 0 && *hint != self && HasOpenForWriting(*hint, device, inode)) {
+    return OpenForWriting::kYes;
+  }
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return OpenForWriting::kUnknown;
+  OpenForWriting result = OpenForWriting::kNo;
+  while (const dirent* e = ::readdir(proc)) {
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || pid == self) continue;
+    if (HasOpenForWriting(static_cast<pid_t>(pid), device, inode)) {
+      *hint = static_cast<pid_t>(pid);
+      result = OpenForWriting::kYes;
+      break;
+    }
+  }
+  ::closedir(proc);
+  return result;
 }
 
 bool FileTail::FirstLineChanged() {

@@ -61,6 +61,10 @@ class TextTail {
   virtual std::string RestartReason() const { return ""; }
   // Rotations and truncations seen.
   virtual int64_t restarts() const { return 0; }
+  // After a kIdle: true when the source's writer is known to be gone, so
+  // that its silence is the job's end, not a stall. Standard input says so
+  // by its end instead; a source whose writer cannot be seen says false.
+  virtual bool WriterGone() { return false; }
 };
 
 class FileTail : public TextTail {
@@ -73,6 +77,13 @@ class FileTail : public TextTail {
   // From now on, a first line that is no longer the one read is a rewrite
   // (kRestart, "rewritten"): for a CSV, whose first line is its header.
   void WatchFirstLine() { watch_first_line_ = true; }
+  // No process has the file open for writing any more, after one had (as
+  // /proc shows the processes this user may read: the follower on the
+  // job's host; where none was ever seen, as over a network file system
+  // from another host, false). Looked at no more often than every
+  // kWriterCheckMs; new bytes say the writer is back.
+  bool WriterGone() override;
+  static constexpr int64_t kWriterCheckMs = 2000;
 
  private:
   absl::Status Open(bool* opened);
@@ -89,7 +100,17 @@ class FileTail : public TextTail {
   uint64_t offset_ = 0;  // bytes read from the open file
   std::string reason_;
   int64_t restarts_ = 0;
+  bool writer_seen_ = false;  // a writer of the open file was seen
+  bool writer_gone_ = false;
+  pid_t writer_pid_ = 0;      // the one seen last, looked at first
+  int64_t writer_checked_ms_ = 0;
 };
+
+// Whether a process other than this one has the file (`device`, `inode`)
+// open for writing, as /proc shows it; `hint` (in and out): a pid to look
+// at first, and the writer found. kUnknown: /proc cannot be read.
+enum class OpenForWriting { kYes, kNo, kUnknown };
+OpenForWriting FindWriter(dev_t device, ino_t inode, pid_t* hint);
 
 // A file rewritten whole: truncated and written longer, which a FileTail
 // cannot tell from an append. A version is read once its size and mtime

@@ -31,8 +31,16 @@ absl::Status FollowStream::NewAgent(std::optional<int64_t> resume_step) {
       agent::Agent::Create(cfg, std::make_unique<agent::SingleProcessReducer>());
   if (!a.ok()) return a.status();
   agent_ = *std::move(a);
+  agent_->SourceEnded(source_ended_);
   ++attempts_;
   return absl::OkStatus();
+}
+
+void FollowStream::CaughtUp() { agent_->SourceCaughtUp(); }
+
+void FollowStream::SourceEnded(bool ended) {
+  source_ended_ = ended;
+  agent_->SourceEnded(ended);
 }
 
 absl::Status FollowStream::Start() { return NewAgent(std::nullopt); }

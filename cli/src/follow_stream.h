@@ -71,6 +71,10 @@ class FollowStream {
   // follower's status line keeps coming while the server is away).
   void SetWhilePaused(std::function<void()> f) { while_paused_ = std::move(f); }
   void Checkpoint(int64_t step, const std::string& uri);
+  // The source's liveness (Agent::SourceCaughtUp, SourceEnded): read to
+  // its end for now; its writer gone (true) or back.
+  void CaughtUp();
+  void SourceEnded(bool ended);
   FollowCounts Counts() const;
   // Waits up to the drain timeout for every record to be acknowledged, then
   // stops. True when none is left unacknowledged.
@@ -88,6 +92,7 @@ class FollowStream {
   std::function<void()> while_paused_;
   std::unique_ptr<agent::Agent> agent_;
   int64_t last_step_ = -1;
+  bool source_ended_ = false;
   FollowCounts retired_;  // of the agents closed at restarts
   int64_t attempts_ = 0, checkpoints_ = 0;
 };

@@ -70,11 +70,21 @@ double GpuHours(int64_t ms, int64_t ranks) {
 void Liveness::OnHeartbeat(const v1::Heartbeat& h, int64_t now) {
   Run& run = runs_[h.run_id()];
   if (run.first_seen_ms == 0) run.first_seen_ms = run.last_progress_ms = now;
-  if (h.closing()) {  // the rank's job ended: its silence is not a loss
+  if (h.closing() || h.untimed()) {  // the rank's job ended (its silence is not a
+                                     // loss), or it does not time its steps
     run.ranks.erase(h.rank());
     return;
   }
-  RankLiveness& r = run.ranks[h.rank()];
+  run.from_log = h.from_log();
+  auto [it, added] = run.ranks.try_emplace(h.rank());
+  RankLiveness& r = it->second;
+  if (h.finished_step() < 0 && (added || r.heartbeat.finished_step() >= 0)) {
+    // A rank's new launch, before its first step (started, or restarted
+    // loading a checkpoint): the run's bound starts over from the startup
+    // one, from now.
+    run.steps_seen = 0;
+    run.last_progress_ms = std::max(run.last_progress_ms, now);
+  }
   r.rank = h.rank();
   r.heartbeat = h;
   r.received_ms = now;
@@ -107,15 +117,18 @@ bool Liveness::Alive(const RankLiveness& r, int64_t now) const {
 }
 
 int64_t Liveness::Bound(const Run& run, int64_t now) const {
-  int64_t median = 0;
+  int64_t median = 0, window = 0;
   bool long_phase = false;
   for (const auto& [rank, r] : run.ranks) {
     if (!Alive(r, now)) continue;
     median = std::max(median, r.heartbeat.step_ms_median());
+    window = std::max<int64_t>(window, r.heartbeat.window_steps());
     long_phase |= r.heartbeat.phase() == v1::PHASE_CHECKPOINT ||
                   r.heartbeat.phase() == v1::PHASE_EVAL;
   }
-  int64_t bound = run.steps_seen >= kLearnedSteps && median > 0
+  // A log's pace is learned from its writes, which may each hold many steps.
+  const bool learned = run.from_log ? window >= kLearnedSteps : run.steps_seen >= kLearnedSteps;
+  int64_t bound = learned && median > 0
                       ? static_cast<int64_t>(options_.stall_step_multiple *
                                              static_cast<double>(median))
                       : options_.stall_startup_ms;
@@ -189,6 +202,22 @@ std::string Liveness::Where(Run& run, int64_t now) const {
   return s;
 }
 
+std::string Liveness::LogWhere(const Run& run, int64_t now) const {
+  const RankLiveness* follower = nullptr;
+  for (const auto& [rank, r] : run.ranks) {
+    if (Alive(r, now)) follower = &r;
+  }
+  if (follower == nullptr) return "no follower is heard from";
+  const v1::Heartbeat& h = follower->heartbeat;
+  std::string s = absl::StrCat("the log has written no step after step ", h.finished_step(),
+                               " for ", Seconds(h.in_step_ms() + now - follower->received_ms));
+  if (h.step_ms_median() > 0) {
+    absl::StrAppend(&s, " (it wrote every ", Seconds(h.step_ms_median()), ")");
+  }
+  if (!h.host_name().empty()) absl::StrAppend(&s, "; followed on host ", h.host_name());
+  return s;
+}
+
 void Liveness::Check(int64_t now, const std::function<RunState*(const std::string&)>& run,
                      IdCounters* ids, const IncidentSink& sink) {
   if (now - last_check_ms_ < options_.check_interval_ms) return;
@@ -203,7 +232,7 @@ void Liveness::Check(int64_t now, const std::function<RunState*(const std::strin
       continue;
     }
     if (!r.ranks.empty() || open) {
-      if (RunState* state = run(it->first); state != nullptr && !state->row.observed) {
+      if (RunState* state = run(it->first); state != nullptr) {
         LivenessView view;
         CheckRun(r, *state, now, ids, sink, &view);
         r.published = view.ranks_alive > 0;
@@ -251,9 +280,10 @@ void Liveness::CheckRun(Run& run, RunState& state, int64_t now, IdCounters* ids,
       run.stall_since_progress_ms = run.last_progress_ms;
       run.stall_step = run.last_step;
     }
-    incidents.RaiseServerIncident(core::EventKind::kStall, run.last_step + 1,
-                                  Cut(absl::StrCat("stalled: ", Where(run, now))), now, ids,
-                                  sink);
+    incidents.RaiseServerIncident(
+        core::EventKind::kStall, run.last_step + 1,
+        Cut(absl::StrCat("stalled: ", run.from_log ? LogWhere(run, now) : Where(run, now))), now,
+        ids, sink);
   } else if (const IncidentRow* restored =
                  incidents.FindOpenServerIncident(core::EventKind::kStall);
              restored != nullptr && run.stall_started_ms == 0 &&
@@ -264,8 +294,9 @@ void Liveness::CheckRun(Run& run, RunState& state, int64_t now, IdCounters* ids,
                                     Cut(absl::StrCat(restored->title, " (steps again)")), now,
                                     sink);
   }
-  // Lost ranks: silent while others are heard from.
-  if (!lost.empty() && alive > 0) {
+  // Lost ranks: silent while others are heard from (a log's follower is
+  // one, and no rank).
+  if (!lost.empty() && alive > 0 && !run.from_log) {
     std::vector<std::string> names;
     for (const RankLiveness* r : lost) {
       if (names.size() == 3) {
@@ -306,7 +337,7 @@ void Liveness::CheckRun(Run& run, RunState& state, int64_t now, IdCounters* ids,
                                    static_cast<double>(now - run.first_step_ms),
                                0.0, 1.0);
   }
-  CheckPace(run, incidents, now, ids, sink, view);
+  if (!run.from_log) CheckPace(run, incidents, now, ids, sink, view);
   if (alive == 0) run.ranks.clear();  // the job stopped (or restarts): nothing is lost
 }
 
@@ -402,9 +433,11 @@ std::string Liveness::PageDetail(const IncidentRow& incident, int64_t now) const
   const Run& run = it->second;
   const int64_t quiet = now - run.stall_since_progress_ms;
   const int64_t ranks = std::max<int64_t>(run.world_size, 1);
+  // A followed log does not say on how many GPUs its job runs.
   std::string s = absl::StrFormat(
-      "No step for %s (the bound: %s). Cost so far: %.3f GPU-hours (%d ranks idle).",
-      Seconds(quiet), Seconds(Bound(run, now)), GpuHours(quiet, ranks), ranks);
+      "No step for %s (the bound: %s). Cost so far: %.3f GPU-hours (%s).", Seconds(quiet),
+      Seconds(Bound(run, now)), GpuHours(quiet, ranks),
+      run.from_log ? "per GPU of the job" : absl::StrCat(ranks, " ranks idle"));
   if (!run.stack.empty()) absl::StrAppend(&s, "\n", run.stack);
   return s;
 }

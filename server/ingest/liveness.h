@@ -7,7 +7,9 @@
 //     agents are alive. The bound is learned from the run's own step times:
 //     stall_step_multiple times the ranks' median step, at least
 //     stall_floor_ms; before the run has kLearnedSteps steps (compilation,
-//     the data pipeline's warm-up) it is stall_startup_ms, and while a rank
+//     the data pipeline's warm-up) it is stall_startup_ms, counted from a
+//     launch's first heartbeat (a rank before its first step: a start or a
+//     restart loading its checkpoint), and while a rank
 //     is in a checkpoint or an evaluation (Phase) at least long_phase_ms.
 //     The incident (tier 2, paged) names the ranks behind, their host,
 //     phase and the line their training thread is blocked at, where the
@@ -25,8 +27,11 @@
 //     resolves when the rank keeps pace again. The slowest ranks' ratios
 //     are published (RunView::liveness) for /metrics and `twctl status`.
 //
-// Runs followed from their log (`twctl follow`) are not judged here: their
-// heartbeats come from the follower, not the trainer.
+// A run followed from its log (`twctl follow`, Heartbeat.from_log) has one
+// "rank", its follower, whose step is the log's last and whose median is the
+// time between the log's writes: it stalls as any run, learned from its
+// writes (at least kLearnedSteps of them), with no lost ranks nor
+// stragglers; a follower that says the log's writer is gone closes.
 //
 // Writer thread only.
 
@@ -101,6 +106,7 @@ class Liveness {
     int64_t straggler_since_step = 0;
     int32_t straggler_paged = -1;  // the rank its open incident names
     bool published = false;        // a view with ranks heard from
+    bool from_log = false;         // followed from its log
   };
   bool Alive(const RankLiveness& r, int64_t now) const;
   int64_t Bound(const Run& run, int64_t now) const;
@@ -114,6 +120,9 @@ class Liveness {
   // ranks wait in collective at train.py:61", and the stack of the first
   // rank behind.
   std::string Where(Run& run, int64_t now) const;
+  // "the log has written no step after step 12 for 95 s (it wrote every
+  // 5 s); followed on host gpu-7".
+  std::string LogWhere(const Run& run, int64_t now) const;
 
   const LivenessOptions options_;
   RunViews* const views_;

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "stack.h"
 #include "test_util.h"
 #include "testing/wait.h"
+#include "trainwatch/core/event.h"
 #include "trainwatch/logs/metrics_file.h"
 
 namespace trainwatch::cli {
@@ -340,6 +342,51 @@ TEST_CASE("follow: rotation then truncation then a trainwatchd restart lose no l
   INFO(ReadFile(dir.File("follow.log")));
   CHECK(rc == 0);
   RequireSame(Stored(d->db(), run), Replayed(all, MetricsFormat::kLlmc));
+}
+
+TEST_CASE("follow: a log whose writer goes silent is a stall from its timing - a writer gone is none",
+          "[cli][follow][liveness]") {
+  TempDir dir;
+  // The bound: 10 times the log's 200 ms between writes, at least 15 s.
+  Trainwatchd d(dir, "", "", {"--stall_floor_seconds", "15"});
+  const std::string stuck_log = dir.File("stuck.log"), ended_log = dir.File("ended.log");
+  Child follow_stuck(FollowArgs(stuck_log, "run-stuck", d), dir.File("follow-stuck.log"));
+  Child follow_ended(FollowArgs(ended_log, "run-ended", d), dir.File("follow-ended.log"));
+  // This process writes both logs, each held open as a trainer's stdout is;
+  // opened after the followers started, which would otherwise inherit them.
+  auto stuck = std::make_unique<std::ofstream>(stuck_log);
+  auto ended = std::make_unique<std::ofstream>(ended_log);
+  auto last_write = std::chrono::steady_clock::now();
+  for (int s = 0; s < 12; ++s) {  // 12 writes: the log's pace is learned from 8
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    *stuck << Llmc(s, s + 1) << std::flush;
+    *ended << Llmc(s, s + 1) << std::flush;
+    last_write = std::chrono::steady_clock::now();
+  }
+  REQUIRE(WaitRows(d.db(), "run-stuck", 12));
+  REQUIRE(WaitRows(d.db(), "run-ended", 12));
+  ended.reset();  // the job of run-ended exits; run-stuck's hangs, its log open
+  const std::string stall = "SELECT count(*) FROM incidents WHERE kind = " +
+                            std::to_string(static_cast<int>(core::EventKind::kStall)) +
+                            " AND run_id = ";
+  REQUIRE(WaitUntil([&] { return QueryInt(d.db(), stall + "'run-stuck'") == 1; },
+                    std::chrono::seconds(60), std::chrono::milliseconds(100)));
+  CHECK(std::chrono::steady_clock::now() - last_write >= std::chrono::seconds(15));
+  CHECK(QueryInt(d.db(), stall + "'run-stuck' AND closed_ms = 0 AND title LIKE "
+                         "'stalled: the log has written no step after step 11 for %'") == 1);
+  // The follower of the ended job saw its writer go, and no stall came.
+  CHECK(ReadFile(dir.File("follow-ended.log")).find("no process has it open for writing") !=
+        std::string::npos);
+  std::this_thread::sleep_until(last_write + std::chrono::seconds(20));
+  CHECK(QueryInt(d.db(), stall + "'run-ended'") == 0);
+  // The stuck job writes again: its stall resolves by itself.
+  *stuck << Llmc(12, 13) << std::flush;
+  CHECK(WaitUntil([&] { return QueryInt(d.db(), stall + "'run-stuck' AND closed_ms > 0") == 1; },
+                  std::chrono::seconds(30), std::chrono::milliseconds(100)));
+  for (Child* c : {&follow_stuck, &follow_ended}) {
+    ::kill(c->pid(), SIGTERM);
+    CHECK(c->Wait(20) == 0);
+  }
 }
 
 TEST_CASE("follow: with trainwatchd down the reader pauses at the window and drops nothing",

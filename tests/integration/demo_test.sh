@@ -23,7 +23,7 @@ fi
 for what in "tier 1, the injected corrupted batch" "tier 2, logit drift" \
             "rollback: the trainer resumed from checkpoint" "without recurrence" \
             "tier 3, numerical failure" "halt, roll back, reconfigure: approved with --precision" \
-            "everything it started has stopped"; do
+            "no stall (bound at least" "everything it started has stopped"; do
   grep -q "$what" "$log" || { echo "FAIL: the account lacks '$what'"; fail=1; }
 done
 [ -s "$build/trainwatch-demo-report.html" ] || { echo "FAIL: no report page"; fail=1; }

@@ -314,12 +314,92 @@ TEST_CASE("liveness: a stall open from before a restart resolves when the run st
   CHECK(changes[0].first.title == "stalled: rank 2 (steps again)");
 }
 
-TEST_CASE("liveness: followed runs are not judged by heartbeats", "[server][liveness]") {
+TEST_CASE("liveness: a restart loading its checkpoint is not a stall - its first steps have the "
+          "startup bound", "[server][liveness]") {
+  LivenessFixture f;
+  for (int s = 0; s < 20; ++s) f.Healthy(s * 500, s);  // learned: 500 ms steps
+  // The job halts at 10 s (its agents close) and its new launch's agents
+  // are heard from at 60 s, before their first step.
+  for (int r = 0; r < 4; ++r) f.Beat(r, 10'000, 19, v1::PHASE_UNSPECIFIED, "", 500, true);
+  CHECK(f.Check(10'000).empty());
+  for (int64_t t = 60'000; t <= 600'000; t += 1'000) {
+    for (int r = 0; r < 4; ++r) f.Beat(r, t, -1, v1::PHASE_UNSPECIFIED, "", 0);
+    CHECK(f.Check(t).empty());  // within the startup bound (600 s) from 60 s
+  }
+  for (int r = 0; r < 4; ++r) f.Beat(r, 661'000, -1, v1::PHASE_UNSPECIFIED, "", 0);
+  auto changes = f.Check(661'000);  // stuck before its first step: a stall all the same
+  REQUIRE(changes.size() == 1);
+  CHECK(changes[0].first.kind == core::EventKind::kStall);
+}
+
+TEST_CASE("liveness: a run observed - not enforced - stalls as any other", "[server][liveness]") {
+  LivenessFixture f;
+  f.state().row.observed = true;  // `trainwatch run --observe-only`: its ranks are the trainer's
+  for (int s = 0; s < 20; ++s) f.Healthy(s * 500, s);
+  for (int r = 0; r < 4; ++r) f.Beat(r, 20'000, 19);
+  auto changes = f.Check(20'000);
+  REQUIRE(changes.size() == 1);
+  CHECK(changes[0].first.kind == core::EventKind::kStall);
+}
+
+// The follower of a log (`twctl follow`): one heartbeat source, rank 0, whose
+// step is the log's last and whose median is the time between its writes.
+void LogBeat(Liveness& l, int64_t now, int64_t last_step, int64_t in_step_ms, int64_t median_ms,
+             int32_t writes, bool writer_gone = false) {
+  v1::Heartbeat h;
+  h.set_run_id("job");
+  h.set_rank(0);
+  h.set_host_name("login-1");
+  h.set_from_log(true);
+  h.set_finished_step(last_step);
+  h.set_in_step_ms(in_step_ms);
+  h.set_step_ms_median(median_ms);
+  h.set_window_steps(writes);
+  h.set_interval_ms(1000);
+  h.set_closing(writer_gone);
+  l.OnHeartbeat(h, now);
+}
+
+TEST_CASE("liveness: a followed log stalls from the timing of its writes alone",
+          "[server][liveness]") {
   LivenessFixture f;
   f.state().row.observed = true;
-  for (int s = 0; s < 20; ++s) f.Healthy(s * 500, s);
-  for (int r = 0; r < 4; ++r) f.Beat(r, 100'000, 19);
-  CHECK(f.Check(100'000).empty());
+  // A write of 10 steps every 5 s. Before 8 writes the pace is not learned:
+  // a silence of 100 s is within the startup bound (600 s).
+  for (int w = 0; w < 8; ++w) {
+    f.liveness().OnProgress("job", w * 10 + 9, w * 5'000);
+    LogBeat(f.liveness(), w * 5'000, w * 10 + 9, 0, w > 0 ? 5'000 : 0, w);
+  }
+  LogBeat(f.liveness(), 135'000, 79, 100'000, 5'000, 7);
+  CHECK(f.Check(135'000).empty());
+  // The 8th interval: learned, the bound is 10 x 5 s.
+  f.liveness().OnProgress("job", 89, 140'000);
+  LogBeat(f.liveness(), 140'000, 89, 0, 5'000, 8);
+  LogBeat(f.liveness(), 189'000, 89, 49'000, 5'000, 8);
+  CHECK(f.Check(189'000).empty());
+  LogBeat(f.liveness(), 191'000, 89, 51'000, 5'000, 8);
+  auto changes = f.Check(191'000);
+  REQUIRE(changes.size() == 1);
+  const IncidentRow& inc = changes[0].first;
+  CHECK(inc.kind == core::EventKind::kStall);
+  CHECK(inc.detection_step == 90);
+  CHECK(inc.title ==
+        "stalled: the log has written no step after step 89 for 51 s (it wrote every 5 s); "
+        "followed on host login-1");
+  // One source, so no lost rank nor straggler; the page's cost is per GPU.
+  CHECK(f.liveness().PageDetail(inc, 191'000) ==
+        "No step for 51 s (the bound: 50 s). Cost so far: 0.014 GPU-hours (per GPU of the job).");
+  // The follower sees the log's writer gone: the job ended, the stall
+  // resolves as a job that stopped, and nothing new opens.
+  LogBeat(f.liveness(), 200'000, 89, 60'000, 5'000, 8, /*writer_gone=*/true);
+  changes = f.Check(200'000);
+  REQUIRE(changes.size() == 1);
+  CHECK(changes[0].first.state == IncidentState::kResolved);
+  CHECK(changes[0].first.title.find("then the job stopped") != std::string::npos);
+  for (int64_t t = 201'000; t < 400'000; t += 1'000) {
+    LogBeat(f.liveness(), t, 89, t - 140'000, 5'000, 8, true);
+    CHECK(f.Check(t).empty());
+  }
 }
 
 }  // namespace

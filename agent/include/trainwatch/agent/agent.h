@@ -158,6 +158,12 @@ struct AgentConfig {
   // late; docs/hangs.md): what trainwatchd detects a stall and a lost rank
   // from. 100..60000. Env: TRAINWATCH_HEARTBEAT_MS.
   int heartbeat_ms = 5000;
+  // Whether the training thread's steps are timed for the heartbeats (two
+  // clock reads a step). False: the heartbeats say nothing of the rank's
+  // steps (Heartbeat.untimed) and trainwatchd judges no stall, lost rank
+  // or straggler from them; for a side-by-side benchmark, or a job that
+  // wants none. Env: TRAINWATCH_LIVENESS=0.
+  bool liveness = true;
   // A write to the server blocked this long is cancelled and the agent
   // reconnects: a server that stopped reading must not hold the records.
   int stall_timeout_ms = 3000;
@@ -396,6 +402,15 @@ class Agent {
   void SetStack(int64_t finished_step, std::string stack, std::string blocked_at,
                 Phase phase = Phase::kUnspecified);
   LivenessInfo Liveness() const;
+  // A followed log's liveness (AgentConfig::observed, `twctl follow`).
+  // SourceCaughtUp: the follower has read all there is, so the next step
+  // it reads is new; the log's interval is measured between such steps
+  // only (lines read together, a buffered write or the history read at
+  // start, are one write). SourceEnded: no process has the log open for
+  // writing any more (the job ended: its silence is not a stall), or,
+  // false, one has again.
+  void SourceCaughtUp();
+  void SourceEnded(bool ended);
 
   // Commands from the server: by callback (called on a background thread)
   // and by poll. Each command is delivered once either way.

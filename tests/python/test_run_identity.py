@@ -43,32 +43,46 @@ def captured_stderr(into):
 
 
 class RunIdentityTest(unittest.TestCase):
+    # Each streaming agent is closed before the environment changes again:
+    # gRPC's threads read it (getenv) while they connect, and glibc's setenv
+    # may move the environment under a concurrent getenv (a crash, once in
+    # hundreds of runs under load).
     def make(self, **kwargs):
         agent = trainwatch.Agent(server=SERVER, **kwargs)
         self.addCleanup(agent.close, 0)
         return agent
 
+    def run_id(self, **kwargs):
+        agent = trainwatch.Agent(server=SERVER, **kwargs)
+        try:
+            return agent.run_id
+        finally:
+            agent.close(0)
+
     def test_argument_then_environment_then_torchrun(self):
         with launcher_env(TRAINWATCH_RUN_ID="from-env", TORCHELASTIC_RUN_ID="from-torch"):
-            self.assertEqual(self.make(run_id="from-arg").run_id, "from-arg")
-            self.assertEqual(self.make().run_id, "from-env")
+            self.assertEqual(self.run_id(run_id="from-arg"), "from-arg")
+            self.assertEqual(self.run_id(), "from-env")
             del os.environ["TRAINWATCH_RUN_ID"]
             err = []
             with captured_stderr(err):
-                agent = self.make()
-            self.assertEqual(agent.run_id, "from-torch")
-            self.assertTrue(agent.streaming)
-            self.assertTrue(agent.stats().streaming)
+                agent = trainwatch.Agent(server=SERVER)
+            try:
+                self.assertEqual(agent.run_id, "from-torch")
+                self.assertTrue(agent.streaming)
+                self.assertTrue(agent.stats().streaming)
+            finally:
+                agent.close(0)
             self.assertIn('run id "from-torch" from TORCHELASTIC_RUN_ID', err[0])
 
     def test_torchrun_none_is_no_name_and_slurm_array_tasks_differ(self):
         with launcher_env(TORCHELASTIC_RUN_ID="none", SLURM_JOB_ID="1003",
                           SLURM_ARRAY_JOB_ID="1000", SLURM_ARRAY_TASK_ID="3"):
-            self.assertEqual(self.make().run_id, "slurm-1000_3")
+            self.assertEqual(self.run_id(), "slurm-1000_3")
             os.environ["SLURM_ARRAY_TASK_ID"] = "4"
-            self.assertEqual(self.make().run_id, "slurm-1000_4")
+            self.assertEqual(self.run_id(), "slurm-1000_4")
         with launcher_env(SLURM_JOB_ID="77"):
-            self.assertEqual(self.make().run_id, "slurm-77")
+            self.assertEqual(self.run_id(), "slurm-77")
 
     def test_a_bad_run_id_is_a_value_error_naming_it(self):
         with launcher_env():

@@ -7,7 +7,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython_EXECUTABLE=/usr/bin/python3 \
 	'-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG'
 
-.PHONY: demo demo-replay test check deps configure build bench package clean sanitize fuzz
+.PHONY: demo demo-replay test check deps configure build bench package wheels clean sanitize fuzz
 
 # The end-to-end story: a PyTorch trainer, trainwatchd, Prometheus and
 # Alertmanager on loopback (about a minute).
@@ -36,6 +36,19 @@ configure: deps
 
 build: configure
 	cmake --build $(BUILD) -j$(JOBS)
+
+# Self-contained wheels for CPython 3.10 to 3.13 in dist/ (scripts/build_wheels.py),
+# each then installed into a bare venv of its Python and used
+# (tests/install/wheel_test.sh; make test does 3.11's).
+WHEEL_PYTHONS ?= 3.10 3.11 3.12 3.13
+wheels: build
+	/usr/bin/python3 scripts/build_wheels.py --build $(BUILD) --out dist \
+		$(foreach v,$(WHEEL_PYTHONS),--python $(v))
+	for v in $(WHEEL_PYTHONS); do \
+		tests/install/wheel_test.sh $(CURDIR) dist $(BUILD)/wheels/env-repair/bin/python \
+			$(CURDIR)/$(BUILD)/bin/trainwatchd $$(sed -n 's/^project(trainwatch VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt) $$v \
+			|| exit 1; \
+	done
 
 # The Debian package of trainwatchd and twctl, in $(BUILD)/package.
 package: build

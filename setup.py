@@ -7,10 +7,16 @@ The version is the C++ one: project(trainwatch VERSION ...) in CMakeLists.txt.
 Environment:
   TRAINWATCH_CMAKE_ARGS  extra arguments for CMake's configure step, e.g.
                          "-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc"
+  TRAINWATCH_CMAKE_BUILD_DIR  CMake's build folder (default: under setuptools'
+                         build_temp); the wheels share one across Pythons
+  TRAINWATCH_WITH_TWCTL=1  the module also carries twctl's commands, run by
+                         the `twctl` console script (trainwatch/_twctl.py)
   CMAKE_BUILD_PARALLEL_LEVEL  build jobs (default: every CPU)
 
-The module links the system's gRPC and Abseil shared libraries (Debian:
-libgrpc++1.51, libabsl20220623), which must be present where it is imported.
+Built this way the module links the system's gRPC and Abseil shared libraries
+(Debian: libgrpc++1.51, libabsl20220623), which must be present where it is
+imported; the wheels (scripts/build_wheels.py) carry them inside, as
+auditwheel bundles them.
 """
 
 import os
@@ -20,11 +26,13 @@ import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = pathlib.Path(__file__).resolve().parent
+WITH_TWCTL = os.environ.get("TRAINWATCH_WITH_TWCTL") == "1"
 
 
 def cmake_version():
@@ -47,12 +55,18 @@ class CMakeBuild(build_ext):
     expects the extension."""
 
     def build_extension(self, ext):
-        build_dir = pathlib.Path(self.build_temp).resolve() / "cmake"
+        build_dir = pathlib.Path(os.environ.get("TRAINWATCH_CMAKE_BUILD_DIR") or
+                                 pathlib.Path(self.build_temp) / "cmake").resolve()
         configure = [
             "cmake", "-S", str(ROOT), "-B", str(build_dir),
             "-DCMAKE_BUILD_TYPE=Release",
+            # What an earlier configure found of another interpreter (the
+            # wheels share a build folder) is looked for again (before -D:
+            # CMake applies them in order).
+            "-U", "Python_*", "-U", "_Python_*",
             f"-DPython_EXECUTABLE={sys.executable}",
             "-DTRAINWATCH_BUILD_SERVER=OFF",
+            f"-DTRAINWATCH_BUILD_TWCTL={'ON' if WITH_TWCTL else 'OFF'}",
             "-DTRAINWATCH_BUILD_TESTS=OFF",
             "-DTRAINWATCH_BUILD_BENCH=OFF",
         ] + shlex.split(os.environ.get("TRAINWATCH_CMAKE_ARGS", ""))
@@ -60,12 +74,14 @@ class CMakeBuild(build_ext):
         subprocess.run(configure, check=True)
         subprocess.run(["cmake", "--build", str(build_dir), "--target", ext.target, "-j", jobs],
                        check=True)
-        built = sorted((build_dir / "python" / "trainwatch").glob(ext.target + ".*.so"))
-        if len(built) != 1:
-            raise RuntimeError(f"expected one {ext.target} module in {build_dir}, found {built}")
+        # The module of this interpreter: a shared build folder holds others'.
+        suffix = sysconfig.get_config_var("EXT_SUFFIX")
+        built = build_dir / "python" / "trainwatch" / (ext.target + suffix)
+        if not built.exists():
+            raise RuntimeError(f"expected the {ext.target} module at {built}")
         dest = pathlib.Path(self.get_ext_fullpath(ext.name))
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(built[0], dest)
+        shutil.copyfile(built, dest)
 
 
 setup(
@@ -76,7 +92,8 @@ setup(
     # bootstrap folder `trainwatch run` puts first on PYTHONPATH (a
     # sitecustomize.py alone, no package).
     package_data={"trainwatch": ["py.typed", "_trainwatch.pyi", "_bootstrap/sitecustomize.py"]},
-    entry_points={"console_scripts": ["trainwatch = trainwatch.cli:main"]},
+    entry_points={"console_scripts": ["trainwatch = trainwatch.cli:main"] +
+                  (["twctl = trainwatch._twctl:main"] if WITH_TWCTL else [])},
     ext_modules=[CMakeExtension("trainwatch._trainwatch", target="_trainwatch")],
     cmdclass={"build_ext": CMakeBuild},
     zip_safe=False,

@@ -39,6 +39,7 @@ the table cannot rot. --timeout is the limit per bench, in seconds.
 
 import argparse
 import datetime
+import glob
 import json
 import os
 import re
@@ -82,6 +83,9 @@ GOALS = [
      r"^trainwatch run vs the loop without trainwatch", "ratio", "<=", 1.02),
     ("trainwatch_run", "trainwatch run vs the same loop with watch() (step time)",
      r"^trainwatch run vs the loop with watch\(\)", "ratio", "<=", 1.0),
+    ("wheel", "the self-contained wheel's size (MB)", r"^wheel size", "value", "<=", 40.0),
+    ("wheel", "import trainwatch from the wheel, over a bare interpreter's start (ms)",
+     r"^import trainwatch over", "value", "<=", 200.0),
     ("follow", "twctl follow end to end (lines/s, one core)", r"^twctl follow, Megatron", "value", ">=",
      50000.0),
     ("detection", "detection backtest: expected incidents trainwatch missed",
@@ -270,6 +274,13 @@ def benches(build, out_dir, smoke):
     else:
         torch2 = run and pyenv_python(build, "torch-newest", "trainwatch_run")
         out.append(("trainwatch_run", torch2 and ["env", "-u", "PYTHONPATH", torch2, run], None))
+    # The wheel the torch environments install (make test builds it), else
+    # make wheels' of the same Python.
+    footprint = script(os.path.join(ROOT, "bench", "agent", "wheel_footprint.py"))
+    wheels = sorted(glob.glob(b("pyenv", "dist", "trainwatch-*-cp311-*.whl")) +
+                    glob.glob(os.path.join(ROOT, "dist", "trainwatch-*-cp311-*.whl")))
+    out.append(("wheel", footprint and wheels and [PY, footprint, wheels[0]]
+                + (["--rounds", "3"] if smoke else []), None))
     follow = script(os.path.join(ROOT, "bench", "follow", "follow_throughput.sh"))
     follow_bins = [exe(b("bin", "trainwatchd")), exe(b("bin", "twctl"))]
     # Every text format follow reads, each its own figure and goal.

@@ -25,6 +25,9 @@
 #include "trainwatch/core/config.h"
 #include "trainwatch/core/event.h"
 #include "trainwatch/core/version.h"
+#ifdef TRAINWATCH_PYTHON_TWCTL
+#include "trainwatch/cli/operator_commands.h"
+#endif
 #include "trainwatch/kernels/grad_stats.h"
 #include "trainwatch/kernels/logit_stats.h"
 
@@ -477,6 +480,17 @@ PYBIND11_MODULE(_trainwatch, m) {
   m.doc() = "trainwatch agent (native part)";
   m.attr("__version__") = trainwatch::kVersion;
   trainwatch::python::RegisterDeviceStats(m);
+#ifdef TRAINWATCH_PYTHON_TWCTL
+  // The `twctl` console script (trainwatch/_twctl.py): the same commands as
+  // the twctl binary, without a second native program in the wheel.
+  m.def(
+      "twctl_main",
+      [](const std::vector<std::string>& argv) {
+        py::gil_scoped_release release;
+        return trainwatch::cli::TwctlMain(argv);
+      },
+      py::arg("argv"), "Runs twctl with these arguments (no program name); its exit code.");
+#endif
   m.def("log_z_sum", &trainwatch::python::LogZSum, py::arg("logits"),
         py::arg("labels") = py::none(), py::arg("ignore_index") = -100,
         "(sum of log Z over counted rows, rows) of [..., vocab] host logits; the sum is NaN "

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <exception>
+#include <iostream>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -117,5 +120,51 @@ int OperatorCommand(const std::string& command, const std::vector<std::string>& 
 }
 
 std::string TwctlUsage() { return Registry().Usage(); }
+
+namespace {
+
+int RunOnTerminal(const std::vector<std::string>& argv) {
+  std::string command, err;
+  std::vector<std::string> args;
+  if (!SplitCommandLine(argv, &command, &args, &err)) {
+    std::fputs((err + TwctlUsage()).c_str(), stderr);
+    return 2;
+  }
+  std::string out;
+  const int code = OperatorCommand(
+      command, args,
+      [](const std::string& question) {
+        std::fputs(question.c_str(), stderr);
+        std::string answer;
+        if (!std::getline(std::cin, answer)) return false;
+        return answer == "y" || answer == "Y" || answer == "yes";
+      },
+      &out, &err,
+      [](const std::string& line) {
+        std::fwrite(line.data(), 1, line.size(), stdout);
+        std::fflush(stdout);
+      });
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  std::fwrite(err.data(), 1, err.size(), stderr);
+  return code;
+}
+
+}  // namespace
+
+int TwctlMain(const std::vector<std::string>& argv) {
+  // Nothing below should throw; if a library does, say so in one line
+  // rather than abort with a core dump.
+  int code = 1;
+  try {
+    code = RunOnTerminal(argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "twctl: unexpected error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "twctl: unexpected error\n");
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  return code;
+}
 
 }  // namespace trainwatch::cli

@@ -49,6 +49,12 @@ bool SplitCommandLine(const std::vector<std::string>& argv, std::string* command
 // What `twctl help` prints: every command, the connection, the exit codes.
 std::string TwctlUsage();
 
+// twctl on a terminal: `argv` without the program name; the command's output
+// to stdout and stderr (flushed), confirmations asked on stderr and read
+// from stdin. Returns the exit code; never throws. The twctl binary's main,
+// and the Python module's for the wheel's `twctl` console script.
+int TwctlMain(const std::vector<std::string>& argv);
+
 // Unicode sparkline of `values` (NaN shown as a space), at most `width` wide.
 std::string Sparkline(const std::vector<double>& values, size_t width = 60);
 

@@ -207,6 +207,7 @@ void Agent::Impl::Queue(const StepInput& in, const core::StepRecord& rec,
                                      : reduced.nonfinite();
   slot->elements = slot->rank_scope ? static_cast<uint64_t>(reduced.local_elements())
                                     : reduced.elements();
+  slot->decided = true;
   slot->verdict = outcome_.verdict;
   // An observed agent judges but does not act: its skip is recommended, never
   // claimed as done.
@@ -254,7 +255,8 @@ absl::Status Agent::Impl::StepObserved(const core::StepRecord& rec) {
   slot->loss_ema_ratio = outcome_.loss_ema_ratio;
   slot->nonfinite = 0;  // a log gives nan_frac, never the counts behind it
   slot->elements = 0;
-  slot->verdict = Verdict();  // observed, not enforced: nothing was skipped or halted
+  slot->decided = false;  // a log's numbers: no agent decided (nor skipped, nor halted)
+  slot->verdict = Verdict();
   slot->update_skipped = false;
   slot->shard_count = static_cast<uint16_t>(std::min(rec.shards.size(), Slot::kMaxShards));
   std::copy_n(rec.shards.begin(), slot->shard_count, slot->shards);

@@ -33,7 +33,7 @@ v1::AgentMessage StepMessage(const Origin& origin, const Slot& s) {
   rep.shard_names = s.shard_names;
   rep.update_skipped = s.update_skipped;
   wire::StepToProto(rep, r);
-  wire::VerdictToProto(s.verdict, r);
+  if (s.decided) wire::VerdictToProto(s.verdict, r);
   if (s.verdict_event.has_value()) wire::EventToProto(*s.verdict_event, r->mutable_verdict_reason());
   r->set_rules_hash(s.rules_hash);
   wire::SetTime(s.time_ms, r->mutable_time());

@@ -35,6 +35,10 @@ struct Slot : core::Step {
 
   // A rank's own report (a nonfinite gradient) rather than the run's.
   bool rank_scope = false;
+  // False for a followed log's record (StepObserved): no agent decided
+  // anything, and the report says so (VERDICT_UNSPECIFIED), so that the
+  // server counts no divergence from its own verdict.
+  bool decided = true;
   Verdict verdict;
   // Whether the trainer skipped the update: the verdict's skip, unless the
   // agent only observes (AgentConfig::observed).

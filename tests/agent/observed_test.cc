@@ -55,6 +55,9 @@ TEST_CASE("observed: the hello says observed and records go as given with nothin
   CHECK(r.metrics().grad_norm() == 0.25 * 3);
   CHECK(r.metrics().nan_frac() == 0.125);
   CHECK(!service.global_report(40)->update_skipped());
+  // No agent decided these steps, the NaN's included: no verdict to compare.
+  CHECK(r.verdict() == v1::VERDICT_UNSPECIFIED);
+  CHECK(service.global_report(40)->verdict() == v1::VERDICT_UNSPECIFIED);
   core::StepRecord back;
   back.step = 40;
   CHECK(absl::IsInvalidArgument((*agent)->StepObserved(back)));

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -561,6 +562,33 @@ TEST_CASE("follow: the real excerpts piped on stdin are stored as replay reads t
     }
     RequireSame(Stored(d.db(), run), expected);
   }
+}
+
+TEST_CASE("follow: a followed log's NaN is the server's halt recommended - with no divergence",
+          "[cli][follow]") {
+  TempDir dir;
+  Trainwatchd d(dir, "", "");
+  // A real run whose loss is NaN from step 1200 on (tests/data/realdata).
+  const std::string path = (std::filesystem::path(__FILE__).parent_path().parent_path() / "data" /
+                            "realdata" / "parameter-golf-behemoth-v10.log")
+                               .string();
+  const std::string cmd = "exec '" TWCTL_PATH "' follow - --run run-nan --server " + d.address() +
+                          " --status-interval 0 < '" + path + "'";
+  Child follow({"/bin/sh", "-c", cmd}, dir.File("follow.out"));
+  REQUIRE(follow.Wait(20) == 0);
+  Child status({TWCTL_PATH, "--server", d.address(), "-o", "json", "status", "run-nan"},
+               dir.File("status.json"));
+  REQUIRE(status.Wait(20) == 0);
+  std::string json = ReadFile(dir.File("status.json"));
+  json.erase(std::remove_if(json.begin(), json.end(), ::isspace), json.end());
+  INFO(json);
+  // The server's engine found the numerical failure (its halt, recommended:
+  // the run is observed); no agent decided anything, so nothing diverged
+  // from it. Before, each step from the NaN on counted one.
+  CHECK(json.find("\"rule\":\"RULE_NONFINITE_METRIC\"") != std::string::npos);
+  CHECK(json.find("\"observed\":true") != std::string::npos);
+  CHECK(json.find("\"decision_divergences\":\"0\"") != std::string::npos);
+  CHECK(json.find("\"agent_decisions\":\"0\"") != std::string::npos);
 }
 
 TEST_CASE("follow: a Hugging Face log without bars takes --logging-steps", "[cli][follow]") {

@@ -20,9 +20,31 @@ std::string Json(const google::protobuf::Message& m) {
   return out + "\n";
 }
 
+namespace {
+
+// What a refusal's gRPC code means to an operator.
+const char* CodeWords(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::INVALID_ARGUMENT: return "invalid request";
+    case grpc::NOT_FOUND: return "not found";
+    case grpc::ALREADY_EXISTS: return "already done";
+    case grpc::FAILED_PRECONDITION: return "refused in this state";
+    case grpc::ABORTED: return "aborted: try again";
+    case grpc::PERMISSION_DENIED: return "not permitted for this token";
+    case grpc::UNAUTHENTICATED: return "no valid token";
+    case grpc::UNAVAILABLE: return "server unavailable";
+    case grpc::DEADLINE_EXCEEDED: return "timed out";
+    case grpc::RESOURCE_EXHAUSTED: return "server over its limits";
+    case grpc::UNIMPLEMENTED: return "not supported by this server";
+    default: return "server error";
+  }
+}
+
+}  // namespace
+
 int FromStatus(const grpc::Status& s, std::string* err) {
   if (s.ok()) return kOk;
-  *err += absl::StrCat("twctl: ", s.error_message(), " (", s.error_code(), ")\n");
+  *err += absl::StrCat("twctl: ", s.error_message(), " (", CodeWords(s.error_code()), ")\n");
   if (s.error_code() == grpc::FAILED_PRECONDITION) return kRefused;
   if (s.error_code() == grpc::INVALID_ARGUMENT) return kUsage;
   return kError;

@@ -139,6 +139,8 @@ class IncidentShowCommand : public Command {
     }
     if (!s.approve_command().empty()) {
       absl::StrAppendFormat(&out, "\napprove with:\n  %s\n", s.approve_command());
+    } else if (!s.no_rollback().empty()) {
+      absl::StrAppendFormat(&out, "\n%s\n", s.no_rollback());
     }
     return out;
   }

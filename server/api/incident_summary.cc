@@ -168,13 +168,21 @@ void BuildSummary(const SummaryInputs& in, v1::DiagnosticSummary* s) {
     ra->set_description(absl::StrFormat("skip the batches of steps %d..%d on every rank",
                                         skip->first, skip->second));
   }
-  if (inc.tier >= 2) {
-    s->set_approve_command(absl::StrCat(
-        "twctl rollback approve ", inc.public_id(),
-        inc.recommended_checkpoint_step >= 0
-            ? absl::StrCat(" --to-step ", inc.recommended_checkpoint_step)
-            : "",
-        flags, " --comment \"...\""));
+  if (inc.tier >= 2 && inc.recommended_checkpoint_step >= 0) {
+    s->set_approve_command(absl::StrCat("twctl rollback approve ", inc.public_id(), " --to-step ",
+                                        inc.recommended_checkpoint_step, flags,
+                                        " --comment \"...\""));
+  } else if (inc.tier >= 2) {
+    // An approval needs a retained checkpoint: suggesting one would be
+    // refused.
+    s->set_no_rollback(absl::StrCat(
+        "no rollback can be approved: trainwatchd keeps no checkpoint of run ", inc.run_id,
+        " from before step ", inc.onset_step,
+        ". Checkpoints reach it from the agent (Agent.report_checkpoint), from trainwatch run "
+        "(torch.save and torch.distributed.checkpoint), and from twctl follow (Megatron's and "
+        "nanoGPT's save lines, a checkpoint column, --checkpoint-pattern). Without one: twctl "
+        "rollback reject ",
+        inc.public_id(), " --comment \"...\" records the decision and dismisses it"));
   }
   wire::SetTime(in.now_ms, s->mutable_generated_at());
 }

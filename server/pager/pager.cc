@@ -236,13 +236,13 @@ std::vector<OutboxRow> Pager::Rows(const IncidentRow& incident, const std::strin
             : incident.state == IncidentState::kAwaitingDecision ? "trigger"
                                                                  : "update";
   c.summary = summary;
-  if (incident.state == IncidentState::kAwaitingDecision) {
-    c.approve_command = absl::StrCat("twctl rollback approve ", incident.public_id(),
-                                     incident.recommended_checkpoint_step >= 0
-                                         ? absl::StrCat(" --to-step ",
-                                                        incident.recommended_checkpoint_step)
-                                         : "",
-                                     " --comment \"...\"");
+  // Without a checkpoint to roll back to, an approval would be refused:
+  // the page suggests none (twctl incident show says what can be done).
+  if (incident.state == IncidentState::kAwaitingDecision &&
+      incident.recommended_checkpoint_step >= 0) {
+    c.approve_command =
+        absl::StrCat("twctl rollback approve ", incident.public_id(), " --to-step ",
+                     incident.recommended_checkpoint_step, " --comment \"...\"");
   }
   if (!config_.grafana_url.empty()) {
     // The run's dashboard, from an hour before the incident to now.

@@ -71,7 +71,9 @@ struct PageContent {
   std::string event;  // "trigger", "update", "resolve"
   IncidentRow incident;
   std::string summary;          // one paragraph
-  std::string approve_command;  // empty when there is nothing to approve
+  // Empty when there is nothing to approve, or no checkpoint to approve a
+  // rollback to.
+  std::string approve_command;
   std::string dashboard_url;
 };
 

@@ -564,7 +564,8 @@ TEST_CASE("follow: the real excerpts piped on stdin are stored as replay reads t
   }
 }
 
-TEST_CASE("follow: a followed log's NaN is the server's halt recommended - with no divergence",
+TEST_CASE("follow: a followed log's NaN is the server's halt recommended - no divergence - a "
+          "suggestion that works",
           "[cli][follow]") {
   TempDir dir;
   Trainwatchd d(dir, "", "");
@@ -589,6 +590,24 @@ TEST_CASE("follow: a followed log's NaN is the server's halt recommended - with 
   CHECK(json.find("\"observed\":true") != std::string::npos);
   CHECK(json.find("\"decision_divergences\":\"0\"") != std::string::npos);
   CHECK(json.find("\"agent_decisions\":\"0\"") != std::string::npos);
+  // The run reported no checkpoint: incident show suggests no approval
+  // (it would be refused) but says why and what works, and that works.
+  Child show({TWCTL_PATH, "--server", d.address(), "incident", "show", "I-1"},
+             dir.File("show.txt"));
+  REQUIRE(show.Wait(20) == 0);
+  const std::string shown = ReadFile(dir.File("show.txt"));
+  INFO(shown);
+  CHECK(shown.find("approve with") == std::string::npos);
+  CHECK(shown.find("no rollback can be approved: trainwatchd keeps no checkpoint of run run-nan "
+                   "from before step 1200") != std::string::npos);
+  const std::string suggested = "twctl rollback reject I-1 --comment \"...\"";
+  REQUIRE(shown.find(suggested) != std::string::npos);
+  Child reject({TWCTL_PATH, "--server", d.address(), "rollback", "reject", "I-1", "--comment",
+                "no checkpoint: restarted by hand"},
+               dir.File("reject.txt"));
+  CHECK(reject.Wait(20) == 0);
+  INFO(ReadFile(dir.File("reject.txt")));
+  CHECK(QueryInt(d.db(), "SELECT count(*) FROM incidents WHERE closed_ms > 0") == 1);
 }
 
 TEST_CASE("follow: a Hugging Face log without bars takes --logging-steps", "[cli][follow]") {

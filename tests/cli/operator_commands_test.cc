@@ -389,7 +389,7 @@ TEST_CASE("runs and status against a fake: table and json and exit codes", "[cli
   fake.status = grpc::Status(grpc::NOT_FOUND, "no run run-b");
   Result missing = RunAlone(*status, {"run-b"}, &fake);
   CHECK(missing.code == kError);
-  CHECK(missing.err == "twctl: no run run-b (5)\n");
+  CHECK(missing.err == "twctl: no run run-b (not found)\n");
   CHECK(missing.out.empty());
   fake.status = grpc::Status(grpc::FAILED_PRECONDITION, "halted");
   CHECK(RunAlone(*status, {"run-b"}, &fake).code == kRefused);
@@ -598,7 +598,7 @@ TEST_CASE("rollback approve against a fake: the dry run then the approval", "[cl
   fake.status = grpc::Status(grpc::FAILED_PRECONDITION, "already rolling back");
   Result refused = RunAlone(*approve, {"I-1", "--yes", "--comment", "go"}, &fake);
   CHECK(refused.code == kRefused);
-  CHECK(refused.err == "twctl: already rolling back (9)\n");
+  CHECK(refused.err == "twctl: already rolling back (refused in this state)\n");
 
   auto reject = MakeRollbackRejectCommand();
   Result no_comment = RunAlone(*reject, {"I-1"}, &fake);
@@ -705,7 +705,7 @@ TEST_CASE("watch against a fake: a line per event until --count", "[cli][command
   fake.watch_end = grpc::Status(grpc::UNAVAILABLE, "gone");
   Result gone = RunAlone(*watch, {}, &fake);
   CHECK(gone.code == kError);
-  CHECK(gone.err == "twctl: gone (14)\n");
+  CHECK(gone.err == "twctl: gone (server unavailable)\n");
   Result bad = RunAlone(*watch, {"--count", "x"}, &fake);
   CHECK(bad.code == kUsage);
   CHECK(bad.err == "twctl watch: --count must be a whole number from 1 to 1000000000, not \"x\"\n");
@@ -926,7 +926,7 @@ TEST_CASE("output: a hostile run id and title reach the terminal escaped - and J
   const Result table = run("runs", {});
   CHECK(table.code == kError);
   CHECK_FALSE(raw_controls(table.err));
-  CHECK(table.err == "twctl: no run evil\\u001b[2J\\u000drun\\u009b (5)\n");
+  CHECK(table.err == "twctl: no run evil\\u001b[2J\\u000drun\\u009b (not found)\n");
 
   std::vector<std::string> lines;
   const Result watched = run("watch", {"--count", "1"}, &lines);

@@ -448,7 +448,7 @@ TEST_CASE("ha: a standby serves the operator's reads and sends agents and decisi
               &out, &err) == 1);
   CHECK(err.find("standby") != std::string::npos);
   CHECK(err.find("replica replica-a owns the runs") != std::string::npos);
-  CHECK(err.find("(10)") != std::string::npos);  // ABORTED
+  CHECK(err.find("(aborted: try again)") != std::string::npos);
   CHECK(Twctl({"rollback", "--server", b.address() + "," + a.address(), "reject", paged,
                "--comment", "drift is ok"},
               &out, &err) == 0);

@@ -414,6 +414,21 @@ TEST_CASE("pager alone: each receiver format - the URL - headers and body it pos
   CHECK(J(resolved[kSlackUrl].body).Find("text")->string.find("dismissed") != std::string::npos);
 }
 
+TEST_CASE("pager alone: with no checkpoint to roll back to a page suggests no approval",
+          "[server][pager]") {
+  PagerRig rig(FourReceivers());
+  IncidentRow i = Incident(8, IncidentState::kAwaitingDecision, rig.clock.NowMs());
+  i.recommended_checkpoint_step = -1;  // the run reported none before the onset
+  rig.Commit(i);
+  rig.pager->Start();
+  REQUIRE(rig.WaitCalls(4));
+  auto calls = ByUrl(rig.poster.calls());
+  const core::JsonValue am = J(calls["http://am.test:9093/api/v2/alerts"].body);
+  CHECK(am.array[0].Find("annotations")->Find("approve_command")->string == "");
+  CHECK(J(calls[kSlackUrl].body).Find("blocks")->array[0].Find("text")->Find("text")->string.find(
+            "Approve:") == std::string::npos);
+}
+
 TEST_CASE("pager alone: a failure status or transport error is retried with backoff",
           "[server][pager]") {
   PagerConfig config;

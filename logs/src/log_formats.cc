@@ -402,7 +402,7 @@ MetricsFormat DetectFormat(absl::string_view content) {
   absl::string_view raw;
   while (seen < 500 && lines.Next(&raw)) {
     const absl::string_view line = absl::StripAsciiWhitespace(raw);
-    if (line.empty()) continue;
+    if (line.empty() || line.front() == '#') continue;  // a comment says nothing of the format
     ++seen;
     // Before JSON lines: a Hugging Face dict starts with '{' too, but its
     // keys are quoted with '.

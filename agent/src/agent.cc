@@ -103,6 +103,8 @@ class Agent::Impl {
   // its own nonfinite gradient).
   void Queue(const StepInput& in, const core::StepRecord& rec,
              const internal::StepReduction& reduced, std::vector<uint64_t> gathered);
+  // The line a skip prints on rank 0 (stderr).
+  void AnnounceSkip(int64_t step) const;
 
   const AgentConfig config_;
   const std::unique_ptr<Reducer> reducer_;
@@ -171,6 +173,9 @@ absl::StatusOr<Verdict> Agent::Impl::Step(const StepInput& in) {
   rec.shard_names = in.shard_names;
   Keep(rec);
   if (absl::Status s = engine_->Judge(rec, &outcome_); !s.ok()) return s;
+  if (outcome_.verdict.decision == Decision::kSkipUpdate && origin_.rank == 0) {
+    AnnounceSkip(in.step);
+  }
   // A skipped or halted step: the bad batch may sit on any rank, so rank 0's
   // record carries every rank's shard ids. Every rank reached this same
   // verdict from the same numbers, so every rank joins this second
@@ -188,6 +193,20 @@ absl::StatusOr<Verdict> Agent::Impl::Step(const StepInput& in) {
   }
   if (config_.liveness) sender_.liveness().StepDone(in.step);
   return outcome_.verdict;
+}
+
+void Agent::Impl::AnnounceSkip(int64_t step) const {
+  // One line in the trainer's own output, from rank 0: a skipped update
+  // changes the run, and the person watching it should see why (the rule's
+  // reason carries the numbers). Rare by design, off the common path.
+  std::string reason;
+  for (const core::Event& e : outcome_.events) {
+    if (e.kind == outcome_.verdict.rule) reason = e.reason;
+  }
+  std::fprintf(stderr, "trainwatch: step %lld, tier %d%s: %s\n",
+               static_cast<long long>(step), outcome_.verdict.tier,
+               config_.observed ? " (observed: recommended, not applied)" : "",
+               reason.empty() ? "optimizer update skipped" : reason.c_str());
 }
 
 void Agent::Impl::Queue(const StepInput& in, const core::StepRecord& rec,

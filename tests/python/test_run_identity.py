@@ -102,16 +102,25 @@ class RunIdentityTest(unittest.TestCase):
         self.assertIn("TRAINWATCH_RUN_ID", err[0])
         rng = random.Random(3)
         decisions = {}
-        for step in range(91):
-            loss, ss, bad = 2.5 + 0.02 * rng.gauss(0, 1), rng.uniform(0.8, 1.2), 0
-            if step == 80:  # a bad batch
-                loss, ss = 6.0, 160.0
-            if step == 90:  # a numerical failure
-                bad = 3
-            decisions[step] = agent.step(step, loss=loss, grad_stats=(ss, bad, 1000)).decision
+        printed = []
+        with captured_stderr(printed):
+            for step in range(91):
+                loss, ss, bad = 2.5 + 0.02 * rng.gauss(0, 1), rng.uniform(0.8, 1.2), 0
+                if step == 80:  # a bad batch
+                    loss, ss = 6.0, 160.0
+                if step == 90:  # a numerical failure
+                    bad = 3
+                decisions[step] = agent.step(step, loss=loss, grad_stats=(ss, bad, 1000)).decision
         self.assertEqual(decisions[79], "continue")
         self.assertEqual(decisions[80], "skip_update")
         self.assertEqual(decisions[90], "halt")
+        # The skip says so in the trainer's output, once, with its numbers.
+        skips = [ln for ln in printed[0].splitlines() if ln.startswith("trainwatch: step ")]
+        self.assertEqual(len(skips), 1, printed[0])
+        self.assertTrue(skips[0].startswith("trainwatch: step 80, tier 1: data anomaly: grad_norm "),
+                        skips[0])
+        self.assertIn("nats over its EMA", skips[0])
+        self.assertIn("optimizer update skipped", skips[0])
         self.assertEqual(agent.stats().records_queued, 0)
 
 

@@ -465,6 +465,10 @@ void Sender::WriterLoop() {
   const int max_backoff_ms = rotation.addresses().size() > 1
                                  ? std::min(config_.reconnect_max_ms, kReplicasMaxBackoffMs)
                                  : config_.reconnect_max_ms;
+  // Since when no server has answered (the start, or the last answer), for
+  // the one warning that says where the records go meanwhile.
+  int64_t unanswered_since = clock_->NowMs();
+  bool warned_unanswered = false;
   std::vector<std::unique_ptr<v1::AgentService::Stub>> stubs;
   for (const std::string& address : rotation.addresses()) {
     stubs.push_back(StubFor(address, *creds, std::min(config_.reconnect_initial_ms, max_backoff_ms),
@@ -576,6 +580,24 @@ void Sender::WriterLoop() {
                    origin_.run_id.c_str(), address.c_str(),
                    finished.ok() ? "closed" : finished.error_message().c_str(),
                    rotation.address().c_str());
+    }
+    if (answered) {
+      unanswered_since = clock_->NowMs();
+      warned_unanswered = false;
+    } else if (!warned_unanswered && origin_.rank == 0 &&
+               clock_->NowMs() - unanswered_since >= kUnansweredWarnMs) {
+      warned_unanswered = true;
+      std::fprintf(stderr,
+                   "trainwatch agent (run %s): no trainwatchd has answered at %s for %lld s; "
+                   "verdicts go on locally, and the records wait %s until one answers\n",
+                   origin_.run_id.c_str(), config_.server_address.c_str(),
+                   static_cast<long long>((clock_->NowMs() - unanswered_since) / 1000),
+                   config_.spill_dir.empty()
+                       ? absl::StrCat("in memory (the last ", config_.memory_records,
+                                      "; older ones are dropped: set TRAINWATCH_SPILL_DIR to "
+                                      "keep them on disk)")
+                             .c_str()
+                       : absl::StrCat("in memory and in ", config_.spill_dir).c_str());
     }
     if (!next.back_off) continue;
     // Exponential backoff with full jitter.

@@ -38,6 +38,9 @@ inline constexpr int kClosingGraceMs = 200;
 
 class Sender {
  public:
+  // No server answering for this long is said once, on rank 0 (stderr).
+  static constexpr int64_t kUnansweredWarnMs = 30'000;
+
   // `spill` may be null (no spilling). Sends nothing until Start().
   Sender(const AgentConfig& config, Origin origin, std::unique_ptr<SpillStore> spill);
   ~Sender();  // Close(0)

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <limits>
 #include <memory>
 
@@ -271,6 +272,60 @@ TEST_CASE("sender: the heartbeat follows the clock", "[agent][sender][clock]") {
   clock.AdvanceMs(config.heartbeat_ms);
   CHECK(WaitUntil([&] { return fake.heartbeats > 0; }, seconds(5)));
   sender.Close(1000);
+}
+
+TEST_CASE("sender: no server answering for 30 s on the clock is said once - with where records go",
+          "[agent][sender][clock]") {
+  const int port = FreePort();  // nobody listens there
+  FakeClock clock;
+  AgentConfig config = Config(port);
+  config.clock = &clock;
+  // What the agent writes to fd 2 goes to a file for the test's span.
+  char path[] = "/tmp/tw_sender_stderr_XXXXXX";
+  const int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  std::fflush(stderr);
+  const int saved = dup(2);
+  dup2(fd, 2);
+  auto said = [&] {
+    std::FILE* f = std::fopen(path, "r");
+    std::string text;
+    char buf[4096];
+    size_t n;
+    while (f != nullptr && (n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+    if (f != nullptr) std::fclose(f);
+    return text;
+  };
+  const std::string warning = "no trainwatchd has answered at 127.0.0.1:" + std::to_string(port);
+  {
+    Sender sender(config, kOrigin, nullptr);
+    sender.Start();
+    std::this_thread::sleep_for(milliseconds(500));  // many failed dials, no time on the clock
+    const bool early = said().find(warning) != std::string::npos;
+    clock.AdvanceMs(Sender::kUnansweredWarnMs);
+    const bool warned = WaitUntil([&] { return said().find(warning) != std::string::npos; },
+                                  seconds(10));
+    std::this_thread::sleep_for(milliseconds(500));  // more failed dials: no second line
+    clock.AdvanceMs(Sender::kUnansweredWarnMs);
+    std::this_thread::sleep_for(milliseconds(500));
+    sender.Close(0);
+    std::fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    const std::string text = said();
+    std::remove(path);
+    close(fd);
+    INFO(text);
+    CHECK_FALSE(early);
+    REQUIRE(warned);
+    size_t count = 0;
+    for (size_t at = text.find(warning); at != std::string::npos; at = text.find(warning, at + 1)) {
+      ++count;
+    }
+    CHECK(count == 1);
+    CHECK(text.find("the records wait in memory (the last 16384; older ones are dropped: set "
+                    "TRAINWATCH_SPILL_DIR to keep them on disk)") != std::string::npos);
+  }
 }
 
 TEST_CASE("sender: a write stalled past the timeout on the clock is cancelled",

@@ -8,6 +8,7 @@
 #   wheel.sh SOURCE_DIR OUT   ->  OUT/dist/trainwatch-*.whl (one)
 set -euo pipefail
 src=$1 out=$2
+mkdir -p "$out"
 rm -rf "$out/dist"
 /usr/bin/python3 "$src/scripts/build_wheels.py" --python 3.11 --build "$out" --out "$out/dist" \
   >"$out/wheel.log" 2>&1 || { tail -60 "$out/wheel.log"; echo "FAIL: building the wheel"; exit 1; }

@@ -277,8 +277,8 @@ def benches(build, out_dir, smoke):
     # The wheel the torch environments install (make test builds it), else
     # make wheels' of the same Python.
     footprint = script(os.path.join(ROOT, "bench", "agent", "wheel_footprint.py"))
-    wheels = sorted(glob.glob(b("pyenv", "dist", "trainwatch-*-cp311-*.whl")) +
-                    glob.glob(os.path.join(ROOT, "dist", "trainwatch-*-cp311-*.whl")))
+    wheels = sorted(glob.glob(b("pyenv", "dist", "trainwatch_agent-*-cp311-*.whl")) +
+                    glob.glob(os.path.join(ROOT, "dist", "trainwatch_agent-*-cp311-*.whl")))
     out.append(("wheel", footprint and wheels and [PY, footprint, wheels[0]]
                 + (["--rounds", "3"] if smoke else []), None))
     follow = script(os.path.join(ROOT, "bench", "follow", "follow_throughput.sh"))

@@ -36,7 +36,7 @@ venv, version = sys.argv[1], sys.argv[2]
 where = os.path.realpath(trainwatch.__file__)
 assert where.startswith(os.path.realpath(venv) + os.sep), f"imported from {where}"
 assert trainwatch.__version__ == version, (trainwatch.__version__, version)
-assert importlib.metadata.version("trainwatch") == version
+assert importlib.metadata.version("trainwatch-agent") == version
 agent = trainwatch.Agent(server="", run_id="import-check")
 assert agent.step(0, loss=2.0).decision == "continue"
 agent.close()
@@ -60,7 +60,7 @@ echo "== the README's Python quick start, installed package, real trainwatchd"
 echo "== a wheel, into a second venv"
 (cd "$tmp/src" && "$tmp/venv/bin/python" -m build --wheel --no-isolation --outdir "$tmp/dist" \
   >"$tmp/wheel.log" 2>&1) || { tail -60 "$tmp/wheel.log"; echo "FAIL: building the wheel"; exit 1; }
-wheel=$(ls "$tmp"/dist/trainwatch-"$version"-*.whl)
+wheel=$(ls "$tmp"/dist/trainwatch_agent-"$version"-*.whl)
 $py -m venv "$tmp/venv2"
 "$tmp/venv2/bin/python" -m pip install --no-index "$wheel" >"$tmp/pip2.log" 2>&1 ||
   { cat "$tmp/pip2.log"; echo "FAIL: installing $wheel"; exit 1; }

@@ -22,7 +22,7 @@ cleanup() {
 trap cleanup EXIT
 unset PYTHONPATH
 
-wheel=$(ls "$wheels"/trainwatch-"$version"-"$tag"-"$tag"-manylinux_*.whl)
+wheel=$(ls "$wheels"/trainwatch_agent-"$version"-"$tag"-"$tag"-manylinux_*.whl)
 echo "== $(basename "$wheel"): $(du -k "$wheel" | cut -f1) KiB"
 "$repair" -m auditwheel show "$wheel" | tee "$tmp/show.txt"
 tr '\n' ' ' <"$tmp/show.txt" | grep -q 'consistent with the following platform tag: "manylinux_2_34_x86_64"' ||
@@ -34,17 +34,17 @@ py=$(ls -d "$HOME"/.pyenv/versions/"$pyver".*/bin/python"$pyver" | sort -V | tai
 site=$("$tmp/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
 echo "== what its native files need: glibc, the C++ runtime, or what the wheel carries"
-for f in "$site"/trainwatch/_trainwatch.*.so "$site"/trainwatch.libs/*; do
+for f in "$site"/trainwatch/_trainwatch.*.so "$site"/trainwatch_agent.libs/*; do
   for lib in $(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
     case $lib in
       libc.so.6|libm.so.6|libpthread.so.0|libdl.so.2|librt.so.1|ld-linux-x86-64.so.2) ;;
       libstdc++.so.6|libgcc_s.so.1|libz.so.1) ;;  # in every manylinux policy
-      *) [ -e "$site/trainwatch.libs/$lib" ] ||
+      *) [ -e "$site/trainwatch_agent.libs/$lib" ] ||
            { echo "FAIL: $(basename "$f") needs $lib, which the wheel lacks"; exit 1; } ;;
     esac
   done
 done
-ls "$site/trainwatch.libs" | tr '\n' ' '; echo
+ls "$site/trainwatch_agent.libs" | tr '\n' ' '; echo
 
 mkdir "$tmp/elsewhere"
 cd "$tmp/elsewhere"
@@ -67,7 +67,7 @@ lib='lib(grpc|gpr|upb|protobuf|absl|cares|re2|address_sorting)'
 if cat "$tmp"/ld* | grep -E "calling init: /(usr/)?lib.*/$lib"; then
   echo "FAIL: the lines above are the system's copies"; exit 1
 fi
-cat "$tmp"/ld* | grep -E "calling init: .*/trainwatch.libs/libgrpc\+\+-" | head -n 1 | grep -q . ||
+cat "$tmp"/ld* | grep -E "calling init: .*/trainwatch_agent.libs/libgrpc\+\+-" | head -n 1 | grep -q . ||
   { echo "FAIL: the wheel's gRPC was not loaded"; exit 1; }
 
 echo "== twctl from the venv: replay, and status against a real trainwatchd"

@@ -14,7 +14,7 @@ venv="$out/$name"
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 "$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
   >"$site/trainwatch_test_base.pth"
-wheel=$(ls "$out"/dist/trainwatch-*.whl)
+wheel=$(ls "$out"/dist/trainwatch_agent-*.whl)
 "$venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps --no-index \
   --force-reinstall "$wheel"
 # From a folder outside the tree: the installed package, not the sources.

@@ -5,11 +5,11 @@
 # work folder (OUT/wheels: the build tools, one CMake folder) is kept, so a
 # second make test rebuilds only what changed. CUDA is left out: these
 # environments run on the CPU, and the kernels are tested in the main build.
-#   wheel.sh SOURCE_DIR OUT   ->  OUT/dist/trainwatch-*.whl (one)
+#   wheel.sh SOURCE_DIR OUT   ->  OUT/dist/trainwatch_agent-*.whl (one)
 set -euo pipefail
 src=$1 out=$2
 mkdir -p "$out"
 rm -rf "$out/dist"
 /usr/bin/python3 "$src/scripts/build_wheels.py" --python 3.11 --build "$out" --out "$out/dist" \
   >"$out/wheel.log" 2>&1 || { tail -60 "$out/wheel.log"; echo "FAIL: building the wheel"; exit 1; }
-ls "$out"/dist/trainwatch-*.whl
+ls "$out"/dist/trainwatch_agent-*.whl

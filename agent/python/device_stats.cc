@@ -287,9 +287,42 @@ class DeviceStats {
 }  // namespace
 #endif  // TRAINWATCH_KERNELS_HAVE_CUDA
 
-void RegisterDeviceStats(py::module_& m) {
+namespace {
+
+// Whether a CUDA device can run the kernels here, asked once: a CUDA build
+// on a machine with nvcc and no GPU, or with a driver older than the build's
+// runtime, has none.
+bool CudaUsable() {
 #if TRAINWATCH_KERNELS_HAVE_CUDA
-  m.attr("has_cuda") = true;
+  static const bool usable = [] {
+    int count = 0;
+    const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+    cudaGetLastError();  // clears a failed call's sticky-free error
+    return ok;
+  }();
+  return usable;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+void RegisterDeviceStats(py::module_& m) {
+  // `has_cuda` is read on first use (a module __getattr__, PEP 562), not at
+  // import: asking for devices starts the CUDA driver, which an import (twctl
+  // runs through this module too) must not do.
+  m.def("__getattr__", [](const std::string& name) -> py::object {
+    if (name == "has_cuda") return py::bool_(CudaUsable());
+    throw py::attribute_error("module 'trainwatch._trainwatch' has no attribute '" + name + "'");
+  });
+  m.def("__dir__", [m]() {
+    py::list names = py::list(m.attr("__dict__").attr("keys")());
+    names.append("has_cuda");
+    return names;
+  });
+#if TRAINWATCH_KERNELS_HAVE_CUDA
+  m.attr("built_with_cuda") = true;
   py::class_<DeviceStats>(m, "DeviceStats",
                           "Grad stats and log Z of CUDA tensors by the fused kernels, on the "
                           "caller's stream, with one device-to-host copy per finish(). Not "
@@ -309,7 +342,7 @@ void RegisterDeviceStats(py::module_& m) {
       .def_property_readonly("pending_logits", &DeviceStats::pending_logits)
       .def_property_readonly("host_copies", &DeviceStats::host_copies);
 #else
-  m.attr("has_cuda") = false;
+  m.attr("built_with_cuda") = false;
 #endif
 }
 

@@ -2,7 +2,7 @@
 // tensors by kernels/' one-pass kernels (GradStatsGpuPlan, LogitStatsGpu),
 // launched on the trainer's stream, with one device-to-host copy per
 // optimizer step. trainwatch.torch's Guard uses it for CUDA tensors of the
-// kernels' dtypes when the module was built with CUDA (has_cuda), and torch
+// kernels' dtypes when the module was built with CUDA (built_with_cuda), and torch
 // operations otherwise.
 //
 // Depends on pybind11, DLPack (dlpack_view.h) and trainwatch::kernels only,
@@ -16,8 +16,9 @@
 
 namespace trainwatch::python {
 
-// Adds `has_cuda` (bool: whether this build has the CUDA kernels) and, when
-// it does, the class `DeviceStats` to `m`.
+// Adds `built_with_cuda` (bool: whether this build has the CUDA kernels), the
+// lazily read `has_cuda` (bool: built with them, and a CUDA device can run
+// them here) and, in a CUDA build, the class `DeviceStats` to `m`.
 void RegisterDeviceStats(pybind11::module_& m);
 
 }  // namespace trainwatch::python

@@ -1,5 +1,6 @@
 // incidents, incident show, watch: what fired, why, and as it happens.
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -15,6 +16,35 @@
 
 namespace trainwatch::cli {
 namespace {
+
+// The most runs of consecutive ids `incident show` writes out.
+constexpr int kShownIdRuns = 8;
+
+// Suspect shard ids as runs of consecutive ids, with their count:
+// "7, 19..21, 30 (5 shards)". The bounding range alone ("7..30") would read
+// as 24 shards.
+std::string ShardIdRuns(const google::protobuf::RepeatedField<uint64_t>& ids) {
+  std::vector<uint64_t> v(ids.begin(), ids.end());
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  std::vector<std::string> runs;
+  int total_runs = 0;
+  for (size_t i = 0; i < v.size();) {
+    size_t j = i;
+    while (j + 1 < v.size() && v[j + 1] == v[j] + 1) ++j;
+    if (++total_runs <= kShownIdRuns) {
+      runs.push_back(i == j ? absl::StrCat(v[i]) : absl::StrCat(v[i], "..", v[j]));
+    }
+    i = j + 1;
+  }
+  std::string out = absl::StrJoin(runs, ", ");
+  if (total_runs > kShownIdRuns) {
+    absl::StrAppend(&out, ", ... (", total_runs - kShownIdRuns, " runs more; --output json lists "
+                    "them)");
+  }
+  absl::StrAppend(&out, " (", v.size(), v.size() == 1 ? " shard)" : " shards)");
+  return out;
+}
 
 class IncidentsCommand : public Command {
  public:
@@ -102,10 +132,9 @@ class IncidentShowCommand : public Command {
       }
       out += "\n";
     }
-    if (s.suspect_shards().ranges_size() > 0) {
-      const auto& r = s.suspect_shards().ranges(0);
-      absl::StrAppendFormat(&out, "shards onset..detection: %d..%d (%d ids)\n", r.first(), r.last(),
-                            s.suspect_shards().shard_ids_size());
+    if (s.suspect_shards().shard_ids_size() > 0) {
+      absl::StrAppend(&out, "shards onset..detection: ", ShardIdRuns(s.suspect_shards().shard_ids()),
+                      "\n");
     }
     if (s.suspect_shards().names_size() > 0) {
       absl::StrAppendFormat(&out, "named shards onset..detection: %s\n",

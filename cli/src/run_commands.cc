@@ -72,7 +72,18 @@ std::string StandbyNote(const v1::StandbyAnswer& s) {
 
 class RunsCommand : public Command {
  public:
-  RunsCommand() : Command(CommandSpec("runs", "", "the runs and their state", {}).Connecting()) {}
+  RunsCommand()
+      : Command(CommandSpec("runs", "", "the runs and their state", {})
+                    .Connecting()
+                    .WithNotes("states:\n"
+                               "  running       an agent of the run is connected\n"
+                               "  halted        its last evaluated step was halted\n"
+                               "  rolling_back  an approved rollback's command is in flight\n"
+                               "  finished      every rank's agent closed: the trainer ended, or a\n"
+                               "                followed log's writer exited\n"
+                               "  stale         its agents went silent without closing (killed,\n"
+                               "                host or network lost), or trainwatchd restarted\n"
+                               "                since it ended\n")) {}
 
   int Execute(const Args& args, Context& ctx) const override {
     v1::ListRunsResponse resp;

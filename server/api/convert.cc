@@ -90,8 +90,9 @@ void RunToProto(const RunView& s, int32_t ranks_connected, int64_t now_ms, v1::R
   // recommendation, and the run trains on.
   const bool halted = !s.row.observed && s.has_latest &&
                       s.latest.decision == static_cast<int>(core::Decision::kHalt);
-  out->set_state(halted ? v1::RUN_STATE_HALTED
+  out->set_state(halted                ? v1::RUN_STATE_HALTED
                  : ranks_connected > 0 ? v1::RUN_STATE_RUNNING
+                 : s.liveness.ended    ? v1::RUN_STATE_FINISHED
                                        : v1::RUN_STATE_STALE);
 }
 

@@ -73,8 +73,11 @@ void Liveness::OnHeartbeat(const v1::Heartbeat& h, int64_t now) {
   if (h.closing() || h.untimed()) {  // the rank's job ended (its silence is not a
                                      // loss), or it does not time its steps
     run.ranks.erase(h.rank());
+    // The run ended when its last rank closed.
+    run.ended = h.closing() && run.ranks.empty();
     return;
   }
+  run.ended = run.end_shown = false;
   run.from_log = h.from_log();
   auto [it, added] = run.ranks.try_emplace(h.rank());
   RankLiveness& r = it->second;
@@ -238,9 +241,12 @@ void Liveness::Check(int64_t now, const std::function<RunState*(const std::strin
         r.published = view.ranks_alive > 0;
         if (views_ != nullptr) views_->SetLiveness(it->first, std::move(view));
       }
-    } else if (r.published) {  // its last agent closed: nothing to show
-      r.published = false;
-      if (views_ != nullptr) views_->SetLiveness(it->first, LivenessView());
+    } else if (r.published || r.ended != r.end_shown) {  // its last agent closed:
+      r.published = false;                                 // only that to show
+      r.end_shown = r.ended;
+      LivenessView view;
+      view.ended = r.ended;
+      if (views_ != nullptr) views_->SetLiveness(it->first, std::move(view));
     }
     ++it;
   }

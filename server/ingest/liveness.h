@@ -107,6 +107,8 @@ class Liveness {
     int32_t straggler_paged = -1;  // the rank its open incident names
     bool published = false;        // a view with ranks heard from
     bool from_log = false;         // followed from its log
+    bool ended = false;            // its ranks closed, and none has been heard since
+    bool end_shown = false;        // its view says `ended`
   };
   bool Alive(const RankLiveness& r, int64_t now) const;
   int64_t Bound(const Run& run, int64_t now) const;

@@ -36,7 +36,7 @@ void RunViews::Set(const std::string& run_id, RunView view) {
 
 void RunViews::SetLiveness(const std::string& run_id, LivenessView liveness) {
   absl::MutexLock lock(&mu_);
-  if (liveness.ranks_alive == 0) {
+  if (liveness.ranks_alive == 0 && !liveness.ended) {
     liveness_.erase(run_id);
   } else {
     liveness_[run_id] = std::move(liveness);

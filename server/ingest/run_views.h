@@ -43,6 +43,9 @@ struct LivenessView {
   // this trainwatchd first saw it step, in [0, 1]; -1: not known yet.
   double goodput = -1;
   std::vector<RankTiming> slowest;  // the slowest ranks, slowest first (at most 5)
+  // Every rank's agent closed (its last heartbeat said so): the job ended,
+  // rather than went silent. Kept while no rank is alive.
+  bool ended = false;
 };
 
 struct RunView {

@@ -38,6 +38,7 @@ class FakeClient : public OperatorClient {
   v1::ListQuarantinedShardsResponse quarantined;
   v1::RejectRollbackResponse reject;
   std::vector<v1::IncidentEvent> events;
+  v1::GetIncidentResponse incident;
   grpc::Status watch_end = grpc::Status(grpc::DEADLINE_EXCEEDED, "deadline");
 
   int calls = 0;
@@ -64,8 +65,9 @@ class FakeClient : public OperatorClient {
     ++calls;
     return status;
   }
-  grpc::Status GetIncident(const v1::GetIncidentRequest&, v1::GetIncidentResponse*) override {
+  grpc::Status GetIncident(const v1::GetIncidentRequest&, v1::GetIncidentResponse* resp) override {
     ++calls;
+    *resp = incident;
     return status;
   }
   grpc::Status ApproveRollback(const v1::ApproveRollbackRequest& req,
@@ -438,6 +440,29 @@ TEST_CASE("runs and status from a standby replica say so - and what it cannot kn
   CHECK(RunAlone(*MakeRunsCommand(), {}, &fake).out.find("standby") == std::string::npos);
   CHECK(RunAlone(*MakeStatusCommand(), {"run-a"}, &fake).out.find("0 of 8 ranks connected") !=
         std::string::npos);
+}
+
+TEST_CASE("incident show counts suspect shards as they are - not their bounding range",
+          "[cli][commands][shards]") {
+  auto show = MakeIncidentShowCommand();
+  FakeClient fake;
+  fake.incident.mutable_incident()->set_incident_id("I-1");
+  v1::ShardSet* shards =
+      fake.incident.mutable_incident()->mutable_summary()->mutable_suspect_shards();
+  for (uint64_t id : {30, 7, 19, 20, 21, 7}) shards->add_shard_ids(id);
+  Result r = RunAlone(*show, {"I-1"}, &fake);
+  CHECK(r.code == kOk);
+  CHECK(r.out.find("shards onset..detection: 7, 19..21, 30 (5 shards)\n") != std::string::npos);
+  shards->clear_shard_ids();
+  shards->add_shard_ids(42);
+  CHECK(RunAlone(*show, {"I-1"}, &fake).out.find("shards onset..detection: 42 (1 shard)\n") !=
+        std::string::npos);
+  // Many scattered ids: the first runs, and how many more.
+  shards->clear_shard_ids();
+  for (uint64_t id = 0; id < 40; id += 2) shards->add_shard_ids(id);
+  CHECK(RunAlone(*show, {"I-1"}, &fake).out.find(
+            "shards onset..detection: 0, 2, 4, 6, 8, 10, 12, 14, ... (12 runs more; --output json "
+            "lists them) (20 shards)\n") != std::string::npos);
 }
 
 TEST_CASE("report against a fake: every attempt's history in one page", "[cli][commands]") {

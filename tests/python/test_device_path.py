@@ -2,7 +2,7 @@
 numbers of a float64 torch reference.
 
 Runs everywhere: the build reports whether it has the CUDA kernels
-(_trainwatch.has_cuda, as CMake configured it), the choice of path, and the
+(_trainwatch.built_with_cuda, as CMake configured it; has_cuda, a device to run them), the choice of path, and the
 torch-operations fallback (what CUDA tensors get without a CUDA build, or in
 a dtype the kernels do not read) against the host kernels on the same
 gradients and logits. [gpu] cases (skipped without CUDA): the fused kernels'
@@ -23,7 +23,7 @@ import trainwatch.torch as twt
 import trainwatch._stats as tws  # which path reads a step's tensors
 from trainwatch import _trainwatch
 
-GPU = torch.cuda.is_available() and _trainwatch.has_cuda
+GPU = torch.cuda.is_available() and _trainwatch.built_with_cuda
 GPU_REASON = "[gpu] needs a CUDA device and a CUDA build"
 
 
@@ -102,20 +102,29 @@ def run_step(model, dtype, device, bad_values, on_device, ignore_index=-1, guard
 
 
 class HasCudaTest(unittest.TestCase):
-    def test_has_cuda_is_what_the_build_configured(self):
-        expected = os.environ.get("TRAINWATCH_EXPECT_HAS_CUDA")
+    def test_built_with_cuda_is_what_the_build_configured(self):
+        expected = os.environ.get("TRAINWATCH_EXPECT_BUILT_WITH_CUDA")
         if expected is None:
-            self.skipTest("TRAINWATCH_EXPECT_HAS_CUDA not set (run through CTest)")
-        self.assertIs(_trainwatch.has_cuda, expected.upper() in ("1", "ON", "TRUE"))
-        self.assertEqual(hasattr(_trainwatch, "DeviceStats"), _trainwatch.has_cuda)
+            self.skipTest("TRAINWATCH_EXPECT_BUILT_WITH_CUDA not set (run through CTest)")
+        built = expected.upper() in ("1", "ON", "TRUE")
+        self.assertIs(_trainwatch.built_with_cuda, built)
+        self.assertEqual(hasattr(_trainwatch, "DeviceStats"), built)
 
-    @unittest.skipUnless(_trainwatch.has_cuda and not torch.cuda.is_available(),
+    def test_has_cuda_says_whether_a_device_can_run_the_kernels(self):
+        # A CUDA build on a machine without a GPU (this one) has none.
+        self.assertIs(_trainwatch.has_cuda,
+                      _trainwatch.built_with_cuda and torch.cuda.is_available())
+        self.assertIn("has_cuda", dir(_trainwatch))
+        with self.assertRaises(AttributeError):
+            _trainwatch.no_such_attribute  # noqa: B018
+
+    @unittest.skipUnless(_trainwatch.built_with_cuda and not torch.cuda.is_available(),
                          "needs a CUDA build on a machine without a device")
     def test_device_stats_without_a_device_is_a_clear_error(self):
         with self.assertRaisesRegex(RuntimeError, "no usable CUDA device"):
             _trainwatch.DeviceStats()
 
-    @unittest.skipUnless(_trainwatch.has_cuda and not torch.cuda.is_available(),
+    @unittest.skipUnless(_trainwatch.built_with_cuda and not torch.cuda.is_available(),
                          "needs a CUDA build on a machine without a device")
     def test_kernels_that_cannot_run_fall_back_to_torch_with_a_warning(self):
         fake = types.SimpleNamespace(is_cuda=True, dtype=torch.float32,
@@ -132,14 +141,14 @@ class HasCudaTest(unittest.TestCase):
                                          device=types.SimpleNamespace(index=index))
         with mock.patch.object(torch.cuda, "current_device", return_value=0), \
                 mock.patch.object(tws, "_CUDA_KERNELS", True):
-            with mock.patch.object(tws, "_HAS_CUDA", True):
+            with mock.patch.object(tws, "_BUILT_WITH_CUDA", True):
                 for dtype in (torch.float32, torch.bfloat16, torch.float16):
                     self.assertTrue(tws._fused_cuda([fake(dtype)]), dtype)
                 self.assertFalse(tws._fused_cuda([fake(torch.float32), fake(torch.float64)]))
                 self.assertFalse(tws._fused_cuda([fake(torch.float32, index=1)]))
                 self.assertFalse(tws._fused_cuda([torch.zeros(3)]))
                 self.assertFalse(tws._fused_cuda([]))
-            with mock.patch.object(tws, "_HAS_CUDA", False):
+            with mock.patch.object(tws, "_BUILT_WITH_CUDA", False):
                 self.assertFalse(tws._fused_cuda([fake(torch.float32)]))
 
 

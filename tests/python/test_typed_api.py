@@ -144,7 +144,7 @@ class StubTest(unittest.TestCase):
                      and not n.target.id.startswith("_")} | {"__version__"}
         native = {n for n in dir(_trainwatch) if not n.startswith("__")} | {"__version__"}
         declared = set(functions) | variables | {c for c in classes if c != "DeviceStatsResult"}
-        if not _trainwatch.has_cuda:
+        if not _trainwatch.built_with_cuda:
             declared.discard("DeviceStats")  # only in a CUDA build
         self.assertEqual(declared, native)
         for name, fn in functions.items():

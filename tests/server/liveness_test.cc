@@ -219,6 +219,30 @@ TEST_CASE("liveness: a rank whose heartbeats stop is lost - not stuck - and a cl
   CHECK(changes[0].first.title == title + " (heard from again)");
 }
 
+TEST_CASE("liveness: a run ends when every rank's agent closes - not when some are silent",
+          "[server][liveness]") {
+  LivenessFixture f;
+  for (int s = 0; s < 20; ++s) f.Healthy(s * 500, s);
+  f.Check(10'000);
+  CHECK_FALSE(f.view().ended);
+  // Ranks 0 to 2 close; rank 3 is silent (killed): the run has not ended.
+  for (int r = 0; r < 3; ++r) f.Beat(r, 10'100, 19, v1::PHASE_UNSPECIFIED, "", 500, true);
+  f.Check(10'200);
+  CHECK_FALSE(f.view().ended);
+  // Rank 3 closes too: ended, and said once the ranks are gone.
+  f.Beat(3, 10'300, 19, v1::PHASE_UNSPECIFIED, "", 500, true);
+  f.Check(10'400);
+  CHECK(f.view().ended);
+  CHECK(f.view().ranks_alive == 0);
+  f.Check(20'000);
+  CHECK(f.view().ended);
+  // A new launch heartbeats: the run is no longer ended.
+  f.Beat(0, 30'000, -1);
+  f.Check(30'100);
+  CHECK_FALSE(f.view().ended);
+  CHECK(f.view().ranks_alive == 1);
+}
+
 TEST_CASE("liveness: ranks that stop seconds apart at the job's end are not lost",
           "[server][liveness]") {
   RunRow row = LivenessFixture::Row();

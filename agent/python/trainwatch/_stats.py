@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 import torch as _torch
 
 from . import _trainwatch
-from ._trainwatch import has_cuda as _HAS_CUDA
+from ._trainwatch import built_with_cuda as _BUILT_WITH_CUDA
 
 # (name, sum of squares, nonfinite, elements) of one gradient.
 TensorRow = Tuple[str, float, int, int]
@@ -21,7 +21,7 @@ GradKw = dict[str, Any]
 
 
 def _DeviceStats() -> _trainwatch.DeviceStats:
-    """kernels/' CUDA path (only in a CUDA build: has_cuda)."""
+    """kernels/' CUDA path (only in a CUDA build: built_with_cuda)."""
     return _trainwatch.DeviceStats()
 
 
@@ -48,7 +48,7 @@ def _cuda_kernels_usable() -> bool:
 def _fused_cuda(tensors: Sequence[_torch.Tensor]) -> bool:
     """Whether kernels/' CUDA path takes these tensors: a CUDA build, and
     every tensor on the current CUDA device in a dtype the kernels read."""
-    if not _HAS_CUDA or not tensors:
+    if not _BUILT_WITH_CUDA or not tensors:
         return False
     if not all(t.is_cuda and t.dtype in _KERNEL_DTYPES for t in tensors):
         return False

@@ -10,6 +10,9 @@ from . import Decision
 
 __version__: str
 # Whether this build has the CUDA kernels (DeviceStats).
+built_with_cuda: bool
+# Built with them, and a CUDA device can run them on this machine (asked on
+# first read, not at import).
 has_cuda: bool
 
 # A gradient or logits tensor, read in place through DLPack (a torch.Tensor).
@@ -115,7 +118,7 @@ class DeviceStatsResult(TypedDict):
     log_z_nonfinite_rows: int
     loss: Optional[float]
 
-# Only in a CUDA build (has_cuda).
+# Only in a CUDA build (built_with_cuda).
 class DeviceStats:
     def __init__(self) -> None: ...
     def add_logits(self, logits: _Tensor, labels: Optional[_Tensor] = None,

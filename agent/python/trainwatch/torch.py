@@ -33,7 +33,7 @@ shards are all of theirs::
 
 Host tensors are read in place by the package's statistics kernels. CUDA
 tensors in float32, bfloat16 or float16 go through the same kernels' CUDA
-versions when the package was built with CUDA (trainwatch._trainwatch.has_cuda):
+versions when the package was built with CUDA (trainwatch._trainwatch.built_with_cuda):
 one pass over the gradients and one over each micro-batch's logits, on
 torch.cuda.current_stream(), and one small copy of the numbers (gradients,
 log Z and loss together) to the host per optimizer step, in observe(). That

@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   cmake g++ make pkg-config
-  libabsl-dev
+  libabsl-dev libre2-dev  # libre2-dev: --pattern (logs/)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libsqlite3-dev prometheus-cpp-dev libcurl4-openssl-dev
   libpq-dev postgresql-15  # the PostgreSQL backend; its tests start real clusters

@@ -19,6 +19,7 @@
 #include "follow_stream.h"
 #include "trainwatch/logs/lines.h"
 #include "operator_client.h"
+#include "trainwatch/logs/line_pattern.h"
 #include "trainwatch/logs/trace_builder.h"
 
 namespace trainwatch::cli {
@@ -34,6 +35,7 @@ using logs::MetricsFormat;
 using logs::NewLineParser;
 using logs::ParseColumnMap;
 using logs::ParseFormatName;
+using logs::ReadOptions;
 using logs::ScalarEvent;
 using logs::SignalOfTag;
 using logs::TraceBuilder;
@@ -45,8 +47,10 @@ using core::Signal;
 volatile std::sig_atomic_t g_stop_signal = 0;
 void OnStopSignal(int sig) { g_stop_signal = sig; }
 
-// Lines buffered to detect the format before the first is parsed.
+// Lines buffered to detect the format before the first is parsed; after
+// kUnknownNoteLines unknown ones, a note says how to give --pattern.
 constexpr int kDetectLines = 500;
+constexpr int kUnknownNoteLines = 50;
 
 struct Progress {
   int64_t lines = 0;
@@ -57,25 +61,37 @@ struct Progress {
 // Everything one follow needs between polls.
 class Follower {
  public:
-  Follower(std::string source, MetricsFormat format, ColumnMap map, int64_t logging_steps,
-           CheckpointMatcher matcher, FollowStream* stream)
+  // `options`: the format (kAuto: detected), the column map, logging steps
+  // and the pattern.
+  Follower(std::string source, ReadOptions options, CheckpointMatcher matcher,
+           FollowStream* stream)
       : source_(std::move(source)),
-        format_(format),
-        map_(std::move(map)),
-        logging_steps_(logging_steps),
+        format_(options.format),
+        options_(std::move(options)),
         matcher_(std::move(matcher)),
         stream_(stream) {}
 
-  // One line of a text source.
+  // One line of a text source. An error: no format matched (nothing was
+  // sent; a guess would report a wrong run as followed).
   absl::Status Line(absl::string_view line) {
     ++progress_.lines;
     if (parser_ != nullptr) return Parse(line);
-    return Detect(line) ? ParseHeld() : absl::OkStatus();
+    if (Detect(line)) return ParseHeld();
+    if (held_lines_ >= kDetectLines) return Unknown();
+    if (held_lines_ == kUnknownNoteLines && !unknown_noted_) {
+      unknown_noted_ = true;
+      std::fprintf(stderr, "twctl follow: still looking for a known format after %d lines: %s\n",
+                   kUnknownNoteLines,
+                   std::string(logs::UnknownFormatError(source_, held_).message()).c_str());
+    }
+    return absl::OkStatus();
   }
   // The stream ended or restarted: what was held for detection is parsed.
   absl::Status EndOfStream() {
     if (parser_ == nullptr && !held_.empty()) {
-      Choose(DetectFormat(held_));
+      const MetricsFormat f = DetectFormat(held_);
+      if (f == MetricsFormat::kAuto) return Unknown();
+      Choose(f);
       if (absl::Status s = ParseHeld(); !s.ok()) return s;
     }
     if (parser_ == nullptr) return absl::OkStatus();
@@ -126,7 +142,7 @@ class Follower {
     }
     for (const ScalarEvent::Value& v : e.values) {
       Signal s;
-      if (SignalOfTag(v.tag, map_, &s) != kUnmappedTag) pending_.Set(s, v.value);
+      if (SignalOfTag(v.tag, options_.column_map, &s) != kUnmappedTag) pending_.Set(s, v.value);
     }
     return absl::OkStatus();
   }
@@ -137,6 +153,8 @@ class Follower {
   }
   const Progress& progress() const { return progress_; }
   MetricsFormat format() const { return format_; }
+  // No known format matched the lines: a usage error (give --pattern).
+  bool unknown_format() const { return unknown_; }
   // A CSV's first line is its header: a new one means the file was
   // rewritten (FileTail::WatchFirstLine).
   bool HeaderFirst() const {
@@ -145,6 +163,10 @@ class Follower {
   }
 
  private:
+  absl::Status Unknown() {
+    unknown_ = true;
+    return logs::UnknownFormatError(source_, held_);
+  }
   bool Detect(absl::string_view line) {
     absl::StrAppend(&held_, line, "\n");
     const absl::string_view stripped = absl::StripAsciiWhitespace(line);
@@ -153,6 +175,7 @@ class Follower {
     MetricsFormat f = format_;
     if (f == MetricsFormat::kAuto) {
       f = DetectFormat(held_);
+      if (f == MetricsFormat::kAuto) return false;
       // A CSV is told by its header, the first line; a log by a metric line
       // among the first kDetectLines.
       if (f == MetricsFormat::kJsonLines && held_lines_ < kDetectLines &&
@@ -166,7 +189,7 @@ class Follower {
         const bool header = held_lines_ == 1 && absl::StrContains(stripped, ",") &&
                             !absl::StartsWith(stripped, "{'") &&
                             absl::StrContains(absl::AsciiStrToLower(stripped), "step");
-        if (!header && held_lines_ < kDetectLines) return false;
+        if (!header) return false;  // not a CSV; perhaps a log's line comes
         f = MetricsFormat::kGenericCsv;
       } else if (f == MetricsFormat::kDeepSpeed && held_lines_ < kDetectLines) {
         // DeepSpeed's lines come before a trainer's first metric line (the
@@ -186,7 +209,7 @@ class Follower {
     NewParser();
   }
   void NewParser() {
-    parser_ = NewLineParser(format_, source_, map_, logging_steps_);
+    parser_ = NewLineParser(format_, source_, options_);
     builder_ = std::make_unique<TraceBuilder>(source_);
   }
   absl::Status ParseHeld() {
@@ -234,8 +257,7 @@ class Follower {
 
   std::string source_;
   MetricsFormat format_;
-  ColumnMap map_;
-  int64_t logging_steps_;
+  ReadOptions options_;
   CheckpointMatcher matcher_;
   FollowStream* stream_;
   std::unique_ptr<LineParser> parser_;
@@ -248,6 +270,7 @@ class Follower {
   core::StepRecord pending_;  // the TensorBoard step being gathered
   bool have_pending_ = false;
   Progress progress_;
+  bool unknown_ = false, unknown_noted_ = false;
 };
 
 // `live`: a status while following, which says when the server is away.
@@ -278,6 +301,9 @@ class FollowCommand : public Command {
                       "a Hugging Face Trainer log without progress bars: its k-th loss "
                       "line is step k * N"),
                  Flag("map", "SIGNAL=NAME,...", "columns or tags to signals, as replay's"),
+                 Flag("pattern", "TEMPLATE|REGEX",
+                      "the job's own line format: 'step {step}/{} | loss {loss}', or a regex "
+                      "with groups (?<step>..) (?<loss>..)"),
                  Flag("checkpoint-pattern", "REGEX",
                       "a line announcing a checkpoint: one group the step, (?<path>..) its uri"),
                  Flag("drain-timeout", "SECONDS",
@@ -312,8 +338,13 @@ class FollowCommand : public Command {
                     "A malformed line is reported\n"
                     "and read past. SIGINT/SIGTERM: what was read is sent and acknowledged\n"
                     "(up to --drain-timeout), then a summary.\n"
+                    "--pattern describes lines no reader knows: a template, {NAME} a number\n"
+                    "(step, loss, grad_norm, log_z, nan_frac, lr, ...), {} any text, a space\n"
+                    "one or more; or an RE2 regex with those names as groups. A source whose\n"
+                    "first 500 lines match no format stops with the formats tried.\n"
                     "Exit codes: 0 every record acknowledged; 1 records unacknowledged or lost,\n"
-                    "or the source failed; 2 usage, or lines rejected as malformed.\n")) {}
+                    "or the source failed; 2 usage, no known format, or lines rejected as\n"
+                    "malformed.\n")) {}
 
   int Execute(const Args& args, Context& ctx) const override {
     auto usage = [&](absl::string_view what) {
@@ -327,11 +358,19 @@ class FollowCommand : public Command {
     if (!ParseFormatName(args.Get("format", "auto"), &format)) {
       return usage(absl::StrCat("unknown --format ", args.Get("format")));
     }
-    ColumnMap map;
+    ReadOptions read;
     if (args.Has("map")) {
       absl::StatusOr<ColumnMap> m = ParseColumnMap(args.Get("map"));
       if (!m.ok()) return usage(m.status().message());
-      map = *std::move(m);
+      read.column_map = *std::move(m);
+    }
+    if (args.Has("pattern")) {
+      if (format != MetricsFormat::kAuto) return usage("give --pattern or --format, not both");
+      absl::StatusOr<std::shared_ptr<const logs::LinePattern>> p =
+          logs::LinePattern::Compile(args.Get("pattern"));
+      if (!p.ok()) return usage(p.status().message());
+      format = MetricsFormat::kPattern;
+      read.pattern = *std::move(p);
     }
     absl::StatusOr<int64_t> drain = args.GetInt("drain-timeout", 30, 0, 3600);
     absl::StatusOr<int64_t> interval = args.GetInt("status-interval", 5, 0, 86400);
@@ -386,8 +425,10 @@ class FollowCommand : public Command {
     g_stop_signal = 0;
     std::signal(SIGINT, OnStopSignal);
     std::signal(SIGTERM, OnStopSignal);
-    Follower follower(source == "-" ? "<stdin>" : source, format, map, *logging_steps,
-                      *std::move(matcher), &stream);
+    read.format = format;
+    read.logging_steps = *logging_steps;
+    Follower follower(source == "-" ? "<stdin>" : source, std::move(read), *std::move(matcher),
+                      &stream);
     const bool events = format == MetricsFormat::kTensorBoard;
     int rc = kOk;
     const absl::Time start = absl::Now();
@@ -398,7 +439,7 @@ class FollowCommand : public Command {
     const absl::Time read_done = absl::Now();
     if (!failed.ok()) {
       std::fprintf(stderr, "twctl follow: %s\n", std::string(failed.message()).c_str());
-      rc = kError;
+      rc = follower.unknown_format() ? kUsage : kError;
     }
     const bool all_acked = stream.Close();
     const absl::Time closed = absl::Now();
@@ -407,8 +448,10 @@ class FollowCommand : public Command {
     const FollowCounts c = stream.Counts();
     *ctx.err += StatusLine(source, follower.progress(), c, events, false);
     absl::StrAppendFormat(ctx.err, "twctl follow: %s, format %s; %s\n",
-                          g_stop_signal != 0 ? "stopped by a signal" : "source ended",
-                          FormatName(follower.format()),
+                          g_stop_signal != 0 ? "stopped by a signal"
+                          : failed.ok()      ? "source ended"
+                                             : "stopped",
+                          follower.unknown_format() ? "unknown" : FormatName(follower.format()),
                           all_acked ? "every record acknowledged"
                                     : absl::StrCat(c.sent - c.acked, " records not acknowledged"));
     const double read_s = absl::ToDoubleSeconds(read_done - start);

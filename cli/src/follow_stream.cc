@@ -1,6 +1,7 @@
 #include "follow_stream.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -108,78 +109,30 @@ bool FollowStream::Close() {
   return retired_.sent == retired_.acked;
 }
 
-namespace {
-
-// A `(?<name>` or `(?P<name>` at `i`: its length, else 0.
-size_t NamedGroupAt(const std::string& p, size_t i, std::string* name) {
-  size_t start;
-  if (p.compare(i, 3, "(?<") == 0 && i + 3 < p.size() && p[i + 3] != '=' && p[i + 3] != '!') {
-    start = i + 3;
-  } else if (p.compare(i, 4, "(?P<") == 0) {
-    start = i + 4;
-  } else {
-    return 0;
-  }
-  const size_t end = p.find('>', start);
-  if (end == std::string::npos) return 0;
-  *name = p.substr(start, end - start);
-  return end + 1 - i;
-}
-
-}  // namespace
-
 absl::StatusOr<CheckpointMatcher> CheckpointMatcher::Create(const std::string& pattern,
                                                             bool megatron) {
   CheckpointMatcher m;
   m.megatron_ = megatron;
   if (pattern.empty()) return m;
-  // std::regex has no named groups: (?<path>...) becomes a plain group whose
-  // number is remembered. Groups are counted as the regex numbers them.
-  std::string plain;
-  int groups = 0;
-  bool in_class = false;
-  for (size_t i = 0; i < pattern.size(); ++i) {
-    const char c = pattern[i];
-    if (c == '\\' && i + 1 < pattern.size()) {
-      plain += pattern.substr(i, 2);
-      ++i;
-      continue;
+  absl::StatusOr<logs::NamedRegex> re = logs::NamedRegex::Compile(pattern, "--checkpoint-pattern");
+  if (!re.ok()) return re.status();
+  for (const auto& [name, group] : re->named()) {
+    if (name != "path") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--checkpoint-pattern: unknown group name \"", name, "\" (only path is read)"));
     }
-    if (in_class) {
-      in_class = c != ']';
-      plain += c;
-      continue;
-    }
-    if (c == '[') in_class = true;
-    std::string name;
-    if (const size_t len = c == '(' ? NamedGroupAt(pattern, i, &name) : 0; len > 0) {
-      ++groups;
-      if (name != "path") {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--checkpoint-pattern: unknown group name \"", name, "\" (only path is read)"));
-      }
-      m.path_group_ = groups;
-      plain += '(';
-      i += len - 1;
-      continue;
-    }
-    if (c == '(' && (i + 1 >= pattern.size() || pattern[i + 1] != '?')) {
-      ++groups;
-      if (m.step_group_ == 0) m.step_group_ = groups;
-    }
-    plain += c;
+    m.path_group_ = group;
+  }
+  // The step: the first group without a name.
+  for (int g = 1; g <= re->groups() && m.step_group_ == 0; ++g) {
+    if (g != m.path_group_) m.step_group_ = g;
   }
   if (m.step_group_ == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--checkpoint-pattern \"", pattern,
         "\" has no capture group for the step, e.g. 'saved checkpoint at step (\\d+)'"));
   }
-  try {
-    m.regex_ = std::make_shared<const std::regex>(plain, std::regex::ECMAScript);
-  } catch (const std::regex_error& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--checkpoint-pattern \"", pattern, "\" is not a regex: ", e.what()));
-  }
+  m.regex_ = std::make_shared<const logs::NamedRegex>(*std::move(re));
   return m;
 }
 
@@ -208,10 +161,12 @@ bool CheckpointMatcher::Match(absl::string_view line, int64_t* step, std::string
     }
   }
   if (regex_ == nullptr) return false;
-  std::match_results<absl::string_view::const_iterator> match;
-  if (!std::regex_search(line.begin(), line.end(), match, *regex_)) return false;
-  if (!absl::SimpleAtoi(match.str(step_group_), step) || *step < 0) return false;
-  *uri = path_group_ > 0 && match[path_group_].matched ? match.str(path_group_) : match.str(0);
+  std::vector<absl::string_view> match;
+  if (!regex_->Search(line, &match)) return false;
+  if (!absl::SimpleAtoi(match[static_cast<size_t>(step_group_)], step) || *step < 0) return false;
+  const absl::string_view path = path_group_ > 0 ? match[static_cast<size_t>(path_group_)]
+                                                 : absl::string_view();
+  *uri = std::string(path.data() != nullptr ? path : match[0]);
   return true;
 }
 

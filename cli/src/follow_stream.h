@@ -19,7 +19,6 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <regex>
 #include <string>
 
 #include "absl/status/status.h"
@@ -27,6 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "trainwatch/agent/agent.h"
 #include "trainwatch/core/step_record.h"
+#include "trainwatch/logs/line_pattern.h"
 
 namespace trainwatch::cli {
 
@@ -99,7 +99,7 @@ class FollowStream {
 
 class CheckpointMatcher {
  public:
-  // `pattern`: ECMAScript regex with one capture group for the step and
+  // `pattern`: an RE2 regex with one capture group for the step and
   // optionally a group named path, written (?<path>...) or (?P<path>...);
   // empty: none. `megatron`: also Megatron-LM's own line.
   static absl::StatusOr<CheckpointMatcher> Create(const std::string& pattern, bool megatron);
@@ -110,7 +110,7 @@ class CheckpointMatcher {
 
  private:
   bool megatron_ = false;
-  std::shared_ptr<const std::regex> regex_;
+  std::shared_ptr<const logs::NamedRegex> regex_;
   int step_group_ = 0, path_group_ = 0;
 };
 

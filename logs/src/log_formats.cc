@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "trainwatch/logs/lines.h"
 #include "trainwatch/logs/trace_builder.h"
 
@@ -397,13 +398,29 @@ std::unique_ptr<LineParser> NewNanoGptParser(absl::string_view source) {
 
 MetricsFormat DetectFormat(absl::string_view content) {
   int seen = 0;
-  bool deepspeed = false;
+  bool deepspeed = false, csv_header = false;
   LineReader lines(content);
   absl::string_view raw;
   while (seen < 500 && lines.Next(&raw)) {
     const absl::string_view line = absl::StripAsciiWhitespace(raw);
     if (line.empty() || line.front() == '#') continue;  // a comment says nothing of the format
-    ++seen;
+    // A CSV's first line is its header: a step column among its names, or
+    // names only (the CSV reader then says which column it lacks), not a
+    // printed config ("lr=3e-4, steps=400") or numbers.
+    if (++seen == 1 && absl::StrContains(line, ',')) {
+      bool step = false, names = true;
+      for (absl::string_view name : absl::StrSplit(line, ',')) {
+        name = absl::StripAsciiWhitespace(name);
+        if (name.size() >= 2 && name.front() == '"' && name.back() == '"') {
+          name = name.substr(1, name.size() - 2);
+        }
+        step |= IsStepColumn(absl::AsciiStrToLower(name));
+        names &= !name.empty() && !absl::ascii_isdigit(static_cast<unsigned char>(name[0])) &&
+                 name[0] != '-' && name[0] != '.' && !absl::StrContains(name, '=') &&
+                 !absl::StrContains(name, ": ");
+      }
+      csv_header = step || names;
+    }
     // Before JSON lines: a Hugging Face dict starts with '{' too, but its
     // keys are quoted with '.
     if (const MetricsFormat f = FrameworkLineFormat(raw); f != MetricsFormat::kAuto) return f;
@@ -429,8 +446,32 @@ MetricsFormat DetectFormat(absl::string_view content) {
     deepspeed = deepspeed || IsDeepSpeedLine(line);
   }
   // DeepSpeed's lines with no trainer's line among the first 500: they are
-  // the log. Else none of the logs: a CSV with a header.
-  return deepspeed ? MetricsFormat::kDeepSpeed : MetricsFormat::kCsv;
+  // the log. Else none of the logs: a CSV with a header, or nothing known.
+  if (deepspeed) return MetricsFormat::kDeepSpeed;
+  return csv_header ? MetricsFormat::kCsv : MetricsFormat::kAuto;
+}
+
+absl::Status UnknownFormatError(absl::string_view source, absl::string_view content) {
+  // The first line that names a loss (the one to describe), else the first.
+  LineReader lines(content);
+  absl::string_view raw, first, with_loss;
+  for (int seen = 0; with_loss.empty() && seen < 500 && lines.Next(&raw);) {
+    const absl::string_view line = absl::StripAsciiWhitespace(raw);
+    if (line.empty() || line.front() == '#') continue;
+    ++seen;
+    if (first.empty()) first = line;
+    if (absl::StrContains(absl::AsciiStrToLower(line), "loss")) with_loss = line;
+  }
+  if (!with_loss.empty()) first = with_loss;
+  constexpr size_t kShown = 100;
+  std::string shown(first.substr(0, kShown));
+  if (first.size() > kShown) shown += "...";
+  return absl::InvalidArgumentError(absl::StrCat(
+      source, ": no known format in its first lines (tried: llm.c, step:S/N, Megatron-LM, nanoGPT, "
+      "DeepSpeed, Hugging Face Trainer, torchtitan, Composer, NeMo, JSON lines, a CSV whose "
+      "header names a step column); a line: \"", shown, "\". Describe the lines with --pattern, a template "
+      "such as 'step {step}/{} | loss {loss} | gnorm {grad_norm}' ({NAME} a number, {} any "
+      "text) or a regex with named groups (?<step>...) (?<loss>...); or name the --format"));
 }
 
 }  // namespace trainwatch::logs

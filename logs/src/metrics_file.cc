@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "trainwatch/logs/tensorboard.h"
 #include "trainwatch/core/json.h"
+#include "trainwatch/logs/line_pattern.h"
 #include "trainwatch/logs/lines.h"
 #include "trainwatch/logs/trace_builder.h"
 
@@ -34,6 +35,14 @@ core::StepRecord Trace::Record(size_t i) const {
   if (r.checkpoint >= 0) rec.checkpoint_uri = checkpoints_[static_cast<size_t>(r.checkpoint)];
   if (r.loss_scale_set) rec.SetLossScale(r.loss_scale, r.loss_scale_overflow);
   return rec;
+}
+
+bool IsStepColumn(absl::string_view lower) {
+  for (absl::string_view n : {"step", "_step", "global_step", "iteration", "iter",
+                              "trainer/global_step", "train/step"}) {
+    if (lower == n) return true;
+  }
+  return false;
 }
 
 namespace {
@@ -103,15 +112,6 @@ absl::Status SplitCsv(absl::string_view line, absl::string_view source, int line
     if (i >= line.size()) return absl::OkStatus();
     ++i;  // the comma
   }
-}
-
-// Column names that mean the step, in exports of common tools.
-bool IsStepColumn(absl::string_view lower) {
-  for (absl::string_view n : {"step", "_step", "global_step", "iteration", "iter",
-                              "trainer/global_step", "train/step"}) {
-    if (lower == n) return true;
-  }
-  return false;
 }
 
 // strict: trainwatch's own CSV (the five columns required, names exact).
@@ -453,6 +453,8 @@ absl::string_view FormatName(MetricsFormat f) {
       return "composer";
     case MetricsFormat::kNemo:
       return "nemo";
+    case MetricsFormat::kPattern:
+      return "pattern";
   }
   return "unknown";
 }
@@ -520,6 +522,7 @@ absl::StatusOr<Trace> ParseMetrics(absl::string_view content, absl::string_view 
                 "NeMo)");
     }
     format = DetectFormat(content);
+    if (format == MetricsFormat::kAuto) return UnknownFormatError(source, content);
     // Detected CSV is read leniently: our five columns are found by name like
     // any export's, and an absent one is unknown. --format csv is strict.
     if (format == MetricsFormat::kCsv) format = MetricsFormat::kGenericCsv;
@@ -527,7 +530,7 @@ absl::StatusOr<Trace> ParseMetrics(absl::string_view content, absl::string_view 
   if (format == MetricsFormat::kTensorBoard) {
     return ParseEventFiles({EventFileData{std::string(source), content}}, options.column_map);
   }
-  return ParseLines(content, source, format, options.column_map, options.logging_steps);
+  return ParseLines(content, source, format, options);
 }
 
 namespace {
@@ -535,7 +538,8 @@ namespace {
 // The reader of one format's own lines (nullptr for kAuto, kTensorBoard and
 // kDeepSpeed).
 std::unique_ptr<LineParser> NewTrainerParser(MetricsFormat format, absl::string_view source,
-                                             const ColumnMap& map, int64_t logging_steps) {
+                                             const ReadOptions& options) {
+  const ColumnMap& map = options.column_map;
   switch (format) {
     case MetricsFormat::kCsv:
       return NewCsvParser(source, /*strict=*/true, map);
@@ -552,7 +556,7 @@ std::unique_ptr<LineParser> NewTrainerParser(MetricsFormat format, absl::string_
     case MetricsFormat::kNanoGpt:
       return NewNanoGptParser(source);
     case MetricsFormat::kHfTrainer:
-      return NewHfTrainerParser(source, logging_steps);
+      return NewHfTrainerParser(source, options.logging_steps);
     case MetricsFormat::kHfTrainerState:
       return NewHfTrainerStateParser(source);
     case MetricsFormat::kTorchTitan:
@@ -561,6 +565,8 @@ std::unique_ptr<LineParser> NewTrainerParser(MetricsFormat format, absl::string_
       return NewComposerParser(source);
     case MetricsFormat::kNemo:
       return NewNemoParser(source);
+    case MetricsFormat::kPattern:
+      return options.pattern == nullptr ? nullptr : NewPatternParser(options.pattern, source);
     case MetricsFormat::kAuto:
     case MetricsFormat::kTensorBoard:
     case MetricsFormat::kDeepSpeed:
@@ -572,7 +578,7 @@ std::unique_ptr<LineParser> NewTrainerParser(MetricsFormat format, absl::string_
 }  // namespace
 
 std::unique_ptr<LineParser> NewLineParser(MetricsFormat format, absl::string_view source,
-                                          const ColumnMap& map, int64_t logging_steps) {
+                                          const ReadOptions& options) {
   // A trainer's text log carries DeepSpeed's loss-scaler lines between its
   // own; CSV, JSON lines and trainer_state.json are exports, which do not.
   // Composer's records are whole only at the line after their block, too
@@ -585,18 +591,18 @@ std::unique_ptr<LineParser> NewLineParser(MetricsFormat format, absl::string_vie
     case MetricsFormat::kHfTrainer:
     case MetricsFormat::kTorchTitan:
     case MetricsFormat::kNemo:
-      return NewDeepSpeedLayer(source, NewTrainerParser(format, source, map, logging_steps));
+    case MetricsFormat::kPattern:
+      return NewDeepSpeedLayer(source, NewTrainerParser(format, source, options));
     case MetricsFormat::kDeepSpeed:
       return NewDeepSpeedLayer(source, nullptr);
     default:
-      return NewTrainerParser(format, source, map, logging_steps);
+      return NewTrainerParser(format, source, options);
   }
 }
 
 absl::StatusOr<Trace> ParseLines(absl::string_view content, absl::string_view source,
-                                 MetricsFormat format, const ColumnMap& map,
-                                 int64_t logging_steps) {
-  std::unique_ptr<LineParser> parser = NewLineParser(format, source, map, logging_steps);
+                                 MetricsFormat format, const ReadOptions& options) {
+  std::unique_ptr<LineParser> parser = NewLineParser(format, source, options);
   if (parser == nullptr) return absl::InternalError("not a line format");
   TraceBuilder b(source);
   if (format == MetricsFormat::kCsv || format == MetricsFormat::kGenericCsv ||

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/status/status.h"
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "trainwatch/logs/line_pattern.h"
 #include "trainwatch/logs/lines.h"
 #include "trainwatch/logs/tensorboard.h"
 #include "trainwatch/core/json.h"
@@ -284,8 +286,9 @@ std::string FormatSummaryJson(const ReplayResult& r) {
 namespace {
 
 constexpr char kReplayUsage[] =
-    "usage: twctl replay FILE|DIR [--config FILE] [--format FORMAT] [--map SIGNAL=COLUMN,...]\n"
-    "                         [--logging-steps N] [-o table|json] [--summary] [--print-config]\n"
+    "usage: twctl replay FILE|DIR [--config FILE] [--format FORMAT | --pattern TEMPLATE|REGEX]\n"
+    "                         [--map SIGNAL=COLUMN,...] [--logging-steps N] [-o table|json]\n"
+    "                         [--summary] [--print-config]\n"
     "Replays a run's metrics through the rule engine that runs in the agent and the\n"
     "server, and prints one event per line ('-' reads stdin).\n"
     "Formats, detected from the content unless --format says:\n"
@@ -326,6 +329,11 @@ constexpr char kReplayUsage[] =
     "             (loss, train/loss, Loss/train, grad_norm, lr, ...) or mapped:\n"
     "             --map loss=train/total_loss. A torn final record is a warning\n"
     "             (the rest is replayed); a bad CRC is an error naming file and offset\n"
+    "A log in none of these formats (the first 500 lines say) is an error naming them.\n"
+    "--pattern describes your own lines instead: a template such as\n"
+    "  'step {step}/{} | loss {loss} | gnorm {grad_norm} | lr {lr}'\n"
+    "({NAME} a number: step, loss, grad_norm, log_z, nan_frac, lr, ...; {} any text; a\n"
+    "space one or more), or an RE2 regex with those names as groups (?<step>\\d+).\n"
     "Metrics a log never reports are unknown: the rules that need them stay silent and\n"
     "each event lists them under lacked_signals. A nan or inf the log writes is a\n"
     "report: a numerical failure (tier 3), even when the metric was never finite.\n"
@@ -358,6 +366,7 @@ bool ReadAll(const std::string& path, String* content) {
 
 int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::string* err) {
   std::string file, config_path, output = "table", format = "auto", map_spec, logging_steps;
+  std::optional<std::string> pattern;
   bool summary = false, print_config = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -386,6 +395,10 @@ int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::s
       ok = value(&map_spec);
     } else if (a.rfind("--map=", 0) == 0) {
       map_spec = a.substr(6);
+    } else if (a == "--pattern") {
+      ok = value(&pattern.emplace());
+    } else if (a.rfind("--pattern=", 0) == 0) {
+      pattern = a.substr(10);
     } else if (a == "--logging-steps") {
       ok = value(&logging_steps);
     } else if (a.rfind("--logging-steps=", 0) == 0) {
@@ -419,6 +432,19 @@ int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::s
                      " (auto, csv, wandb-csv, jsonl, llmc, steplog, megatron, nanogpt, deepspeed,\n"
                      " hf, hf-state, torchtitan, composer, nemo, lightning, tensorboard)\n");
     return 2;
+  }
+  if (pattern.has_value()) {
+    if (read.format != MetricsFormat::kAuto) {
+      *err = "twctl replay: give --pattern or --format, not both\n";
+      return 2;
+    }
+    absl::StatusOr<std::shared_ptr<const LinePattern>> p = LinePattern::Compile(*pattern);
+    if (!p.ok()) {
+      *err = absl::StrCat("twctl replay: ", p.status().message(), "\n");
+      return 2;
+    }
+    read.format = MetricsFormat::kPattern;
+    read.pattern = *std::move(p);
   }
   if (!logging_steps.empty() &&
       (!absl::SimpleAtoi(logging_steps, &read.logging_steps) || read.logging_steps < 1)) {

@@ -19,11 +19,13 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "testing/event_file_writer.h"
 #include "stack.h"
 #include "test_util.h"
 #include "testing/wait.h"
 #include "trainwatch/core/event.h"
+#include "trainwatch/logs/line_pattern.h"
 #include "trainwatch/logs/metrics_file.h"
 
 namespace trainwatch::cli {
@@ -72,8 +74,8 @@ std::vector<Row> Stored(const std::string& db, const std::string& run) {
 }
 
 // What replay reads from the whole log, as rows of one attempt per restart.
-std::vector<Row> Replayed(const std::string& content, MetricsFormat format) {
-  ReadOptions options;
+std::vector<Row> Replayed(const std::string& content, MetricsFormat format,
+                          ReadOptions options = ReadOptions()) {
   options.format = format;
   absl::StatusOr<Trace> trace = ParseMetrics(content, "log", options);
   REQUIRE(trace.ok());
@@ -767,6 +769,71 @@ TEST_CASE("follow: a malformed line is named and read past and the exit says so"
   CHECK(Stored(d.db(), "run-bad").size() == 9);
 }
 
+// A script's own print format, as a user's small training loop writes it:
+// a clock, padded step/total, '|' separated metrics.
+std::string Bracketed(int64_t from, int64_t to) {
+  std::string out = "using device cpu, 1.2M parameters\n";
+  for (int64_t s = from; s < to; ++s) {
+    out += absl::StrFormat("[11:%02d:%02d] step %5d/%d | loss %.4f | gnorm %.3f | lr %.1e | %.1fs\n",
+                           s / 60 % 60, s % 60, s, to, 4.5 / (1 + s * 0.01),
+                           0.9 + 0.001 * s, 3e-3, s * 0.1);
+  }
+  return out;
+}
+
+TEST_CASE("follow: --pattern reads a print format no reader knows - as replay --pattern does",
+          "[cli][follow][formats]") {
+  TempDir dir;
+  Trainwatchd d(dir, "", "");
+  const std::string content = Bracketed(0, 200);
+  const std::string log = dir.File("train.log");
+  std::ofstream(log) << content;
+  const std::vector<std::pair<std::string, std::string>> patterns = {
+      {"template", "step {step}/{} | loss {loss} | gnorm {grad_norm} | lr {lr}"},
+      {"regex", R"(step\s+(?<step>\d+)/\d+ \| loss (?<loss>\S+) \| gnorm (?P<grad_norm>\S+))"}};
+  for (const auto& [name, pattern] : patterns) {
+    INFO(name);
+    const std::string run = "run-" + name;
+    Child follow({TWCTL_PATH, "follow", log, "--run", run, "--server", d.address(),
+                  "--status-interval", "0", "--pattern", pattern},
+                 dir.File(name + ".out"));
+    // A file is followed until stopped: stop once every step is stored.
+    REQUIRE(WaitRows(d.db(), run, 200));
+    ::kill(follow.pid(), SIGTERM);
+    REQUIRE(follow.Wait(20) == 0);
+    const std::string out = ReadFile(dir.File(name + ".out"));
+    INFO(out);
+    CHECK(out.find("format pattern") != std::string::npos);
+    ReadOptions read;
+    absl::StatusOr<std::shared_ptr<const logs::LinePattern>> p = logs::LinePattern::Compile(pattern);
+    REQUIRE(p.ok());
+    read.pattern = *p;
+    const std::vector<Row> stored = Stored(d.db(), run);
+    RequireSame(stored, Replayed(content, MetricsFormat::kPattern, read));
+    CHECK(stored[10].grad_norm == Approx(0.910));
+  }
+}
+
+TEST_CASE("follow: a format no reader knows stops with the formats tried - nothing guessed",
+          "[cli][follow][formats]") {
+  TempDir dir;
+  Trainwatchd d(dir, "", "");
+  std::ofstream(dir.File("train.log")) << Bracketed(0, 40);
+  const std::string cmd = "exec '" TWCTL_PATH "' follow - --run run-unknown --server " +
+                          d.address() + " --status-interval 0 < '" + dir.File("train.log") + "'";
+  Child follow({"/bin/sh", "-c", cmd}, dir.File("follow.log"));
+  const int rc = follow.Wait(20);
+  const std::string out = ReadFile(dir.File("follow.log"));
+  INFO(out);
+  CHECK(rc == 2);
+  CHECK(out.find("no known format in its first lines (tried: llm.c,") != std::string::npos);
+  CHECK(out.find("a line: \"[11:00:00] step     0/40 | loss 4.5000") != std::string::npos);
+  CHECK(out.find("--pattern") != std::string::npos);
+  CHECK(out.find("format unknown") != std::string::npos);
+  CHECK(out.find("source ended") == std::string::npos);
+  CHECK(Stored(d.db(), "run-unknown").empty());
+}
+
 TEST_CASE("follow: bad flags are usage errors naming them", "[cli][follow]") {
   TempDir dir;
   auto run = [&](std::vector<std::string> argv) {
@@ -784,6 +851,13 @@ TEST_CASE("follow: bad flags are usage errors naming them", "[cli][follow]") {
   auto [rc3, out3] = run({"-", "--run", "x", "--max-in-flight", "3"});
   CHECK(rc3 == 2);
   CHECK(out3.find("--max-in-flight") != std::string::npos);
+  auto [rc4, out4] = run({"-", "--run", "x", "--pattern", "step {step} gnorm {gnorm}"});
+  CHECK(rc4 == 2);
+  CHECK(out4.find("unknown field \"gnorm\"") != std::string::npos);
+  auto [rc5, out5] = run({"-", "--run", "x", "--pattern", "step {step} loss {loss}", "--format",
+                          "llmc"});
+  CHECK(rc5 == 2);
+  CHECK(out5.find("give --pattern or --format, not both") != std::string::npos);
 }
 
 }  // namespace

@@ -72,6 +72,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -82,6 +83,8 @@
 #include "trainwatch/core/step_record.h"
 
 namespace trainwatch::logs {
+
+class LinePattern;
 
 enum class MetricsFormat {
   kAuto,
@@ -99,11 +102,12 @@ enum class MetricsFormat {
   kTorchTitan,
   kComposer,
   kNemo,
+  kPattern,  // the user's own (ReadOptions::pattern, --pattern: line_pattern.h)
 };
 
 // "auto", "csv", "wandb-csv", "jsonl", "llmc", "steplog", "megatron",
 // "tensorboard", "nanogpt", "deepspeed", "hf", "hf-state", "torchtitan",
-// "composer", "nemo".
+// "composer", "nemo", "pattern" (not a --format value: --pattern gives it).
 absl::string_view FormatName(MetricsFormat f);
 bool ParseFormatName(absl::string_view name, MetricsFormat* out);
 
@@ -121,6 +125,8 @@ struct ReadOptions {
   // progress bars (kHfTrainer): its k-th loss line is step k * logging_steps.
   // 0: unknown (the bars must say).
   int64_t logging_steps = 0;
+  // With kPattern: the user's line format.
+  std::shared_ptr<const LinePattern> pattern;
 };
 
 // A parsed file. Records are views into its storage: keep the Trace alive

@@ -136,13 +136,13 @@ class LineParser {
 // kStepLog, kMegatron, kNanoGpt or kDeepSpeed (kAuto and kTensorBoard are
 // not line formats: nullptr); a trainer's log is read with DeepSpeed's lines
 // in it (NewDeepSpeedLayer). `source` names the input in errors and must outlive the parser.
-// `logging_steps`: ReadOptions::logging_steps, for kHfTrainer.
+// `options`: the column map, logging_steps (kHfTrainer) and the pattern
+// (kPattern); its format is not read.
 std::unique_ptr<LineParser> NewLineParser(MetricsFormat format, absl::string_view source,
-                                          const ColumnMap& map, int64_t logging_steps = 0);
+                                          const ReadOptions& options = ReadOptions());
 // A whole text read by NewLineParser(format).
 absl::StatusOr<Trace> ParseLines(absl::string_view content, absl::string_view source,
-                                 MetricsFormat format, const ColumnMap& map,
-                                 int64_t logging_steps = 0);
+                                 MetricsFormat format, const ReadOptions& options = ReadOptions());
 
 // Text-log readers (log_formats.cc). Each reads only its own metric lines
 // and reads past everything else a trainer prints.
@@ -182,11 +182,19 @@ std::unique_ptr<LineParser> NewDeepSpeedLayer(absl::string_view source,
 // step=N, skipped=K), for format detection.
 bool IsDeepSpeedLine(absl::string_view line);
 // CSV and JSON lines (metrics_file.cc).
+// Column names that mean the step in exports of common tools (`lower`: the
+// name in lower case): step, _step, global_step, iteration, ...
+bool IsStepColumn(absl::string_view lower);
 std::unique_ptr<LineParser> NewCsvParser(absl::string_view source, bool strict,
                                          const ColumnMap& map);
 std::unique_ptr<LineParser> NewJsonLinesParser(absl::string_view source);
-// Guesses the format from the first lines; kCsv when nothing else matches.
+// Guesses the format from the first lines: kCsv when none of the logs'
+// lines is among them and the first line is a header naming a step column
+// (IsStepColumn); kAuto when nothing matches.
 MetricsFormat DetectFormat(absl::string_view content);
+// What replay and follow say when DetectFormat() knows nothing: the formats
+// tried, the first line that is not a comment, and how to give --pattern.
+absl::Status UnknownFormatError(absl::string_view source, absl::string_view content);
 
 }  // namespace trainwatch::logs
 

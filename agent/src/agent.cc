@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "announce.h"
 #include "reduction_layout.h"
 #include "run_identity.h"
 #include "sender.h"
@@ -104,7 +105,8 @@ class Agent::Impl {
   void Queue(const StepInput& in, const core::StepRecord& rec,
              const internal::StepReduction& reduced, std::vector<uint64_t> gathered);
   // The line a skip prints on rank 0 (stderr).
-  void AnnounceSkip(int64_t step) const;
+  // Rank 0's lines in the trainer's output (announce.h).
+  void Announce(int64_t step);
 
   const AgentConfig config_;
   const std::unique_ptr<Reducer> reducer_;
@@ -123,6 +125,7 @@ class Agent::Impl {
   core::StepValues values_;  // the last reduced record, for last_values()
   int64_t values_step_ = -1;  // its step, for StepObserved()'s order check
   std::atomic<int64_t> steps_{0};
+  bool warm_up_announced_ = false, warming_up_ = true;
   Sender sender_;
 };
 
@@ -173,9 +176,7 @@ absl::StatusOr<Verdict> Agent::Impl::Step(const StepInput& in) {
   rec.shard_names = in.shard_names;
   Keep(rec);
   if (absl::Status s = engine_->Judge(rec, &outcome_); !s.ok()) return s;
-  if (outcome_.verdict.decision == Decision::kSkipUpdate && origin_.rank == 0) {
-    AnnounceSkip(in.step);
-  }
+  if (origin_.rank == 0) Announce(in.step);
   // A skipped or halted step: the bad batch may sit on any rank, so rank 0's
   // record carries every rank's shard ids. Every rank reached this same
   // verdict from the same numbers, so every rank joins this second
@@ -195,18 +196,19 @@ absl::StatusOr<Verdict> Agent::Impl::Step(const StepInput& in) {
   return outcome_.verdict;
 }
 
-void Agent::Impl::AnnounceSkip(int64_t step) const {
-  // One line in the trainer's own output, from rank 0: a skipped update
-  // changes the run, and the person watching it should see why (the rule's
-  // reason carries the numbers). Rare by design, off the common path.
-  std::string reason;
-  for (const core::Event& e : outcome_.events) {
-    if (e.kind == outcome_.verdict.rule) reason = e.reason;
+void Agent::Impl::Announce(int64_t step) {
+  if (!warm_up_announced_) {
+    warm_up_announced_ = true;
+    const char* source = config_.rules.has_value()    ? "the job's own"
+                         : config_.server_address.empty() ? "the defaults"
+                                                          : "the defaults, until trainwatchd's arrive";
+    std::fputs(internal::WarmUpLine(rules_, source, engine_->first_step()).c_str(), stderr);
+  } else if (warming_up_ && !outcome_.warming_up) {
+    std::fputs(internal::WarmUpOverLine(step).c_str(), stderr);
   }
-  std::fprintf(stderr, "trainwatch: step %lld, tier %d%s: %s\n",
-               static_cast<long long>(step), outcome_.verdict.tier,
-               config_.observed ? " (observed: recommended, not applied)" : "",
-               reason.empty() ? "optimizer update skipped" : reason.c_str());
+  warming_up_ = outcome_.warming_up;
+  if (outcome_.events.empty() && outcome_.verdict.decision == Decision::kContinue) return;
+  std::fputs(internal::OutcomeLines(step, outcome_, config_.observed).c_str(), stderr);
 }
 
 void Agent::Impl::Queue(const StepInput& in, const core::StepRecord& rec,

@@ -17,6 +17,7 @@
 #include "operator_client.h"
 #include "proto_text.h"
 #include "report.h"
+#include "trainwatch/core/config.h"
 #include "trainwatch/core/shard_names.h"
 #include "trainwatch/wire/time.h"
 
@@ -48,6 +49,27 @@ std::string LivenessText(const v1::RunLiveness& l) {
     absl::StrAppend(&out, "\n");
   }
   return out;
+}
+
+// Where the run stands in its warm-up (docs/rules.md#warm-up), by the rules
+// it is judged by.
+std::string WarmUpText(const v1::RunInfo& run) {
+  const v1::RunWarmUp& w = run.warm_up();
+  if (!w.active()) return "  warm-up: over; every rule decides\n";
+  absl::StatusOr<core::RuleConfig> rules =
+      run.rules_json().empty() ? core::RuleConfig() : core::ParseRuleConfigJson(run.rules_json(), "rules");
+  const core::RuleConfig r = rules.ok() ? *rules : core::RuleConfig();
+  std::string records = absl::StrFormat("%d of %d loss records", w.loss_records(),
+                                        r.warmup_min_records);
+  if (w.needs_grad()) {
+    absl::StrAppendFormat(&records, ", %d of %d grad-norm samples", w.grad_samples(),
+                          r.warmup_min_grad_samples);
+  }
+  return absl::StrFormat(
+      "  warm-up: until step %d (%s): no update is skipped and the baseline rules do not page "
+      "until then; a bad batch is recorded, a loss %gx its lowest value for %d records pages, a "
+      "NaN halts\n",
+      w.until_step(), records, r.warmup_divergence_ratio, r.warmup_divergence_records);
 }
 
 // A standby replica's answer (operator.proto, StandbyAnswer) says so: its
@@ -159,6 +181,7 @@ class StatusCommand : public Command {
     }
     if (resp.run().has_liveness()) absl::StrAppend(out, LivenessText(resp.run().liveness()));
     absl::StrAppend(out, "  ", RulesText(resp.run()), "\n");
+    if (resp.run().has_warm_up()) absl::StrAppend(out, WarmUpText(resp.run()));
     std::vector<double> loss, gn, lz, ratio;
     for (const auto& p : resp.recent()) {
       loss.push_back(p.metrics().has_loss() ? p.metrics().loss() : NAN);

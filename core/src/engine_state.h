@@ -129,6 +129,12 @@ struct EngineState {
   // Consecutive records with loss_ema_ratio above the tier 2 threshold.
   int64_t high_ratio_records = 0;
   int64_t high_ratio_start = -1;
+  // Warm-up divergence (warmup_rules.cc): the lowest finite loss so far, the
+  // current run of records far above it, and whether it has paged.
+  double warm_min_loss = std::numeric_limits<double>::infinity();
+  int64_t warm_high_records = 0;
+  int64_t warm_high_start = -1;
+  bool warm_paged = false;
 
   Episode ep;
   uint64_t next_episode = 1;
@@ -229,6 +235,11 @@ struct StepFacts {
 };
 
 // ---- the rule families, in the order Judge calls them
+
+// Warm-up (warmup_rules.cc), on the steps before the baseline exists: a bad
+// batch is recorded (tier 0), a divergence far above the lowest loss so far
+// pages (tier 2). Never a skip.
+void CheckWarmUp(EngineState& s, const StepFacts& f, StepOutcome* out);
 
 // Tier 3, numerical failure (numerical_rule.cc): a nonfinite value, nonfinite
 // gradients, a loss explosion without a gradient explanation, or a collapsing

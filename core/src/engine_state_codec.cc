@@ -34,8 +34,9 @@ constexpr char kMagic[4] = {'T', 'W', 'E', 'S'};
 // sorted. 3: each shard step keeps its own ids only, not its whole stride of
 // max_shards_per_step (a third of the blob under the default rules, written
 // every engine_snapshot_steps per run), and the checksum takes a word at a
-// time. An older blob is refused, and the engine is rebuilt by replay.
-constexpr uint32_t kVersion = 3;
+// time. 4: the warm-up divergence state. An older blob is refused, and the
+// engine is rebuilt by replay.
+constexpr uint32_t kVersion = 4;
 constexpr size_t kHeaderBytes = sizeof(kMagic) + sizeof(uint32_t) + sizeof(uint64_t);
 
 uint64_t LittleEndian64(const char* p) {
@@ -397,6 +398,10 @@ struct StateCodec {
                       s.high_ratio_start}) {
       w.I64(v);
     }
+    w.F64(s.warm_min_loss);
+    w.I64(s.warm_high_records);
+    w.I64(s.warm_high_start);
+    w.Bool(s.warm_paged);
     const Episode& ep = s.ep;
     w.Bool(ep.active);
     w.U64(ep.id);
@@ -488,6 +493,10 @@ struct StateCodec {
     s.prev_loss_step = r.I64("previous loss step");
     s.high_ratio_records = r.I64("high ratio records");
     s.high_ratio_start = r.I64("high ratio start");
+    s.warm_min_loss = r.F64("warm-up minimum loss");
+    s.warm_high_records = r.I64("warm-up high records");
+    s.warm_high_start = r.I64("warm-up high start");
+    s.warm_paged = r.Bool("warm-up paged");
     Episode& ep = s.ep;
     ep.active = r.Bool("episode");
     ep.id = r.U64("episode id");

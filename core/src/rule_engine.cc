@@ -110,8 +110,9 @@ void Decide(EngineState& s, StepFacts* f, StepOutcome* out) {
   }
 }
 
-// Warming up: learn the noise scale, decide nothing.
-void WarmUp(EngineState& s, const StepFacts& f, StepOutcome* out) {
+// Warming up: learn the noise scale; only what needs no baseline decides.
+void WarmUpStep(EngineState& s, const StepFacts& f, StepOutcome* out) {
+  CheckWarmUp(s, f, out);
   s.smooth_loss.Add(f.r.step, f.loss);
   FeedTransient(s, f.r, f.loss, /*quiet=*/true, out);
   if (Finite(f.ema)) s.LearnNoise(f.r.step, f.loss - f.ema);
@@ -147,6 +148,21 @@ void RuleEngine::NoteCheckpoint(int64_t step, absl::string_view uri) {
   s_->AddCheckpoint(step, uri);
 }
 int64_t RuleEngine::last_step() const { return s_->last_step; }
+int64_t RuleEngine::first_step() const { return s_->first_step; }
+
+WarmUpState RuleEngine::WarmUp() const {
+  const EngineState& s = *s_;
+  WarmUpState w;
+  w.loss_records = s.ema.count();
+  // The last step's grad norm joins the median at the next step.
+  w.grad_samples = static_cast<int64_t>(s.grad_median.size()) + (s.pending_grad_step >= 0);
+  w.needs_grad = (s.ever_present & Bit(Signal::kGradNorm)) != 0;
+  if (s.first_step < 0) return w;
+  w.until_step = s.first_step + s.c.warmup_steps;
+  w.active = s.last_step + 1 < w.until_step || w.loss_records < s.c.warmup_min_records ||
+             (w.needs_grad && w.grad_samples < s.c.warmup_min_grad_samples);
+  return w;
+}
 
 size_t RuleEngine::MemoryBytes() const { return sizeof(RuleEngine) + s_->MemoryBytes(); }
 
@@ -163,7 +179,7 @@ absl::Status RuleEngine::Judge(const StepRecord& r, StepOutcome* out) {
     if (f.warm && Finite(f.loss) && Finite(f.ema)) {
       Decide(s, &f, out);
     } else if (Finite(f.loss)) {
-      WarmUp(s, f, out);
+      WarmUpStep(s, f, out);
     }
     LearnWindows(s, f);
   }

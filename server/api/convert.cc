@@ -68,6 +68,14 @@ void RunToProto(const RunView& s, int32_t ranks_connected, int64_t now_ms, v1::R
   SetTime(s.row.created_ms, out->mutable_first_seen());
   SetTime(s.row.last_seen_ms, out->mutable_last_seen());
   out->set_observed(s.row.observed);
+  if (s.warm_up.has_value()) {
+    v1::RunWarmUp* w = out->mutable_warm_up();
+    w->set_active(s.warm_up->active);
+    w->set_until_step(s.warm_up->until_step);
+    w->set_loss_records(s.warm_up->loss_records);
+    w->set_grad_samples(s.warm_up->grad_samples);
+    w->set_needs_grad(s.warm_up->needs_grad);
+  }
   out->set_attachment(s.row.attachment);
   if (const LivenessView& l = s.liveness; l.ranks_alive > 0) {
     v1::RunLiveness* live = out->mutable_liveness();

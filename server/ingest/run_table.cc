@@ -297,6 +297,7 @@ absl::StatusOr<RunView> RunTable::StoredView(Store* store, const RunRow& row) {
 RunView RunTable::ViewOf(const RunState& r) {
   RunView s;
   s.row = r.row;
+  if (r.engine != nullptr && r.engine->first_step() >= 0) s.warm_up = r.engine->WarmUp();
   s.rank_mode = r.rank_mode;
   s.latest = r.latest;
   s.has_latest = r.has_latest;

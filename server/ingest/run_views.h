@@ -17,6 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "store/store.h"
+#include "trainwatch/core/rule_engine.h"
 
 namespace trainwatch::server {
 
@@ -50,6 +51,8 @@ struct LivenessView {
 
 struct RunView {
   RunRow row;
+  // The server engine's warm-up, once it has judged a step.
+  std::optional<core::WarmUpState> warm_up;
   bool rank_mode = false;
   StepRow latest;  // the last evaluated global step
   bool has_latest = false;

@@ -368,6 +368,24 @@ TEST_CASE("runs and status against a fake: table and json and exit codes", "[cli
                        "decision(s), 1 divergence(s) from the server's engine\n") !=
         std::string::npos);
 
+  // The warm-up, while it lasts and after.
+  CHECK(ruled.out.find("warm-up") == std::string::npos);  // not known: not said
+  v1::RunWarmUp* w = fake.run_status.mutable_run()->mutable_warm_up();
+  w->set_active(true);
+  w->set_until_step(50);
+  w->set_loss_records(12);
+  w->set_grad_samples(11);
+  w->set_needs_grad(true);
+  CHECK(RunAlone(*status, {"run-a"}, &fake).out.find(
+            "  warm-up: until step 50 (12 of 20 loss records, 11 of 20 grad-norm samples): no "
+            "update is skipped and the baseline rules do not page until then; a bad batch is "
+            "recorded, a loss 2x its lowest value for 3 records pages, a NaN halts\n") !=
+        std::string::npos);
+  w->set_active(false);
+  CHECK(RunAlone(*status, {"run-a"}, &fake).out.find("  warm-up: over; every rule decides\n") !=
+        std::string::npos);
+  fake.run_status.mutable_run()->clear_warm_up();
+
   // A run rebuilt after a restart says so in both.
   CHECK(ruled.out.find("rebuilding") == std::string::npos);
   r->set_rebuilding(true);

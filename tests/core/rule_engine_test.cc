@@ -422,7 +422,8 @@ TEST_CASE("tier 3: loss above 10 nats without a grad-norm explanation", "[core][
 
 // ------------------------------------------------------------------ warm-up
 
-TEST_CASE("warm-up: no tier 1 or 2 decision while the windows fill", "[core][warmup]") {
+TEST_CASE("warm-up: no skip and no baseline page while the windows fill - a bad batch is recorded",
+          "[core][warmup]") {
   Harness h;
   h.Run(0, 1000, [](int64_t step, Values& v) {
     if (step == 300) {
@@ -432,7 +433,18 @@ TEST_CASE("warm-up: no tier 1 or 2 decision while the windows fill", "[core][war
     if (step >= 500 && step < 700) v.loss += 1.5;
   });
   INFO(h.Dump());
-  CHECK(h.events().empty());
+  // The bad batch: one record, tier 0, saying why nothing was skipped.
+  REQUIRE(h.events().size() == 1);
+  const Event& e = h.events()[0];
+  CHECK(e.step == 300);
+  CHECK(e.tier == 0);
+  CHECK(e.action == Action::kRecord);
+  CHECK(e.kind == EventKind::kDataAnomaly);
+  CHECK(e.reason ==
+        "data anomaly in warm-up until step 1000: grad_norm 20 is 20.0x its median 1, and loss "
+        "9.000 is +6.501 nats over its EMA 2.499; recorded, update kept (tier 1 skips once the "
+        "warm-up is over)");
+  // 200 steps 1.5 nats up is below twice the lowest loss: no page.
   CHECK(h.Decisions(Decision::kSkipUpdate) == 0);
   CHECK(h.last().warming_up);
   h.Run(1000, 1001);
@@ -442,7 +454,80 @@ TEST_CASE("warm-up: no tier 1 or 2 decision while the windows fill", "[core][war
     v.grad_norm = 20;
     v.loss = 9.0;
   });
-  CHECK(h.OfKind(EventKind::kDataAnomaly).size() == 1);
+  REQUIRE(h.OfKind(EventKind::kDataAnomaly).size() == 2);
+  CHECK(h.OfKind(EventKind::kDataAnomaly)[1].tier == 1);
+  CHECK(h.Decisions(Decision::kSkipUpdate) == 1);
+}
+
+TEST_CASE("warm-up: a divergence far above the lowest loss pages - one bad record does not",
+          "[core][warmup]") {
+  // A fine-tune logged every 10 steps: loss falls from 6 to 4.8, one batch
+  // at 12, then from step 110 it explodes to 270 and stays far up.
+  Harness h;
+  const auto loss_at = [](int64_t step) {
+    if (step == 60) return 12.0;
+    if (step >= 110) return step == 110 ? 270.0 : 31.0 + 100.0 / static_cast<double>(step - 100);
+    return 6.0 - 0.012 * static_cast<double>(step);
+  };
+  for (int64_t step = 0; step <= 200; step += 10) {
+    Values v;
+    v.loss = loss_at(step);
+    v.has_grad = v.has_log_z = v.has_nan_frac = false;
+    h.Feed(step, v);
+  }
+  INFO(h.Dump());
+  const std::vector<Event> pages = h.OfKind(EventKind::kNonRecovering);
+  REQUIRE(pages.size() == 1);
+  CHECK(pages[0].tier == 2);
+  CHECK(pages[0].action == Action::kPage);
+  CHECK(pages[0].step == 130);  // the third record in a row
+  CHECK(pages[0].onset_step == 110);
+  CHECK(pages[0].reason ==
+        "non-recovering divergence in warm-up until step 1000: loss 34.33 is 7.2x its lowest "
+        "value so far, 4.8 (+29.53 nats), for 3 records since step 110; this rule needs no "
+        "baseline");
+  CHECK(h.Decisions(Decision::kSkipUpdate) == 0);
+
+  // Back under the bound, then up again: a second page.
+  for (int64_t step = 210; step <= 300; step += 10) {
+    Values v;
+    v.loss = step < 250 ? 4.5 : 20.0;
+    v.has_grad = v.has_log_z = v.has_nan_frac = false;
+    h.Feed(step, v);
+  }
+  CHECK(h.OfKind(EventKind::kNonRecovering).size() == 2);
+}
+
+TEST_CASE("warm-up: the early fall of a run and its noise never page", "[core][warmup]") {
+  // From ln(50257) down fast, with +-15% noise on every record.
+  Harness h;
+  for (int64_t step = 0; step < 1000; ++step) {
+    Values v;
+    v.loss = (2.5 + 8.3 * std::exp(-static_cast<double>(step) / 40.0)) *
+             (step % 3 == 0 ? 1.15 : step % 3 == 1 ? 0.85 : 1.0);
+    h.Feed(step, v);
+  }
+  INFO(h.Dump());
+  CHECK(h.OfKind(EventKind::kNonRecovering).empty());
+}
+
+TEST_CASE("warm-up: the engine says where the run stands in it", "[core][warmup]") {
+  Harness h;
+  RuleEngine fresh{RuleConfig()};
+  CHECK(fresh.WarmUp().active);
+  CHECK(fresh.WarmUp().until_step == -1);
+  h.Run(100, 110);
+  WarmUpState w = h.engine().WarmUp();
+  CHECK(w.active);
+  CHECK(w.until_step == 1100);
+  CHECK(w.loss_records == 10);
+  CHECK(w.grad_samples == 10);
+  CHECK(w.needs_grad);
+  h.Run(110, 1100);
+  CHECK(h.last().warming_up);  // step 1099
+  CHECK_FALSE(h.engine().WarmUp().active);  // step 1100 will decide
+  h.Run(1100, 1101);
+  CHECK_FALSE(h.last().warming_up);
 }
 
 TEST_CASE("warm-up counts steps from the run's first record - not from step 0",

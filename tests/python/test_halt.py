@@ -52,7 +52,11 @@ class HaltTest(unittest.TestCase):
         self.assertNotIn("finished", p.stdout)
         self.assertNotIn("Traceback", p.stderr)
         lines = [line for line in p.stderr.splitlines() if line.startswith("trainwatch: ")]
-        self.assertEqual(len(lines), 1, p.stderr)
+        # The warm-up line of the first step, then the halt's one line.
+        self.assertEqual(len(lines), 2, p.stderr)
+        self.assertTrue(lines[0].startswith("trainwatch: rules: the defaults; warm-up until "),
+                        lines[0])
+        lines = lines[1:]
         self.assertIn("halted at step 12 (tier 3", lines[0])
         self.assertIn("2.weight (1 of 64 nonfinite)", lines[0])
         self.assertIn("on rank 0", lines[0])

@@ -121,6 +121,11 @@ class RunIdentityTest(unittest.TestCase):
                         skips[0])
         self.assertIn("nats over its EMA", skips[0])
         self.assertIn("optimizer update skipped", skips[0])
+        # The warm-up at the first step (these rules: 50 steps), and its end.
+        lines = printed[0].splitlines()
+        self.assertTrue(lines[0].startswith("trainwatch: rules: the job's own; warm-up until step "
+                                            "50 (and 20 loss and grad-norm records)"), lines[0])
+        self.assertIn("trainwatch: warm-up over at step 50; every rule decides from here", lines)
         self.assertEqual(agent.stats().records_queued, 0)
 
 

@@ -57,6 +57,19 @@ struct RuleConfig {
   int64_t warmup_steps = 1000;        // steps since the run's first record
   int64_t warmup_min_records = 20;    // loss records in the EMA
   int64_t warmup_min_grad_samples = 20;  // grad-norm samples in the median
+  // ---- warm-up: what is decided before the baseline exists (docs/rules.md,
+  // "Warm-up"). A divergence needs none: the loss at least
+  // warmup_divergence_ratio times its lowest value so far, and at least
+  // warmup_divergence_nats above it, for warmup_divergence_records records
+  // in a row, pages (tier 2, non_recovering). The early fall of a healthy
+  // run only lowers the minimum; one bad batch is a record, not a page. A
+  // bad batch (the tier 1 trigger, against the EMA and the grad-norm median
+  // of the records so far, once warmup_min_records and
+  // warmup_min_grad_samples of them exist) is recorded (tier 0), not
+  // skipped: the update is kept until the warm-up ends.
+  double warmup_divergence_ratio = 2.0;
+  double warmup_divergence_nats = 2.0;
+  int64_t warmup_divergence_records = 3;
 
   // ---- spike: loss >= spike_delta above its EMA for more than N steps
   double spike_delta_nats = 0.1;

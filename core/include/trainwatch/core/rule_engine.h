@@ -48,6 +48,17 @@ struct StepOutcome {
   std::vector<Event> events;
 };
 
+// Where a run stands in its warm-up (config.h): the baseline rules decide
+// once the run is warmup_steps past its first record and the EMA and the
+// grad-norm median hold enough records.
+struct WarmUpState {
+  bool active = true;          // the next step is still in warm-up
+  int64_t until_step = -1;     // first step + warmup_steps; -1 before the first
+  int64_t loss_records = 0;    // in the EMA
+  int64_t grad_samples = 0;    // in the median (0 for a run without grad_norm)
+  bool needs_grad = false;     // the run reports grad_norm: its samples count
+};
+
 class RuleEngine {
  public:
   // REQUIRES: Validate(config).ok().
@@ -69,6 +80,10 @@ class RuleEngine {
   const RuleConfig& config() const;
   // Last step observed, -1 before the first.
   int64_t last_step() const;
+  // The run's first step (its warm-up counts from it), -1 before it.
+  int64_t first_step() const;
+  // The warm-up as the next step will find it.
+  WarmUpState WarmUp() const;
   // Bytes held by this run's state (windows, rings, episode state).
   size_t MemoryBytes() const;
 

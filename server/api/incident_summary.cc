@@ -180,9 +180,9 @@ void BuildSummary(const SummaryInputs& in, v1::DiagnosticSummary* s) {
         " from before step ", inc.onset_step,
         ". Checkpoints reach it from the agent (Agent.report_checkpoint), from trainwatch run "
         "(torch.save and torch.distributed.checkpoint), and from twctl follow (Megatron's and "
-        "nanoGPT's save lines, a checkpoint column, --checkpoint-pattern). Without one: twctl "
+        "nanoGPT's save lines, a checkpoint column, --checkpoint-pattern). Without one, `twctl "
         "rollback reject ",
-        inc.public_id(), " --comment \"...\" records the decision and dismisses it"));
+        inc.public_id(), " --comment \"...\"` records the decision and dismisses it"));
   }
   wire::SetTime(in.now_ms, s->mutable_generated_at());
 }

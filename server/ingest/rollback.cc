@@ -147,11 +147,23 @@ absl::StatusOr<trainwatch::v1::RollbackPlan> PlanRollback(
   if (ck == nullptr) {
     std::vector<int64_t> steps;
     for (const CheckpointRow& c : retained) steps.push_back(c.step);
+    // What can be done instead: another retained checkpoint, or, with none,
+    // the decision recorded without a rollback.
+    const std::string instead =
+        steps.empty()
+            ? absl::StrCat("run ", inc.run_id,
+                           " reported no checkpoint, so there is nothing to roll back to (`twctl "
+                           "incident show ",
+                           inc.public_id(), "` says how checkpoints are reported); `twctl "
+                           "rollback reject ",
+                           inc.public_id(), " --comment \"...\"` records the decision instead")
+            : absl::StrCat("the retained ones are at steps ", absl::StrJoin(steps, ", "),
+                           "; pass --to-step with one of them");
     const std::string message = absl::StrCat(
-        r.to_step ? absl::StrCat("step ", target, " is not")
-                  : absl::StrCat(inc.public_id(), " has no recommended checkpoint that is"),
-        " a retained checkpoint of run ", inc.run_id, " (retained: ",
-        steps.empty() ? "none" : absl::StrJoin(steps, ", "), "); pass --to-step with one of them");
+        r.to_step ? absl::StrCat("step ", target, " is not a retained checkpoint of run ",
+                                 inc.run_id)
+                  : absl::StrCat(inc.public_id(), " has no recommended checkpoint"),
+        ": ", instead);
     return r.to_step ? absl::InvalidArgumentError(message)
                      : absl::FailedPreconditionError(message);
   }

@@ -241,7 +241,7 @@ TEST_CASE("rollback: the plan takes the recommendation unless the operator overr
   r.to_step = 450;
   plan = PlanRollback(inc, r, retained, 8);
   CHECK(plan.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(std::string(plan.status().message()).find("retained: 400, 500") != std::string::npos);
+  CHECK(std::string(plan.status().message()).find("the retained ones are at steps 400, 500; pass --to-step with one of them") != std::string::npos);
 }
 
 TEST_CASE("rollback: the incident's state refuses a second decision and says who made the first",

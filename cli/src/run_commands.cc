@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "command_output.h"
@@ -59,17 +60,23 @@ std::string WarmUpText(const v1::RunInfo& run) {
   absl::StatusOr<core::RuleConfig> rules =
       run.rules_json().empty() ? core::RuleConfig() : core::ParseRuleConfigJson(run.rules_json(), "rules");
   const core::RuleConfig r = rules.ok() ? *rules : core::RuleConfig();
-  std::string records = absl::StrFormat("%d of %d loss records", w.loss_records(),
-                                        r.warmup_min_records);
-  if (w.needs_grad()) {
-    absl::StrAppendFormat(&records, ", %d of %d grad-norm samples", w.grad_samples(),
-                          r.warmup_min_grad_samples);
+  // The records it still waits for, if any: the step alone is the usual end.
+  std::vector<std::string> waits;
+  if (w.loss_records() < r.warmup_min_records) {
+    waits.push_back(absl::StrFormat("%d of %d loss records", w.loss_records(),
+                                    r.warmup_min_records));
+  }
+  if (w.needs_grad() && w.grad_samples() < r.warmup_min_grad_samples) {
+    waits.push_back(absl::StrFormat("%d of %d grad-norm samples", w.grad_samples(),
+                                    r.warmup_min_grad_samples));
   }
   return absl::StrFormat(
-      "  warm-up: until step %d (%s): no update is skipped and the baseline rules do not page "
+      "  warm-up: until step %d%s: no update is skipped and the baseline rules do not page "
       "until then; a bad batch is recorded, a loss %gx its lowest value for %d records pages, a "
       "NaN halts\n",
-      w.until_step(), records, r.warmup_divergence_ratio, r.warmup_divergence_records);
+      w.until_step(),
+      waits.empty() ? "" : absl::StrCat(" and ", absl::StrJoin(waits, ", "), " so far"),
+      r.warmup_divergence_ratio, r.warmup_divergence_records);
 }
 
 // A standby replica's answer (operator.proto, StandbyAnswer) says so: its

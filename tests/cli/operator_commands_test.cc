@@ -377,10 +377,14 @@ TEST_CASE("runs and status against a fake: table and json and exit codes", "[cli
   w->set_grad_samples(11);
   w->set_needs_grad(true);
   CHECK(RunAlone(*status, {"run-a"}, &fake).out.find(
-            "  warm-up: until step 50 (12 of 20 loss records, 11 of 20 grad-norm samples): no "
-            "update is skipped and the baseline rules do not page until then; a bad batch is "
-            "recorded, a loss 2x its lowest value for 3 records pages, a NaN halts\n") !=
+            "  warm-up: until step 50 and 12 of 20 loss records, 11 of 20 grad-norm samples so "
+            "far: no update is skipped and the baseline rules do not page until then; a bad "
+            "batch is recorded, a loss 2x its lowest value for 3 records pages, a NaN halts\n") !=
         std::string::npos);
+  w->set_loss_records(30);
+  w->set_grad_samples(30);
+  CHECK(RunAlone(*status, {"run-a"}, &fake).out.find(
+            "  warm-up: until step 50: no update is skipped") != std::string::npos);
   w->set_active(false);
   CHECK(RunAlone(*status, {"run-a"}, &fake).out.find("  warm-up: over; every rule decides\n") !=
         std::string::npos);

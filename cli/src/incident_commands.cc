@@ -93,18 +93,36 @@ class IncidentShowCommand : public Command {
       *ctx.out = Json(resp);
       return kOk;
     }
-    *ctx.out = Summary(resp.incident());
+    // The run's warm-up, as twctl status says it: whether the baseline rules
+    // could decide when this was detected. Best effort: the incident is
+    // shown without it if the run cannot be read.
+    v1::GetRunStatusRequest run_req;
+    run_req.set_run_id(resp.incident().run_id());
+    run_req.set_window_steps(1);
+    v1::GetRunStatusResponse run;
+    const bool run_read = ctx.client->GetRunStatus(run_req, &run).ok();
+    *ctx.out = Summary(resp.incident(), run_read && run.run().has_warm_up()
+                                            ? &run.run().warm_up()
+                                            : nullptr);
     return kOk;
   }
 
  private:
-  static std::string Summary(const v1::Incident& i) {
+  static std::string Summary(const v1::Incident& i, const v1::RunWarmUp* warm_up) {
     const v1::DiagnosticSummary& s = i.summary();
     std::string out =
-        absl::StrFormat("%s  run %s  tier %s  %s%s\nonset step %d, detected at step %d\n\n%s\n\n",
+        absl::StrFormat("%s  run %s  tier %s  %s%s\nonset step %d, detected at step %d\n",
                         i.incident_id(), i.run_id(), TierName(i.tier()), StateName(i.state()),
                         i.observed() ? absl::StrCat("  (", kObservedText, ")") : "",
-                        s.onset_step(), s.detection_step(), s.explanation());
+                        s.onset_step(), s.detection_step());
+    if (warm_up != nullptr && s.detection_step() < warm_up->until_step()) {
+      absl::StrAppendFormat(&out,
+                            "detected in the run's warm-up (until step %d): no update was skipped "
+                            "and the baseline rules did not page; a bad batch is recorded, a "
+                            "divergence pages, a NaN halts (docs/rules.md#warm-up)\n",
+                            warm_up->until_step());
+    }
+    absl::StrAppend(&out, "\n", s.explanation(), "\n\n");
     std::vector<std::pair<int64_t, double>> lz, loss;
     for (const auto& p : s.log_z_trend()) lz.emplace_back(p.step(), p.value());
     for (const auto& p : s.loss_around_onset()) loss.emplace_back(p.step(), p.value());

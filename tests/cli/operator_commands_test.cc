@@ -474,6 +474,15 @@ TEST_CASE("incident show counts suspect shards as they are - not their bounding 
   for (uint64_t id : {30, 7, 19, 20, 21, 7}) shards->add_shard_ids(id);
   Result r = RunAlone(*show, {"I-1"}, &fake);
   CHECK(r.code == kOk);
+  CHECK(r.out.find("warm-up") == std::string::npos);  // the run's warm-up is not known
+  // Detected inside the run's warm-up: said, as twctl status says it.
+  fake.incident.mutable_incident()->mutable_summary()->set_detection_step(250);
+  fake.run_status.mutable_run()->mutable_warm_up()->set_until_step(1000);
+  CHECK(RunAlone(*show, {"I-1"}, &fake).out.find(
+            "detected at step 250\ndetected in the run's warm-up (until step 1000): no update was "
+            "skipped and the baseline rules did not page;") != std::string::npos);
+  fake.incident.mutable_incident()->mutable_summary()->set_detection_step(1200);
+  CHECK(RunAlone(*show, {"I-1"}, &fake).out.find("warm-up") == std::string::npos);
   CHECK(r.out.find("shards onset..detection: 7, 19..21, 30 (5 shards)\n") != std::string::npos);
   shards->clear_shard_ids();
   shards->add_shard_ids(42);

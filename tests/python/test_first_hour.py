@@ -134,6 +134,8 @@ class FirstHourTest(unittest.TestCase):
         shown = "\n".join(self.twctl("incident", "show", i).stdout
                           for i in self.incidents("hour-run"))
         self.assertIn("data anomaly in warm-up until step 1000", shown)
+        self.assertIn("detected in the run's warm-up (until step 1000): no update was skipped",
+                      shown)
         # Its agent closed when the script ended: finished, not stale.
         deadline = time.monotonic() + 30
         while not re.search(r"^hour-run\s+finished\s", self.twctl("runs").stdout, flags=re.M):

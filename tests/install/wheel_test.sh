@@ -49,6 +49,10 @@ ls "$site/trainwatch_agent.libs" | tr '\n' ' '; echo
 mkdir "$tmp/elsewhere"
 cd "$tmp/elsewhere"
 echo "== import, and a step decided, with the loader watched"
+# A wheel built where nvcc is carries the CUDA kernels (scripts/build_wheels.py).
+WHEEL_CUDA=0
+[ -x "${CUDACXX:-/usr/local/cuda/bin/nvcc}" ] && WHEEL_CUDA=1
+export WHEEL_CUDA
 LD_DEBUG=libs LD_DEBUG_OUTPUT="$tmp/ld" "$tmp/venv/bin/python" - "$tmp/venv" "$version" <<'PY'
 import os, sys
 import trainwatch
@@ -60,9 +64,22 @@ agent = trainwatch.Agent(server="", run_id="wheel-check")
 assert agent.step(0, loss=2.0).decision == "continue"
 agent.close()
 print(f"trainwatch {trainwatch.__version__} from {where}")
+# The CUDA kernels travel in the wheel built with nvcc; where no GPU can run
+# them (this machine), the module says so and the guard uses torch.
+from trainwatch import _trainwatch
+cuda = os.environ["WHEEL_CUDA"] == "1"
+assert _trainwatch.built_with_cuda is cuda, _trainwatch.built_with_cuda
+assert hasattr(_trainwatch, "DeviceStats") is cuda
+assert _trainwatch.has_cuda is (cuda and os.path.exists("/dev/nvidiactl")), _trainwatch.has_cuda
+print(f"CUDA kernels: built {_trainwatch.built_with_cuda}, usable here {_trainwatch.has_cuda}")
 PY
 LD_DEBUG=libs LD_DEBUG_OUTPUT="$tmp/ld-twctl" "$tmp/venv/bin/twctl" --version
-# What the loader initialised: the wheel's copies, none of the system's.
+# What the loader initialised: the wheel's copies, none of the system's, and
+# no CUDA library at all (the runtime is linked in; the driver is opened only
+# when a device is asked for).
+if [ ! -e /dev/nvidiactl ] && cat "$tmp"/ld* | grep -E "calling init: .*/lib(cudart|cuda|nvrtc)\.so"; then
+  echo "FAIL: importing loaded a CUDA library"; exit 1
+fi
 lib='lib(grpc|gpr|upb|protobuf|absl|cares|re2|address_sorting)'
 if cat "$tmp"/ld* | grep -E "calling init: /(usr/)?lib.*/$lib"; then
   echo "FAIL: the lines above are the system's copies"; exit 1

@@ -3,8 +3,9 @@
 # wheel a user installs (scripts/build_wheels.py), for the CPython of
 # Debian's /usr/bin/python3 (3.11), whose venvs these environments are. Its
 # work folder (OUT/wheels: the build tools, one CMake folder) is kept, so a
-# second make test rebuilds only what changed. CUDA is left out: these
-# environments run on the CPU, and the kernels are tested in the main build.
+# second make test rebuilds only what changed. With the CUDA kernels, as the
+# user's wheel (nvcc is here): on this machine without a GPU, every torch test
+# runs the path a CUDA wheel takes where no device is (has_cuda false).
 #   wheel.sh SOURCE_DIR OUT   ->  OUT/dist/trainwatch_agent-*.whl (one)
 set -euo pipefail
 src=$1 out=$2

@@ -13,6 +13,12 @@ Environment:
                          the `twctl` console script (trainwatch/_twctl.py)
   CMAKE_BUILD_PARALLEL_LEVEL  build jobs (default: every CPU)
 
+From the source distribution (`pip install trainwatch_agent-X.tar.gz`), pip
+fetches the build tools pyproject.toml pins (setuptools, wheel, pybind11,
+CMake) from the package index; the C++ libraries come from the system, and a
+system that lacks one is told which packages to install before anything is
+compiled (missing_system_packages).
+
 Built this way the module links the system's gRPC and Abseil shared libraries
 (Debian: libgrpc++1.51, libabsl20220623), which must be present where it is
 imported; the wheels (scripts/build_wheels.py) carry them inside, as
@@ -43,6 +49,41 @@ def cmake_version():
     return m.group(1)
 
 
+# What the build needs from the system, as pkg-config and PATH name it, and
+# the packages that provide it: (what, Debian/Ubuntu, Fedora/RHEL).
+SYSTEM_LIBRARIES = [
+    ("grpc++", "libgrpc++-dev", "grpc-devel"),
+    ("protobuf", "libprotobuf-dev", "protobuf-devel"),
+    ("absl_base", "libabsl-dev", "abseil-cpp-devel"),
+    ("re2", "libre2-dev", "re2-devel"),
+]
+SYSTEM_TOOLS = [
+    ("protoc", "protobuf-compiler", "protobuf-compiler"),
+    ("grpc_cpp_plugin", "protobuf-compiler-grpc", "grpc-plugins"),
+    ("c++", "g++", "gcc-c++"),
+]
+
+
+def missing_system_packages(env=None):
+    """The lines naming what the build needs and the system lacks: each
+    library pkg-config does not find, each tool not on PATH."""
+    env = os.environ if env is None else env
+    missing = []
+    if shutil.which("pkg-config", path=env.get("PATH")) is None:
+        missing.append(("pkg-config", "pkg-config", "pkgconf-pkg-config"))
+    else:
+        for name, debian, fedora in SYSTEM_LIBRARIES:
+            found = subprocess.run(["pkg-config", "--exists", name], env=env).returncode == 0
+            if not found:
+                missing.append((name, debian, fedora))
+    for tool, debian, fedora in SYSTEM_TOOLS:
+        if shutil.which(env.get("CXX", tool) if tool == "c++" else tool,
+                        path=env.get("PATH")) is None:
+            missing.append((tool, debian, fedora))
+    return [f"  {what} (Debian/Ubuntu: {debian}; Fedora/RHEL: {fedora})"
+            for what, debian, fedora in missing]
+
+
 class CMakeExtension(Extension):
     def __init__(self, name, target):
         super().__init__(name, sources=[])
@@ -55,6 +96,13 @@ class CMakeBuild(build_ext):
     expects the extension."""
 
     def build_extension(self, ext):
+        missing = missing_system_packages()
+        if missing:
+            raise SystemExit(
+                "trainwatch-agent: building the native module from source needs these, which "
+                "this system lacks:\n" + "\n".join(missing) + "\nInstall them (Debian's full "
+                "list: scripts/install-deps.sh in the repository), or install a built wheel, "
+                "which needs none of them (docs/install.md).")
         build_dir = pathlib.Path(os.environ.get("TRAINWATCH_CMAKE_BUILD_DIR") or
                                  pathlib.Path(self.build_temp) / "cmake").resolve()
         configure = [
@@ -70,6 +118,14 @@ class CMakeBuild(build_ext):
             "-DTRAINWATCH_BUILD_TESTS=OFF",
             "-DTRAINWATCH_BUILD_BENCH=OFF",
         ] + shlex.split(os.environ.get("TRAINWATCH_CMAKE_ARGS", ""))
+        # pybind11 from the build's own tools (the index's, in an isolated
+        # build), unless the caller names one.
+        if not any(a.startswith("-Dpybind11_DIR=") for a in configure):
+            try:
+                import pybind11
+                configure.append(f"-Dpybind11_DIR={pybind11.get_cmake_dir()}")
+            except ImportError:
+                pass  # the system's (Debian: pybind11-dev), found by CMake
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 1)
         subprocess.run(configure, check=True)
         subprocess.run(["cmake", "--build", str(build_dir), "--target", ext.target, "-j", jobs],

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# The Python agent installed the way a user installs it, from a copy of this
-# repository (so nothing here is written to):
-#   1. `pip install --no-build-isolation --no-index .` into a fresh venv
-#      (--system-site-packages, for Debian's torch); from a folder outside the
-#      repository, the README's Python snippet runs against a real trainwatchd
-#      with the installed package;
-#   2. `python -m build --wheel --no-isolation` makes a wheel, which a second
-#      fresh venv (no system packages) installs and imports.
-# --no-index: nothing may come from the network.
+# The Python agent built from source the ways a user does, from the source
+# distribution of a copy of this repository (so nothing here is written to;
+# `python -m build --sdist`, with Debian's tools):
+#   1. `pip install --no-build-isolation --no-index SDIST` into a fresh venv
+#      (--system-site-packages, for Debian's torch), with the system's build
+#      tools; from a folder outside the repository, the README's Python
+#      snippet runs against a real trainwatchd with the installed package;
+#   2. `pip wheel SDIST` with build isolation: the build tools pyproject.toml
+#      pins come from the package index alone (from a wheelhouse of them made
+#      once per machine, then --no-index); a second fresh venv (no system
+#      packages) installs the wheel and imports it;
+#   3. the same build where pkg-config finds none of the -dev packages stops
+#      before compiling, naming each missing one and its Debian and Fedora
+#      package.
 #   python_package_test.sh SOURCE_DIR TRAINWATCHD VERSION
 #
 # The package builds without CUDA unless TRAINWATCH_CMAKE_ARGS (setup.py's
@@ -23,9 +28,25 @@ trap 'rm -rf "$tmp"' EXIT
 unset PYTHONPATH
 export TRAINWATCH_CMAKE_ARGS=${TRAINWATCH_CMAKE_ARGS--DTRAINWATCH_WITH_CUDA=OFF}
 
-mkdir "$tmp/src" "$tmp/elsewhere"
+mkdir "$tmp/src" "$tmp/elsewhere" "$tmp/empty"
 tar -C "$src" --exclude=./build --exclude=./.git --exclude='*.egg-info' -cf - . |
   tar -C "$tmp/src" -xf -
+echo "== the source distribution"
+(cd "$tmp" && $py -m build --sdist --no-isolation --skip-dependency-check --outdir "$tmp/sdist" \
+  "$tmp/src" >"$tmp/sdist.log" 2>&1) || { tail -40 "$tmp/sdist.log"; echo "FAIL: sdist"; exit 1; }
+sdist=$(ls "$tmp"/sdist/*.tar.gz)
+tar -tzf "$sdist" | grep -q '/tests/' && { echo "FAIL: the sdist carries tests/"; exit 1; }
+
+# The build tools pyproject.toml pins, from the package index, once per
+# machine (keyed by the pins): what an isolated build of the sdist fetches.
+tools=$($py -c 'import sys, tomllib; print(" ".join(tomllib.load(open(sys.argv[1], "rb"))["build-system"]["requires"]))' "$src/pyproject.toml")
+wheelhouse=${TRAINWATCH_PYENV_CACHE:-$HOME/.cache/trainwatch/pyenv}/build-tools-$(echo "$tools" | sha256sum | cut -c1-12)
+if [ ! -f "$wheelhouse/.complete" ]; then
+  rm -rf "$wheelhouse"
+  # shellcheck disable=SC2086  # the pins, one word each
+  $py -m pip download -q --disable-pip-version-check --only-binary :all: -d "$wheelhouse" $tools
+  touch "$wheelhouse/.complete"
+fi
 
 # Which trainwatch an interpreter imports, and its two version numbers.
 check_import() {  # PYTHON VENV
@@ -47,7 +68,7 @@ PY
 
 echo "== pip install into a venv"
 $py -m venv --system-site-packages "$tmp/venv"
-"$tmp/venv/bin/python" -m pip install --no-build-isolation --no-index "$tmp/src" \
+"$tmp/venv/bin/python" -m pip install --no-build-isolation --no-index "$sdist" \
   >"$tmp/pip.log" 2>&1 || { tail -60 "$tmp/pip.log"; echo "FAIL: pip install"; exit 1; }
 check_import "$tmp/venv/bin/python" "$tmp/venv"
 
@@ -57,12 +78,32 @@ echo "== the README's Python quick start, installed package, real trainwatchd"
   TRAINWATCHD="$trainwatchd" DOCS_ROOT="$src" \
   "$tmp/venv/bin/python" -m unittest -v test_readme)
 
-echo "== a wheel, into a second venv"
-(cd "$tmp/src" && "$tmp/venv/bin/python" -m build --wheel --no-isolation --outdir "$tmp/dist" \
-  >"$tmp/wheel.log" 2>&1) || { tail -60 "$tmp/wheel.log"; echo "FAIL: building the wheel"; exit 1; }
+echo "== a wheel of the sdist with the index's build tools (isolated), into a second venv"
+(cd "$tmp/elsewhere" && "$tmp/venv/bin/python" -m pip wheel --no-index --find-links "$wheelhouse" \
+  --no-deps --disable-pip-version-check -w "$tmp/dist" "$sdist" >"$tmp/wheel.log" 2>&1) ||
+  { tail -60 "$tmp/wheel.log"; echo "FAIL: building the wheel"; exit 1; }
+grep -q "cmake-3" "$tmp/wheel.log" || grep -qi "Installing build dependencies" "$tmp/wheel.log" ||
+  { tail -20 "$tmp/wheel.log"; echo "FAIL: the wheel was not built in isolation"; exit 1; }
 wheel=$(ls "$tmp"/dist/trainwatch_agent-"$version"-*.whl)
 $py -m venv "$tmp/venv2"
 "$tmp/venv2/bin/python" -m pip install --no-index "$wheel" >"$tmp/pip2.log" 2>&1 ||
   { cat "$tmp/pip2.log"; echo "FAIL: installing $wheel"; exit 1; }
 check_import "$tmp/venv2/bin/python" "$tmp/venv2"
+
+echo "== the sdist where the -dev packages are missing: named, nothing compiled"
+if (cd "$tmp/elsewhere" && PKG_CONFIG_LIBDIR="$tmp/empty" PKG_CONFIG_PATH= \
+    "$tmp/venv/bin/python" -m pip wheel --no-index --find-links "$wheelhouse" --no-deps \
+    --disable-pip-version-check -w "$tmp/dist-missing" "$sdist" >"$tmp/missing.log" 2>&1); then
+  echo "FAIL: built without the system's libraries"; exit 1
+fi
+for line in "building the native module from source needs these, which this system lacks" \
+            "grpc++ (Debian/Ubuntu: libgrpc++-dev; Fedora/RHEL: grpc-devel)" \
+            "protobuf (Debian/Ubuntu: libprotobuf-dev; Fedora/RHEL: protobuf-devel)" \
+            "absl_base (Debian/Ubuntu: libabsl-dev; Fedora/RHEL: abseil-cpp-devel)" \
+            "re2 (Debian/Ubuntu: libre2-dev; Fedora/RHEL: re2-devel)" \
+            "or install a built wheel, which needs none of them"; do
+  grep -qF "$line" "$tmp/missing.log" || { cat "$tmp/missing.log"; echo "FAIL: no \"$line\""; exit 1; }
+done
+grep -q "Building CXX" "$tmp/missing.log" && { echo "FAIL: it compiled"; exit 1; }
+echo "PASS: the sdist with the system's tools, with the index's, and without the -dev packages"
 echo "PASS: pip install and $(basename "$wheel")"

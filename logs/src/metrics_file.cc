@@ -291,8 +291,37 @@ class JsonLinesParser : public LineParser {
       return At(source_, line_no, v->column, "each line must be a JSON object");
     }
     auto& row = b.NewRow(line_no);
+    // The step, and each metric, under its own name or a usual alias (the
+    // table every keyed format reads: IsStepColumn, SignalByAlias); the own
+    // name wins over an alias, and two aliases of one metric are an error.
     const core::JsonValue* step = v->Find("step");
-    if (step == nullptr) return At(source_, line_no, 1, "missing key \"step\"");
+    std::string step_key = "step";
+    for (const auto& [key, val] : v->object) {
+      if (step == nullptr && IsStepColumn(absl::AsciiStrToLower(key))) {
+        step = &val;
+        step_key = key;
+      }
+    }
+    if (step == nullptr) {
+      return At(source_, line_no, 1,
+                "missing a step key (step, _step, global_step, iteration, iter, "
+                "trainer/global_step or train/step)");
+    }
+    std::array<const std::string*, core::kNumSignals> named{};  // the key each metric came from
+    for (const auto& [key, val] : v->object) {
+      Signal sig;
+      const bool exact = SignalByName(key, &sig);
+      if (!exact && !SignalByAlias(absl::AsciiStrToLower(key), &sig)) continue;
+      const std::string*& taken = named[static_cast<size_t>(sig)];
+      if (taken != nullptr && !exact) {
+        if (SignalByName(*taken, &sig)) continue;  // its own name is already there
+        return At(source_, line_no, val.column,
+                  absl::StrCat("\"", *taken, "\" and \"", key, "\" both name the ",
+                               core::SignalName(sig), "; keep one, or name it \"",
+                               core::SignalName(sig), "\""));
+      }
+      taken = &key;
+    }
     if (step->type != core::JsonValue::Type::kNumber || !std::isfinite(step->number) ||
         step->number != std::floor(step->number)) {
       return At(source_, line_no, step->column, "step must be an integer");
@@ -303,11 +332,14 @@ class JsonLinesParser : public LineParser {
     }
     for (const auto& [key, val] : v->object) {
       Signal sig;
-      if (key == "step") continue;
+      if (key == step_key) continue;
       if (keys_.size() < kKeysShown && std::find(keys_.begin(), keys_.end(), key) == keys_.end()) {
         keys_.push_back(key);
       }
-      if (SignalByName(key, &sig)) {
+      const auto metric = std::find_if(named.begin(), named.end(),
+                                       [&](const std::string* k) { return k == &key; });
+      if (metric != named.end()) {
+        sig = static_cast<Signal>(metric - named.begin());
         keys_seen_ |= core::Bit(sig);
         if (val.type == core::JsonValue::Type::kNull) continue;
         if (val.type == core::JsonValue::Type::kString) {

@@ -141,11 +141,35 @@ TEST_CASE("JSON lines: comment lines are read past - a metric no line has is unk
   CHECK_FALSE(t->Record(1).Has(Signal::kNanFrac));
 }
 
+TEST_CASE("JSON lines: the keys loggers write - the metric-name table - own names first",
+          "[logs][jsonl]") {
+  // A logger's keys: _step, train/loss, train/grad_norm, learning_rate; a
+  // line with both loss and train_loss takes loss.
+  auto t = ParseMetrics(
+      "{\"_step\": 10, \"train/loss\": 2.5, \"train/grad_norm\": 1.5, \"learning_rate\": 3e-4}\n"
+      "{\"global_step\": 20, \"train_loss\": 2.25, \"loss\": 2.0, \"lr\": 1e-4}\n",
+      "run.jsonl");
+  REQUIRE(t.ok());
+  REQUIRE(t->size() == 2);
+  CHECK(t->Record(0).step == 10);
+  CHECK(t->Record(0).Get(Signal::kLoss) == 2.5);
+  CHECK(t->Record(0).Get(Signal::kGradNorm) == 1.5);
+  CHECK(t->Record(0).Get(Signal::kLearningRate) == 3e-4);
+  CHECK(t->Record(1).step == 20);
+  CHECK(t->Record(1).Get(Signal::kLoss) == 2.0);
+  CHECK(t->Record(1).Get(Signal::kLearningRate) == 1e-4);
+}
+
 TEST_CASE("JSON lines: malformed input names file - line and column", "[logs][jsonl][errors]") {
   const std::string ok = R"({"step": 1, "loss": 2, "grad_norm": 1, "log_z": 8, "nan_frac": 0})";
   CHECK(ErrorOf(ok + "\n{\"step\": 2, \"loss\": 2,, }\n") ==
         "run.csv:2:23: expected a quoted key");
-  CHECK(ErrorOf(ok + "\n{\"loss\": 2}\n") == "run.csv:2:1: missing key \"step\"");
+  CHECK(ErrorOf(ok + "\n{\"loss\": 2}\n") ==
+        "run.csv:2:1: missing a step key (step, _step, global_step, iteration, iter, "
+        "trainer/global_step or train/step)");
+  CHECK(ErrorOf(ok + "\n{\"step\": 2, \"train/loss\": 2, \"train_loss\": 3}\n") ==
+        "run.csv:2:44: \"train/loss\" and \"train_loss\" both name the loss; keep one, or name "
+        "it \"loss\"");
   CHECK(ErrorOf(ok + "\n{\"step\": 2, \"loss\": \"abc\"}\n") ==
         "run.csv:2:21: loss \"abc\" is not a number");
   CHECK(ErrorOf(ok + "\n" + ok + "\n") ==

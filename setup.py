@@ -15,9 +15,10 @@ Environment:
 
 From the source distribution (`pip install trainwatch_agent-X.tar.gz`), pip
 fetches the build tools pyproject.toml pins (setuptools, wheel, pybind11,
-CMake) from the package index; the C++ libraries come from the system, and a
-system that lacks one is told which packages to install before anything is
-compiled (missing_system_packages).
+CMake) from the package index; the C++ libraries come from the system (or any
+prefix CMake is pointed at), and when CMake cannot configure the build, the
+ones pkg-config and PATH do not find either are named with the packages that
+provide them (missing_system_packages), before anything is compiled.
 
 Built this way the module links the system's gRPC and Abseil shared libraries
 (Debian: libgrpc++1.51, libabsl20220623), which must be present where it is
@@ -77,8 +78,9 @@ def missing_system_packages(env=None):
             if not found:
                 missing.append((name, debian, fedora))
     for tool, debian, fedora in SYSTEM_TOOLS:
-        if shutil.which(env.get("CXX", tool) if tool == "c++" else tool,
-                        path=env.get("PATH")) is None:
+        # CXX may carry a launcher or flags ("ccache g++"): its first word.
+        program = shlex.split(env.get("CXX") or tool)[0] if tool == "c++" else tool
+        if shutil.which(program, path=env.get("PATH")) is None:
             missing.append((tool, debian, fedora))
     return [f"  {what} (Debian/Ubuntu: {debian}; Fedora/RHEL: {fedora})"
             for what, debian, fedora in missing]
@@ -96,13 +98,6 @@ class CMakeBuild(build_ext):
     expects the extension."""
 
     def build_extension(self, ext):
-        missing = missing_system_packages()
-        if missing:
-            raise SystemExit(
-                "trainwatch-agent: building the native module from source needs these, which "
-                "this system lacks:\n" + "\n".join(missing) + "\nInstall them (Debian's full "
-                "list: scripts/install-deps.sh in the repository), or install a built wheel, "
-                "which needs none of them (docs/install.md).")
         build_dir = pathlib.Path(os.environ.get("TRAINWATCH_CMAKE_BUILD_DIR") or
                                  pathlib.Path(self.build_temp) / "cmake").resolve()
         configure = [
@@ -127,7 +122,18 @@ class CMakeBuild(build_ext):
             except ImportError:
                 pass  # the system's (Debian: pybind11-dev), found by CMake
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 1)
-        subprocess.run(configure, check=True)
+        try:
+            subprocess.run(configure, check=True)
+        except subprocess.CalledProcessError:
+            # CMake said why above; what the system lacks, in packages.
+            missing = missing_system_packages()
+            if not missing:
+                raise
+            raise SystemExit(
+                "trainwatch-agent: building the native module from source needs these, which "
+                "this system lacks:\n" + "\n".join(missing) + "\nInstall them (Debian's full "
+                "list: scripts/install-deps.sh in the repository), or install a built wheel, "
+                "which needs none of them (docs/install.md).")
         subprocess.run(["cmake", "--build", str(build_dir), "--target", ext.target, "-j", jobs],
                        check=True)
         # The module of this interpreter: a shared build folder holds others'.

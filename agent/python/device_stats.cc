@@ -80,15 +80,13 @@ Borrowed BorrowCuda(py::handle obj, const char* what, BorrowOptions::Kind kind) 
 
 class DeviceStats {
  public:
-  // The runtime's own reason when there is no device (e.g. a driver older
-  // than this build's CUDA runtime), for the guard's fallback warning.
+  // The runtime's own reason when the kernels cannot run here (no device, a
+  // driver older than this build's CUDA runtime, a GPU the build has no code
+  // for), for the guard's fallback warning.
   DeviceStats() {
-    int count = 0;
-    const cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess || count == 0) {
-      throw std::runtime_error(
-          std::string("DeviceStats: no usable CUDA device") +
-          (e != cudaSuccess ? std::string(" (") + cudaGetErrorString(e) + ")" : ""));
+    const kernels::Status runnable = kernels::CudaKernelsRunnable();
+    if (!runnable.ok()) {
+      throw std::runtime_error("DeviceStats: no usable CUDA device (" + runnable.message() + ")");
     }
   }
 
@@ -290,16 +288,12 @@ class DeviceStats {
 namespace {
 
 // Whether a CUDA device can run the kernels here, asked once: a CUDA build
-// on a machine with nvcc and no GPU, or with a driver older than the build's
-// runtime, has none.
+// on a machine with nvcc and no GPU, with a driver older than the build's
+// runtime, or with a GPU older than the architectures it was built for, has
+// none.
 bool CudaUsable() {
 #if TRAINWATCH_KERNELS_HAVE_CUDA
-  static const bool usable = [] {
-    int count = 0;
-    const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-    cudaGetLastError();  // clears a failed call's sticky-free error
-    return ok;
-  }();
+  static const bool usable = kernels::CudaKernelsRunnable().ok();
   return usable;
 #else
   return false;

@@ -126,6 +126,7 @@ class Agent::Impl {
   int64_t values_step_ = -1;  // its step, for StepObserved()'s order check
   std::atomic<int64_t> steps_{0};
   bool warm_up_announced_ = false, warming_up_ = true;
+  uint32_t announced_rules_ = 0;  // the hash of the rules the last line named
   Sender sender_;
 };
 
@@ -197,12 +198,18 @@ absl::StatusOr<Verdict> Agent::Impl::Step(const StepInput& in) {
 }
 
 void Agent::Impl::Announce(int64_t step) {
-  if (!warm_up_announced_) {
+  // At the first step, and again when trainwatchd's rules replace the
+  // defaults (every rank at the same step).
+  if (announced_rules_ != rules_hash_ || !warm_up_announced_) {
+    const char* source = config_.rules.has_value()        ? "the job's own"
+                         : server_rules_from_.load() >= 0   ? "trainwatchd's"
+                         : config_.server_address.empty()  ? "the defaults"
+                                                           : "the defaults, until trainwatchd's arrive";
+    std::fputs(internal::WarmUpLine(rules_, source, engine_->first_step(), outcome_.warming_up)
+                   .c_str(),
+               stderr);
     warm_up_announced_ = true;
-    const char* source = config_.rules.has_value()    ? "the job's own"
-                         : config_.server_address.empty() ? "the defaults"
-                                                          : "the defaults, until trainwatchd's arrive";
-    std::fputs(internal::WarmUpLine(rules_, source, engine_->first_step()).c_str(), stderr);
+    announced_rules_ = rules_hash_;
   } else if (warming_up_ && !outcome_.warming_up) {
     std::fputs(internal::WarmUpOverLine(step).c_str(), stderr);
   }

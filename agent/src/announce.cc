@@ -7,7 +7,10 @@
 namespace trainwatch::agent::internal {
 
 std::string WarmUpLine(const core::RuleConfig& rules, absl::string_view source,
-                       int64_t first_step) {
+                       int64_t first_step, bool warming_up) {
+  if (!warming_up) {
+    return absl::StrFormat("trainwatch: rules: %s; warm-up over: every rule decides\n", source);
+  }
   return absl::StrFormat(
       "trainwatch: rules: %s; warm-up until step %d (and %d loss and grad-norm records): until "
       "then no update is skipped and the baseline rules do not page; a bad batch is recorded, a "

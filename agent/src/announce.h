@@ -15,10 +15,12 @@
 
 namespace trainwatch::agent::internal {
 
-// At the run's first step: the rules in force (`source` says whose), the
-// step the warm-up lasts until, and what is off until then.
+// At the run's first step, and when the rules change: the rules in force
+// (`source` says whose), and the warm-up: the step it lasts until and what is
+// off until then, or (`warming_up` false: a resumed run, warmup_steps 0) that
+// it is over.
 std::string WarmUpLine(const core::RuleConfig& rules, absl::string_view source,
-                       int64_t first_step);
+                       int64_t first_step, bool warming_up);
 // At the first step out of warm-up.
 std::string WarmUpOverLine(int64_t step);
 // What this step's outcome says a person should see, one line each ("" when

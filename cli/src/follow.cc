@@ -78,7 +78,8 @@ class Follower {
     if (parser_ != nullptr) return Parse(line);
     if (Detect(line)) return ParseHeld();
     if (held_lines_ >= kDetectLines) return Unknown();
-    if (held_lines_ == kUnknownNoteLines && !unknown_noted_) {
+    if (held_lines_ == kUnknownNoteLines && !unknown_noted_ &&
+        DetectFormat(held_) == MetricsFormat::kAuto) {
       unknown_noted_ = true;
       std::fprintf(stderr, "twctl follow: still looking for a known format after %d lines: %s\n",
                    kUnknownNoteLines,
@@ -86,11 +87,13 @@ class Follower {
     }
     return absl::OkStatus();
   }
-  // The stream ended or restarted: what was held for detection is parsed.
-  absl::Status EndOfStream() {
+  // The stream ended (`last`) or restarted: what was held for detection is
+  // parsed. Lines in no known format end the follow only at the end: a log
+  // rotated or truncated before its first metric line is waited on.
+  absl::Status EndOfStream(bool last = true) {
     if (parser_ == nullptr && !held_.empty()) {
       const MetricsFormat f = DetectFormat(held_);
-      if (f == MetricsFormat::kAuto) return Unknown();
+      if (f == MetricsFormat::kAuto) return last ? Unknown() : absl::OkStatus();
       Choose(f);
       if (absl::Status s = ParseHeld(); !s.ok()) return s;
     }
@@ -120,7 +123,7 @@ class Follower {
   // whole with more in it (a CSV with a new column): its steps up to the
   // last one sent were sent, and are read past, not a restart of the job.
   absl::Status Restart(bool rewritten) {
-    if (absl::Status s = EndOfStream(); !s.ok()) return s;
+    if (absl::Status s = EndOfStream(/*last=*/false); !s.ok()) return s;
     if (rewritten) skip_through_ = last_sent_;
     // trainer_state.json's reader is fed each version of the file and gives
     // only the steps not given before: it stays.
@@ -185,11 +188,8 @@ class Follower {
         return false;
       }
       if (f == MetricsFormat::kCsv) {
-        // (A Python dict, a script's printed config, is not a header.)
-        const bool header = held_lines_ == 1 && absl::StrContains(stripped, ",") &&
-                            !absl::StartsWith(stripped, "{'") &&
-                            absl::StrContains(absl::AsciiStrToLower(stripped), "step");
-        if (!header) return false;  // not a CSV; perhaps a log's line comes
+        // DetectFormat took the first line that is not a comment for a
+        // header (a step column, or names alone), as replay does.
         f = MetricsFormat::kGenericCsv;
       } else if (f == MetricsFormat::kDeepSpeed && held_lines_ < kDetectLines) {
         // DeepSpeed's lines come before a trainer's first metric line (the

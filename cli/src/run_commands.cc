@@ -107,7 +107,6 @@ class RunsCommand : public Command {
                     .WithNotes("states:\n"
                                "  running       an agent of the run is connected\n"
                                "  halted        its last evaluated step was halted\n"
-                               "  rolling_back  an approved rollback's command is in flight\n"
                                "  finished      every rank's agent closed: the trainer ended, or a\n"
                                "                followed log's writer exited\n"
                                "  stale         its agents went silent without closing (killed,\n"

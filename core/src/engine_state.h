@@ -256,16 +256,30 @@ bool CheckNumericalFailure(EngineState& s, const StepFacts& f, StepOutcome* out)
 // event.
 bool ReportDataAnomaly(EngineState& s, const StepFacts& f, bool tier1, double grad_ratio,
                        StepOutcome* out);
-inline bool CheckDataAnomaly(EngineState& s, const StepFacts& f, StepOutcome* out) {
-  const RuleConfig& c = s.c;
-  const double grad_ratio = Finite(f.grad) && Finite(f.grad_median) && f.grad_median > 0.0
-                                ? f.grad / f.grad_median
-                                : kNaN;
+// The step's deviation from the EMA and the run's noise scale (f.dev,
+// f.sigma, f.sigma_ok), from the calm steps so far.
+inline void ReadNoise(const EngineState& s, StepFacts* f) {
+  f->dev = f->loss - f->ema;
+  const double sigma_sq = s.dev_sq.Value() - s.dev_mean.Value() * s.dev_mean.Value();
+  f->sigma_ok = s.dev_sq.count() >= s.c.warmup_min_records;
+  f->sigma = f->sigma_ok && sigma_sq > 0.0 ? std::sqrt(sigma_sq) : kNaN;
+}
+// grad_norm / its median, NaN when either is unknown.
+inline double GradRatio(const StepFacts& f) {
+  return Finite(f.grad) && Finite(f.grad_median) && f.grad_median > 0.0 ? f.grad / f.grad_median
+                                                                         : kNaN;
+}
+// The tier 1 trigger: a grad-norm outlier with a loss jump (the ratio, or a
+// spike-sized jump clear of the run's noise). Also what warm-up records.
+inline bool Tier1Trigger(const RuleConfig& c, const StepFacts& f, double grad_ratio) {
   const bool jump = f.dev >= c.spike_delta_nats && f.sigma_ok &&
                     (!Finite(f.sigma) || f.dev >= c.tier1_loss_z * f.sigma);
-  const bool loss_cond = f.ratio > c.tier1_loss_ratio || jump;
-  const bool tier1 = grad_ratio > c.tier1_grad_ratio && loss_cond;
-  if (!tier1 && !(f.ratio > c.skip_loss_ratio)) return false;
+  return grad_ratio > c.tier1_grad_ratio && (f.ratio > c.tier1_loss_ratio || jump);
+}
+inline bool CheckDataAnomaly(EngineState& s, const StepFacts& f, StepOutcome* out) {
+  const double grad_ratio = GradRatio(f);
+  const bool tier1 = Tier1Trigger(s.c, f, grad_ratio);
+  if (!tier1 && !(f.ratio > s.c.skip_loss_ratio)) return false;
   return ReportDataAnomaly(s, f, tier1, grad_ratio, out);
 }
 

@@ -14,6 +14,15 @@ namespace trainwatch::core {
 
 namespace {
 
+// Past the warm-up at `step`: warmup_steps since the first record, and the
+// EMA and (for a run that reports grad_norm) the median hold enough records.
+bool Warm(const EngineState& s, int64_t step, int64_t grad_samples) {
+  const RuleConfig& c = s.c;
+  const bool needs_grad = (s.ever_present & Bit(Signal::kGradNorm)) != 0;
+  return step - s.first_step >= c.warmup_steps && s.ema.count() >= c.warmup_min_records &&
+         (!needs_grad || grad_samples >= c.warmup_min_grad_samples);
+}
+
 absl::Status Admit(EngineState& s, const StepRecord& r) {
   if (r.step < 0) {
     return absl::InvalidArgumentError(absl::StrCat("step ", r.step, " is negative"));
@@ -52,10 +61,7 @@ StepFacts ReadBaseline(EngineState& s, const StepRecord& r, StepOutcome* out) {
   out->loss_ema = f.ema;
   out->loss_ema_ratio = f.ratio;
   out->grad_norm_median = f.grad_median;
-  const bool needs_grad = (s.ever_present & Bit(Signal::kGradNorm)) != 0;
-  f.warm = r.step - s.first_step >= c.warmup_steps && s.ema.count() >= c.warmup_min_records &&
-           (!needs_grad ||
-            static_cast<int64_t>(s.grad_median.size()) >= c.warmup_min_grad_samples);
+  f.warm = Warm(s, r.step, static_cast<int64_t>(s.grad_median.size()));
   out->warming_up = !f.warm;
   return f;
 }
@@ -77,12 +83,8 @@ void FeedLogZ(EngineState& s, StepFacts* f) {
 
 // A warm step with a loss and an EMA: every rule decides.
 void Decide(EngineState& s, StepFacts* f, StepOutcome* out) {
-  const RuleConfig& c = s.c;
   const int64_t step = f->r.step;
-  f->dev = f->loss - f->ema;
-  const double sigma_sq = s.dev_sq.Value() - s.dev_mean.Value() * s.dev_mean.Value();
-  f->sigma_ok = s.dev_sq.count() >= c.warmup_min_records;
-  f->sigma = f->sigma_ok && sigma_sq > 0.0 ? std::sqrt(sigma_sq) : kNaN;
+  ReadNoise(s, f);
   const uint64_t episode_before = s.ep.active ? s.ep.id : 0;
 
   const bool skip = CheckDataAnomaly(s, *f, out);
@@ -159,8 +161,7 @@ WarmUpState RuleEngine::WarmUp() const {
   w.needs_grad = (s.ever_present & Bit(Signal::kGradNorm)) != 0;
   if (s.first_step < 0) return w;
   w.until_step = s.first_step + s.c.warmup_steps;
-  w.active = s.last_step + 1 < w.until_step || w.loss_records < s.c.warmup_min_records ||
-             (w.needs_grad && w.grad_samples < s.c.warmup_min_grad_samples);
+  w.active = !Warm(s, s.last_step + 1, w.grad_samples);
   return w;
 }
 

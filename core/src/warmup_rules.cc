@@ -25,19 +25,18 @@ std::string Until(const EngineState& s) {
   return absl::StrFormat("in warm-up until step %d", s.first_step + s.c.warmup_steps);
 }
 
-void CheckBadBatch(EngineState& s, const StepFacts& f, StepOutcome* out) {
+void CheckBadBatch(EngineState& s, const StepFacts& baseline, StepOutcome* out) {
   const RuleConfig& c = s.c;
   if (s.ema.count() < c.warmup_min_records ||
       static_cast<int64_t>(s.grad_median.size()) < c.warmup_min_grad_samples ||
-      !Finite(f.ema) || !Finite(f.grad) || !(f.grad_median > 0.0)) {
+      !Finite(baseline.ema)) {
     return;
   }
-  const double grad_ratio = f.grad / f.grad_median;
-  const double dev = f.loss - f.ema;
-  const double sigma_sq = s.dev_sq.Value() - s.dev_mean.Value() * s.dev_mean.Value();
-  const double sigma = sigma_sq > 0.0 ? std::sqrt(sigma_sq) : kNaN;
-  const bool jump = dev >= c.spike_delta_nats && (!Finite(sigma) || dev >= c.tier1_loss_z * sigma);
-  if (!(grad_ratio > c.tier1_grad_ratio) || !(f.ratio > c.tier1_loss_ratio || jump)) return;
+  StepFacts f = baseline;
+  ReadNoise(s, &f);
+  const double grad_ratio = GradRatio(f);
+  if (!Tier1Trigger(c, f, grad_ratio)) return;
+  const double dev = f.dev;
   Event& e = s.NewEvent(out, f.r, 0, Action::kRecord, EventKind::kDataAnomaly, s.next_episode++,
                         f.r.step);
   e.reason = absl::StrFormat(
@@ -50,8 +49,10 @@ void CheckBadBatch(EngineState& s, const StepFacts& f, StepOutcome* out) {
 void CheckDivergence(EngineState& s, const StepFacts& f, StepOutcome* out) {
   const RuleConfig& c = s.c;
   const double low = s.warm_min_loss;
-  const bool high = std::isfinite(low) && f.loss >= c.warmup_divergence_ratio * low &&
-                    f.loss - low >= c.warmup_divergence_nats;
+  // The ratio means something only above zero (a loss that can go
+  // negative, such as a reward or a shifted objective, has the nats alone).
+  const bool high = std::isfinite(low) && f.loss - low >= c.warmup_divergence_nats &&
+                    (low <= 0.0 || f.loss >= c.warmup_divergence_ratio * low);
   if (!high) {
     // Back under the bound: a later divergence pages again.
     s.warm_high_records = 0;
@@ -66,9 +67,11 @@ void CheckDivergence(EngineState& s, const StepFacts& f, StepOutcome* out) {
   Event& e = s.NewEvent(out, f.r, 2, Action::kPage, EventKind::kNonRecovering, s.next_episode++,
                         s.warm_high_start);
   e.reason = absl::StrFormat(
-      "non-recovering divergence %s: loss %.4g is %.1fx its lowest value so far, %.4g (%+.4g "
+      "non-recovering divergence %s: loss %.4g is %s its lowest value so far, %.4g (%+.4g "
       "nats), for %d records since step %d; this rule needs no baseline",
-      Until(s), f.loss, f.loss / low, low, f.loss - low, s.warm_high_records, s.warm_high_start);
+      Until(s), f.loss,
+      low > 0.0 ? absl::StrFormat("%.1fx", f.loss / low) : std::string("far above"), low,
+      f.loss - low, s.warm_high_records, s.warm_high_start);
   s.AddEvidence(s.warm_high_start, f.r.step, RecommendedAction::Kind::kQuarantineShards, &e);
 }
 

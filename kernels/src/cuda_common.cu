@@ -50,6 +50,25 @@ Status CheckCreate(int64_t max_rows, const void* out) {
 
 }  // namespace internal
 
+namespace {
+// Compiled for the same architectures as every kernel of the library: its
+// attributes exist exactly where they can run.
+__global__ void ProbeKernel() {}
+}  // namespace
+
+Status CudaKernelsRunnable() {
+  TRAINWATCH_KERNELS_RETURN_IF_ERROR(internal::RequireDevice());
+  cudaFuncAttributes attributes;
+  const cudaError_t err = cudaFuncGetAttributes(&attributes, ProbeKernel);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return UnavailableError(
+        std::string("the kernels were not built for this GPU's architecture: ") +
+        cudaGetErrorString(err));
+  }
+  return OkStatus();
+}
+
 int CudaDeviceCount() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

@@ -405,8 +405,9 @@ MetricsFormat DetectFormat(absl::string_view content) {
     const absl::string_view line = absl::StripAsciiWhitespace(raw);
     if (line.empty() || line.front() == '#') continue;  // a comment says nothing of the format
     // A CSV's first line is its header: a step column among its names, or
-    // names only (the CSV reader then says which column it lacks), not a
-    // printed config ("lr=3e-4, steps=400") or numbers.
+    // names alone (the CSV reader then says which column it lacks), not a
+    // printed config ("lr=3e-4, steps=400"), prose ("Resolving data files,
+    // this may take a while") or numbers.
     if (++seen == 1 && absl::StrContains(line, ',')) {
       bool step = false, names = true;
       for (absl::string_view name : absl::StrSplit(line, ',')) {
@@ -417,7 +418,7 @@ MetricsFormat DetectFormat(absl::string_view content) {
         step |= IsStepColumn(absl::AsciiStrToLower(name));
         names &= !name.empty() && !absl::ascii_isdigit(static_cast<unsigned char>(name[0])) &&
                  name[0] != '-' && name[0] != '.' && !absl::StrContains(name, '=') &&
-                 !absl::StrContains(name, ": ");
+                 !absl::StrContains(name, ' ');
       }
       csv_header = step || names;
     }

@@ -834,6 +834,45 @@ TEST_CASE("follow: a format no reader knows stops with the formats tried - nothi
   CHECK(Stored(d.db(), "run-unknown").empty());
 }
 
+TEST_CASE("follow: 500 lines in no known format stop a live source - a rewrite before them does not",
+          "[cli][follow][formats]") {
+  TempDir dir;
+  Trainwatchd d(dir, "", "");
+  // A pipe that stays open (a FIFO its writer holds): the bound, not the end
+  // of the input, stops it.
+  std::string unknown;
+  for (int i = 0; i < 600; ++i) unknown += absl::StrFormat("[11:00:%02d] tick %d\n", i % 60, i);
+  std::ofstream(dir.File("unknown.log")) << unknown;
+  const std::string fifo = dir.File("pipe");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  Child writer({"/bin/sh", "-c", "cat '" + dir.File("unknown.log") + "' > '" + fifo +
+                                     "'; sleep 60 > '" + fifo + "'"},
+               dir.File("writer.out"));
+  Child bound({"/bin/sh", "-c", "exec '" TWCTL_PATH "' follow - --run run-bound --server " +
+                                    d.address() + " --status-interval 0 < '" + fifo + "'"},
+              dir.File("bound.out"));
+  const int rc = bound.Wait(30);
+  const std::string out = ReadFile(dir.File("bound.out"));
+  INFO(out);
+  CHECK(rc == 2);
+  CHECK(out.find("still looking for a known format after 50 lines") != std::string::npos);
+  CHECK(out.find("no known format in its first lines") != std::string::npos);
+
+  // A log rotated before its first metric line (a job that restarted) is
+  // followed on: its new content is llm.c's.
+  const std::string log = dir.File("train.log");
+  std::ofstream(log) << "starting\nloading data\n";
+  Child follow({TWCTL_PATH, "follow", log, "--run", "run-rewrite", "--server", d.address(),
+                "--status-interval", "0"},
+               dir.File("rewrite.out"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  std::ofstream(log + ".new") << Llmc(0, 30);
+  std::filesystem::rename(log + ".new", log);
+  REQUIRE(WaitRows(d.db(), "run-rewrite", 30));
+  ::kill(follow.pid(), SIGTERM);
+  CHECK(follow.Wait(20) == 0);
+}
+
 TEST_CASE("follow: bad flags are usage errors naming them", "[cli][follow]") {
   TempDir dir;
   auto run = [&](std::vector<std::string> argv) {

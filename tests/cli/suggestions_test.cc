@@ -4,6 +4,7 @@
 // live trainwatchd (in process), its "..." comment filled in.
 
 #include <catch2/catch.hpp>
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
@@ -94,7 +95,7 @@ TEST_CASE("twctl: every command a message suggests works in the state it is sugg
   DivergingRun(with, "run-ckpt", true);
   DivergingRun(without, "run-none", false);
 
-  int run_suggestions = 0;
+  std::map<std::string, std::vector<std::string>> suggested;  // run -> the commands run
   for (const std::string& run : {"run-ckpt", "run-none"}) {
     INFO(run);
     const std::vector<std::string> ids = IncidentIds(addr, run);
@@ -109,12 +110,17 @@ TEST_CASE("twctl: every command a message suggests works in the state it is sugg
         Out o = Twctl(addr, command);
         INFO(o.out << o.err);
         CHECK(o.code == 0);
-        ++run_suggestions;
+        suggested[run].push_back(absl::StrJoin(command, " "));
       }
     }
   }
-  // run-ckpt's page suggests its approval, run-none's the rejection.
-  CHECK(run_suggestions >= 2);
+  // run-ckpt's page suggests its approval to the checkpoint, run-none's the
+  // rejection (its approval would be refused).
+  REQUIRE(suggested["run-ckpt"].size() == 1);
+  CHECK(suggested["run-ckpt"][0].rfind("rollback approve I-", 0) == 0);
+  CHECK(suggested["run-ckpt"][0].find("--to-step 10 ") != std::string::npos);
+  REQUIRE(suggested["run-none"].size() == 1);
+  CHECK(suggested["run-none"][0].rfind("rollback reject I-", 0) == 0);
   const std::vector<std::string> ckpt = IncidentIds(addr, "run-ckpt");
   CHECK(Twctl(addr, {"incident", "show", ckpt.back()}).out.find("rolling_back") !=
         std::string::npos);

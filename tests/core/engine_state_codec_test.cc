@@ -99,6 +99,20 @@ TEST_CASE("engine state: a fresh engine and one mid-episode both round-trip",
   testing::CheckRoundTrip(RuleConfig(), t.rows.size(), at, rec);
 }
 
+TEST_CASE("engine state: cut inside a warm-up divergence - it pages once - as without the cut",
+          "[core][snapshot][warmup]") {
+  // Loss 3, then far above its lowest value from record 30: the page comes
+  // at record 32; cut at 31, between the first high record and the page.
+  auto rec = [](size_t i) {
+    StepRecord r;
+    r.step = static_cast<int64_t>(i);
+    r.Set(Signal::kLoss, i < 30 ? 3.0 - 0.01 * static_cast<double>(i) : 9.0);
+    return r;
+  };
+  const auto result = testing::CheckRoundTrip(RuleConfig(), 40, 31, rec);
+  CHECK(result.events_after_cut == 1);  // the page, decided by the restored engine
+}
+
 std::string SavedAfter(const RuleConfig& config, int64_t steps) {
   const RandomTrace t(5, steps);
   RuleEngine e(config);

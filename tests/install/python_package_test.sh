@@ -10,9 +10,9 @@
 #      pins come from the package index alone (from a wheelhouse of them made
 #      once per machine, then --no-index); a second fresh venv (no system
 #      packages) installs the wheel and imports it;
-#   3. the same build where pkg-config finds none of the -dev packages stops
-#      before compiling, naming each missing one and its Debian and Fedora
-#      package.
+#   3. the same build where neither CMake nor pkg-config finds the -dev
+#      packages (CMake told to ignore /usr) stops before compiling, naming each
+#      missing one and its Debian and Fedora package.
 #   python_package_test.sh SOURCE_DIR TRAINWATCHD VERSION
 #
 # The package builds without CUDA unless TRAINWATCH_CMAKE_ARGS (setup.py's
@@ -92,6 +92,7 @@ check_import "$tmp/venv2/bin/python" "$tmp/venv2"
 
 echo "== the sdist where the -dev packages are missing: named, nothing compiled"
 if (cd "$tmp/elsewhere" && PKG_CONFIG_LIBDIR="$tmp/empty" PKG_CONFIG_PATH= \
+    TRAINWATCH_CMAKE_ARGS="$TRAINWATCH_CMAKE_ARGS -DCMAKE_IGNORE_PREFIX_PATH=/usr" \
     "$tmp/venv/bin/python" -m pip wheel --no-index --find-links "$wheelhouse" --no-deps \
     --disable-pip-version-check -w "$tmp/dist-missing" "$sdist" >"$tmp/missing.log" 2>&1); then
   echo "FAIL: built without the system's libraries"; exit 1

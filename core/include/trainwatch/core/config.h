@@ -51,8 +51,10 @@ struct RuleConfig {
   // recovery, the log_z rise. 20 steps lag a trend by about 10 steps.
   double smoothing_span_steps = 20;
 
-  // ---- warm-up: no tier 1 or tier 2 decision (no skip, no page, no spike)
-  // until all three hold; tier 3 is never held back, a NaN is never benign.
+  // ---- warm-up: no skip and no decision of the baseline rules (tier 1, the
+  // spike, the tier 2 pages that measure against the EMA) until all three
+  // hold; tier 3 is never held back, a NaN is never benign, and the warm-up
+  // rules below decide from the first record.
   // Early warnings need their own full histories and wait for them.
   int64_t warmup_steps = 1000;        // steps since the run's first record
   int64_t warmup_min_records = 20;    // loss records in the EMA

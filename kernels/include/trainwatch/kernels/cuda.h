@@ -40,6 +40,12 @@ namespace trainwatch::kernels {
 // driver (never an error, so callers can simply skip GPU work).
 int CudaDeviceCount();
 
+// Whether this build's kernels run on the current device: a device exists
+// and the library holds machine code or PTX for its architecture (a build
+// for sm_80 and newer has none for a Turing GPU). Unavailable with the
+// runtime's reason otherwise.
+Status CudaKernelsRunnable();
+
 // The start of a plan's device result buffer, for consumers that reduce on
 // the device (e.g. an all-reduce of sum_squares across ranks before any
 // host copy). When the plan was created with per_tensor, the header is

@@ -189,11 +189,13 @@ std::unique_ptr<LineParser> NewCsvParser(absl::string_view source, bool strict,
                                          const ColumnMap& map);
 std::unique_ptr<LineParser> NewJsonLinesParser(absl::string_view source);
 // Guesses the format from the first lines: kCsv when none of the logs'
-// lines is among them and the first line is a header naming a step column
-// (IsStepColumn); kAuto when nothing matches.
+// lines is among them and the first line that is not a comment is a header
+// (a step column (IsStepColumn), or names alone, without spaces); kAuto when
+// nothing matches.
 MetricsFormat DetectFormat(absl::string_view content);
 // What replay and follow say when DetectFormat() knows nothing: the formats
-// tried, the first line that is not a comment, and how to give --pattern.
+// tried, the first line that names a loss (else the first that is not a
+// comment), and how to give --pattern.
 absl::Status UnknownFormatError(absl::string_view source, absl::string_view content);
 
 }  // namespace trainwatch::logs

@@ -336,8 +336,11 @@ class JsonLinesParser : public LineParser {
       if (keys_.size() < kKeysShown && std::find(keys_.begin(), keys_.end(), key) == keys_.end()) {
         keys_.push_back(key);
       }
+      // (A pointer, not the binding: a lambda may not capture a structured
+      // binding in C++17.)
+      const std::string* const this_key = &key;
       const auto metric = std::find_if(named.begin(), named.end(),
-                                       [&](const std::string* k) { return k == &key; });
+                                       [this_key](const std::string* k) { return k == this_key; });
       if (metric != named.end()) {
         sig = static_cast<Signal>(metric - named.begin());
         keys_seen_ |= core::Bit(sig);

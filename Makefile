@@ -39,12 +39,15 @@ build: configure
 
 # Self-contained wheels for CPython 3.10 to 3.13 in dist/ (scripts/build_wheels.py),
 # each then installed into a bare venv of its Python and used
-# (tests/install/wheel_test.sh; make test does 3.11's).
+# (tests/install/wheel_test.sh; make test does 3.11's), and the README's Python
+# quick start run there with torch from the package index: torch-newest's pin,
+# or torch-floor's for 3.10 (the newest has no wheel for it).
 WHEEL_PYTHONS ?= 3.10 3.11 3.12 3.13
 wheels: build
 	/usr/bin/python3 scripts/build_wheels.py --build $(BUILD) --out dist \
 		$(foreach v,$(WHEEL_PYTHONS),--python $(v))
 	for v in $(WHEEL_PYTHONS); do \
+		WHEEL_TEST_TORCH=$$(grep '^torch==' tests/python/env/torch-$$([ $$v = 3.10 ] && echo floor || echo newest).txt) \
 		tests/install/wheel_test.sh $(CURDIR) dist $(BUILD)/wheels/env-repair/bin/python \
 			$(CURDIR)/$(BUILD)/bin/trainwatchd $$(sed -n 's/^project(trainwatch VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt) $$v \
 			|| exit 1; \

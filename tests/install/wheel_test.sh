@@ -110,4 +110,18 @@ PY
 "$tmp/venv/bin/twctl" --server "$server" status wheel-run | tee "$tmp/status.txt"
 grep -q "run wheel-run: step 19," "$tmp/status.txt" ||
   { echo "FAIL: twctl status does not show the run's 20 steps"; exit 1; }
+
+# With WHEEL_TEST_TORCH (a requirement, torch==X: make wheels gives the
+# pinned torch of tests/python/env that has a wheel for this Python), the
+# user's torch from the package index joins the venv as pip resolves it
+# (pip's cache serves repeats), and the README's Python quick start runs with
+# the installed wheel against a real trainwatchd. make test's install_wheel
+# leaves it out: its torch environments run the quick start with this wheel.
+if [ -n "${WHEEL_TEST_TORCH:-}" ]; then
+  echo "== the README's Python quick start, with $WHEEL_TEST_TORCH from the index"
+  "$tmp/venv/bin/python" -m pip install -q --disable-pip-version-check "$WHEEL_TEST_TORCH" ||
+    { echo "FAIL: installing $WHEEL_TEST_TORCH"; exit 1; }
+  PYTHONPATH="$src/tests/readme:$src/tests/python" PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1 \
+    TRAINWATCHD="$trainwatchd" DOCS_ROOT="$src" "$tmp/venv/bin/python" -m unittest -v test_readme
+fi
 echo "PASS: $(basename "$wheel") in a bare venv of $(basename "$py")"

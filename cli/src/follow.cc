@@ -211,6 +211,7 @@ class Follower {
   void NewParser() {
     parser_ = NewLineParser(format_, source_, options_);
     builder_ = std::make_unique<TraceBuilder>(source_);
+    builder_->Live();
   }
   absl::Status ParseHeld() {
     std::string held = std::move(held_);
@@ -230,15 +231,18 @@ class Follower {
       ++progress_.rejected;
       std::fprintf(stderr, "twctl follow: %s (line read past)\n", std::string(s.message()).c_str());
     }
-    if (absl::Status s = SendDrained(); !s.ok()) return s;
+    // The last record waits for the next line or an idle source: the next
+    // line may be more of its step.
+    if (absl::Status s = SendDrained(/*hold_last=*/true); !s.ok()) return s;
     int64_t step;
     std::string uri;
     if (matcher_.Match(line, &step, &uri)) stream_->Checkpoint(step, uri);
     return absl::OkStatus();
   }
 
-  // Sends the records the reader built since the last call.
-  absl::Status SendDrained() {
+  // Sends the records the reader built since the last call (but the last
+  // one, with `hold_last`).
+  absl::Status SendDrained(bool hold_last = false) {
     absl::Status sent = absl::OkStatus();
     builder_->Drain([&](const core::StepRecord& rec, int) {
       if (!sent.ok()) return;
@@ -251,7 +255,10 @@ class Follower {
       if (sent.ok() && !rec.checkpoint_uri.empty()) {
         stream_->Checkpoint(rec.step, std::string(rec.checkpoint_uri));
       }
-    });
+    }, hold_last);
+    for (const std::string& w : builder_->TakeWarnings()) {
+      std::fprintf(stderr, "twctl follow: warning: %s\n", w.c_str());
+    }
     return sent;
   }
 
@@ -329,7 +336,8 @@ class FollowCommand : public Command {
                     "through its newest trainer_state.json, its own or a checkpoint-N/'s.\n"
                     "The run is marked observed: nothing is skipped or halted in the job.\n"
                     "Steps going back (a restart) open a new attempt resuming after the step\n"
-                    "before. Checkpoints: Megatron's 'saving checkpoint at iteration N',\n"
+                    "before; lines at one step merge into one record, as replay merges them.\n"
+                    "Checkpoints: Megatron's 'saving checkpoint at iteration N',\n"
                     "nanoGPT's 'saving checkpoint to DIR', a checkpoint column, or\n"
                     "--checkpoint-pattern. Stalls: the time between the log's writes is\n"
                     "learned; no step for a multiple of it is a stall (trainwatchd's\n"

@@ -243,6 +243,7 @@ class DeepSpeedLayer : public LineParser {
       }
       Anchor(rec.step);
     });
+    for (std::string& w : scratch_.TakeWarnings()) b.AddWarning(std::move(w));
     return status;
   }
 

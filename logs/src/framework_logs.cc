@@ -1,7 +1,7 @@
 // Readers for the console logs of Python training frameworks, which print
-// their metrics for people, not parsers: Hugging Face Trainer's dict lines
-// between tqdm bars, torchtitan's coloured step lines, Composer's
-// ConsoleLogger blocks and NeMo 2's "Training epoch" lines. Like the other
+// their metrics for people, not parsers: torchtitan's coloured step lines,
+// Composer's ConsoleLogger blocks and NeMo's "Training epoch" lines and bars
+// (Hugging Face Trainer's dicts: hf_trainer_log.cc). Like the other
 // text readers, each reads its own metric lines, reads past everything else,
 // and names line and column when a metric's value is not a number.
 
@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "framework_lines.h"
 #include "trainwatch/logs/lines.h"
 #include "trainwatch/logs/trace_builder.h"
 
@@ -21,251 +22,6 @@ namespace trainwatch::logs {
 namespace {
 
 using core::Signal;
-
-absl::Status NoRecords(const TraceBuilder& b, absl::string_view source, absl::string_view what) {
-  if (b.rows() > 0) return absl::OkStatus();
-  return At(source, 1, 1, absl::StrCat("no ", what, " lines: nothing to replay"));
-}
-
-int ColumnOf(absl::string_view line, absl::string_view part) {
-  return static_cast<int>(part.data() - line.data()) + 1;
-}
-
-bool AllDigits(absl::string_view s) {
-  if (s.empty()) return false;
-  for (char c : s) {
-    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
-  }
-  return true;
-}
-
-// The digits at `i` in `s` and the index after them (an empty view when none).
-absl::string_view DigitsAt(absl::string_view s, size_t i, size_t* end) {
-  size_t j = i;
-  while (j < s.size() && absl::ascii_isdigit(static_cast<unsigned char>(s[j]))) ++j;
-  *end = j;
-  return s.substr(i, j - i);
-}
-
-// ---------------------------------------------------------------------------
-// Hugging Face Trainer
-
-// A tqdm bar's "| N/M [" in `seg`: N and M. The Trainer's bar is
-// "{pct}|{bar}| {n}/{total} [{elapsed}<{remaining}, {rate}]".
-bool TqdmBar(absl::string_view seg, int64_t* n, int64_t* total) {
-  for (size_t bar = seg.find('|'); bar != absl::string_view::npos; bar = seg.find('|', bar + 1)) {
-    size_t i = bar + 1;
-    while (i < seg.size() && seg[i] == ' ') ++i;
-    size_t end;
-    const absl::string_view num = DigitsAt(seg, i, &end);
-    if (num.empty() || end >= seg.size() || seg[end] != '/') continue;
-    const absl::string_view tot = DigitsAt(seg, end + 1, &end);
-    if (tot.empty() || seg.substr(end, 2) != " [") continue;
-    if (ParseInt64(num, n) && ParseInt64(tot, total)) return true;
-  }
-  return false;
-}
-
-struct DictEntry {
-  absl::string_view key;
-  absl::string_view value;  // as printed, stripped
-};
-
-// A Python dict's repr, "{'k': v, 'k2': 'v2'}", read shallowly: keys are
-// quoted strings, a value runs to the next ',' or '}' outside quotes and
-// brackets. False when `text` (starting at '{') is not one whole dict.
-bool PythonDict(absl::string_view text, std::vector<DictEntry>* out) {
-  out->clear();
-  size_t i = 1;
-  auto skip = [&] {
-    while (i < text.size() && text[i] == ' ') ++i;
-  };
-  for (;;) {
-    skip();
-    if (i >= text.size()) return false;
-    if (text[i] == '}') return true;
-    const char q = text[i];
-    if (q != '\'' && q != '"') return false;
-    const size_t key_begin = ++i;
-    while (i < text.size() && text[i] != q) i += text[i] == '\\' ? 2 : 1;
-    if (i >= text.size()) return false;
-    const absl::string_view key = text.substr(key_begin, i - key_begin);
-    ++i;
-    skip();
-    if (i >= text.size() || text[i] != ':') return false;
-    ++i;
-    skip();
-    const size_t value_begin = i;
-    int depth = 0;
-    char in_quote = 0;
-    for (; i < text.size(); ++i) {
-      const char c = text[i];
-      if (in_quote != 0) {
-        if (c == '\\') {
-          ++i;
-        } else if (c == in_quote) {
-          in_quote = 0;
-        }
-      } else if (c == '\'' || c == '"') {
-        in_quote = c;
-      } else if (c == '(' || c == '[' || c == '{') {
-        ++depth;
-      } else if (c == ')' || c == ']' || (c == '}' && depth > 0)) {
-        --depth;
-      } else if (depth == 0 && (c == ',' || c == '}')) {
-        break;
-      }
-    }
-    if (i >= text.size()) return false;
-    out->push_back({key, absl::StripAsciiWhitespace(text.substr(value_begin, i - value_begin))});
-    if (text[i] == ',') ++i;
-  }
-}
-
-// A value as the Trainer prints it: a float's repr (1.6747, 1e-05, nan),
-// a string holding one ('1.675', transformers 5's f"{v:.4g}"), or a tensor's
-// repr (tensor(0.5, device='cuda:0'), as some versions logged grad_norm).
-bool PythonNumber(absl::string_view v, double* out) {
-  if (v.size() >= 2 && (v.front() == '\'' || v.front() == '"') && v.back() == v.front()) {
-    v = v.substr(1, v.size() - 2);
-  } else if (absl::ConsumePrefix(&v, "tensor(")) {
-    v = v.substr(0, v.find_first_of(",)"));
-  }
-  return ParseDouble(absl::StripAsciiWhitespace(v), out);
-}
-
-// The first '\r'-separated segment of `line` that is a Trainer dict
-// ("{'...': ...}" after spaces, or right after a bar whose clearing was
-// lost), else an empty view.
-absl::string_view DictSegment(absl::string_view line) {
-  for (absl::string_view seg : absl::StrSplit(line, '\r')) {
-    absl::string_view s = absl::StripLeadingAsciiWhitespace(seg);
-    if (s.size() >= 2 && s[0] == '{' && (s[1] == '\'' || s[1] == '}')) {
-      return absl::StripTrailingAsciiWhitespace(s);
-    }
-    const size_t after_bar = s.find("]{'");
-    if (after_bar != absl::string_view::npos && s.find('|') < after_bar) {
-      return absl::StripTrailingAsciiWhitespace(s.substr(after_bar + 1));
-    }
-  }
-  return absl::string_view();
-}
-
-// Trainer's on_log writes str(logs) through tqdm.write (ProgressCallback:
-// the bar is cleared, the dict printed, the bar drawn again) or print()
-// (PrinterCallback, no bars). A train log has 'loss'; eval dicts
-// ('eval_loss') and the summary ('train_runtime', 'train_loss') do not.
-// Neither names its step: it is the bar's N, drawn right before the dict.
-// tqdm draws at most every 0.1 s, so when a dict's bar has not moved since
-// the previous dict, it is the redraw right after the dict (which shows
-// the step exactly) that says.
-class HfTrainerParser : public LineParser {
- public:
-  HfTrainerParser(absl::string_view source, int64_t logging_steps)
-      : source_(source), logging_steps_(logging_steps) {}
-
-  absl::Status Line(absl::string_view line, int n, TraceBuilder& b) override {
-    if (line.find('|') != absl::string_view::npos) {
-      // The last bar of the line is where the bar now stands; a held dict
-      // takes the first bar after it.
-      for (absl::string_view seg : absl::StrSplit(line, '\r')) {
-        int64_t step, total;
-        if (!TqdmBar(seg, &step, &total)) continue;
-        // The training bar's total is max_steps; evaluation's bars count
-        // batches of the eval set, not steps.
-        if (bar_total_ < 0) bar_total_ = total;
-        if (total != bar_total_) continue;
-        bar_step_ = step;
-        if (held_.has) {
-          if (absl::Status s = Emit(held_, step, b); !s.ok()) return s;
-          held_ = Values();
-        }
-      }
-    }
-    const absl::string_view dict = DictSegment(line);
-    if (dict.empty()) return absl::OkStatus();
-    if (!PythonDict(dict, &entries_)) return absl::OkStatus();  // not one whole dict
-    Values v;
-    bool loss = false;
-    for (const DictEntry& e : entries_) {
-      int i;
-      if (e.key == "loss") {
-        i = 0;
-        loss = true;
-      } else if (e.key == "grad_norm") {
-        i = 1;
-      } else if (e.key == "learning_rate") {
-        i = 2;
-      } else {
-        continue;
-      }
-      if (!PythonNumber(e.value, &v.value[i])) {
-        return At(source_, n, ColumnOf(line, e.value),
-                  absl::StrCat(e.key, " \"", e.value, "\" is not a number"));
-      }
-      v.set[i] = true;
-    }
-    if (!loss) return absl::OkStatus();  // eval, summary, or another callback's dict
-    v.has = true;
-    v.line = n;
-    v.column = ColumnOf(line, dict);
-    ++dicts_;
-    if (bar_total_ >= 0) {
-      if (bar_step_ == bar_at_last_dict_) {
-        held_ = v;  // the bar lags: the redraw after the dict says
-        return absl::OkStatus();
-      }
-      bar_at_last_dict_ = bar_step_;
-      return Emit(v, bar_step_, b);
-    }
-    if (logging_steps_ > 0) return Emit(v, dicts_ * logging_steps_, b);
-    return At(source_, n, v.column,
-              "a Hugging Face Trainer loss line with no progress bar before it: its step is "
-              "unknown; give --logging-steps N (the run's logging_steps)");
-  }
-
-  absl::Status Flush(TraceBuilder& b) override {
-    if (!held_.has) return absl::OkStatus();
-    // No bar came after it: the step after the last one.
-    const Values v = held_;
-    held_ = Values();
-    return Emit(v, b.last_step() + std::max<int64_t>(1, logging_steps_), b);
-  }
-
-  absl::Status End(const TraceBuilder& b) override {
-    return NoRecords(b, source_, "Hugging Face Trainer \"{'loss': ...}\"");
-  }
-
-  int64_t Position() const override { return bar_total_ >= 0 ? bar_step_ : -1; }
-
- private:
-  struct Values {
-    bool has = false;
-    bool set[3] = {false, false, false};
-    double value[3] = {0, 0, 0};
-    int line = 0, column = 1;
-  };
-
-  absl::Status Emit(const Values& v, int64_t step, TraceBuilder& b) {
-    bar_at_last_dict_ = bar_step_;
-    auto& row = b.NewRow(v.line);
-    if (absl::Status s = b.SetStep(row, step, v.column); !s.ok()) return s;
-    static constexpr Signal kSignals[] = {Signal::kLoss, Signal::kGradNorm, Signal::kLearningRate};
-    for (int i = 0; i < 3; ++i) {
-      if (v.set[i]) b.SetValue(row, kSignals[i], v.value[i]);
-    }
-    return absl::OkStatus();
-  }
-
-  absl::string_view source_;
-  const int64_t logging_steps_;
-  std::vector<DictEntry> entries_;
-  int64_t bar_total_ = -1;  // the training bar's total, once one is seen
-  int64_t bar_step_ = -1;
-  int64_t bar_at_last_dict_ = -1;
-  int64_t dicts_ = 0;  // train dicts so far, for logging_steps
-  Values held_;
-};
 
 // ---------------------------------------------------------------------------
 // torchtitan
@@ -696,9 +452,6 @@ class NemoParser : public LineParser {
 
 }  // namespace
 
-std::unique_ptr<LineParser> NewHfTrainerParser(absl::string_view source, int64_t logging_steps) {
-  return std::make_unique<HfTrainerParser>(source, logging_steps);
-}
 std::unique_ptr<LineParser> NewTorchTitanParser(absl::string_view source) {
   return std::make_unique<TorchTitanParser>(source);
 }

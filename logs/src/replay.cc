@@ -341,8 +341,10 @@ constexpr char kReplayUsage[] =
     "A log whose steps go back (a job restarted from a checkpoint, writing to the same\n"
     "file) is replayed as a new attempt resuming after the step before the jump: its\n"
     "engine is rebuilt from the history up to there, the abandoned tail stays the\n"
-    "earlier attempt's, and every event says its attempt. A step repeated on the next\n"
-    "line is an error (a duplicated line, not a restart).\n"
+    "earlier attempt's, and every event says its attempt. Lines or rows at the step\n"
+    "just read are more of it (train and eval lines, a line every rank prints): they\n"
+    "merge into one record; one giving another value of a metric the step holds is a\n"
+    "restart at that step (a new attempt), never an overwrite.\n"
     "--summary       per tier: incidents, first and last step, skipped steps; then the\n"
     "                attempts (resumed from, steps, records, events, skipped, halted)\n"
     "Exit codes: 0 ok, 1 error, 2 usage or malformed input (nothing printed on stdout).\n";

@@ -1,5 +1,6 @@
 #include "trainwatch/logs/trace_builder.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -9,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "trainwatch/logs/lines.h"
 #include "trainwatch/core/shard_names.h"
 
@@ -137,15 +139,8 @@ TraceBuilder::Row& TraceBuilder::NewRow(int line) {
 absl::Status TraceBuilder::SetStep(Row& r, int64_t step, int column) {
   if (step < 0) return At(source_, r.line, column, "step must be >= 0");
   // A step before the last one is a restart from a checkpoint logging into
-  // the same file: Replay() opens a new attempt there. The same step on the
-  // next record is not: a restart resumes from a step it has finished, so
-  // it is a line written twice (every rank printing, a logger's retry).
-  if (have_last_ && step == last_step_) {
-    return At(source_, r.line, column,
-              absl::StrFormat("step %d repeats step %d on line %d: a step may go back (a "
-                              "restart) but not repeat the one before",
-                              step, last_step_, last_line_));
-  }
+  // the same file: Replay() opens a new attempt there. The same step again
+  // is more of that step, merged once the rows are complete.
   r.step = step;
   have_last_ = true;
   last_step_ = step;
@@ -196,15 +191,134 @@ absl::Status TraceBuilder::AddRecord(const core::StepRecord& rec, int line, Row*
   return absl::OkStatus();
 }
 
-void TraceBuilder::Forget() {
-  trace_.rows_.clear();
-  trace_.shards_.clear();
-  trace_.shard_names_.clear();
+namespace {
+
+bool SameValue(double a, double b) {
+  return a == b || (std::isnan(a) && std::isnan(b));
+}
+
+}  // namespace
+
+void TraceBuilder::MergeSameStep() {
+  auto& rows = trace_.rows_;
+  if (rows.size() < 2) return;
+  // Rows are merged only into the one before, whose shards and names end
+  // where the next row's begin (a reader adds them to its newest row).
+  auto mergeable = [&](const Row& a, const Row& b) {
+    if (a.step != b.step) return false;
+    const uint32_t both = a.present & b.present;
+    for (int s = 0; s < core::kNumSignals; ++s) {
+      if ((both & (1u << s)) && !SameValue(a.values[s], b.values[s])) return false;
+    }
+    if (a.checkpoint >= 0 && b.checkpoint >= 0 &&
+        trace_.checkpoints_[a.checkpoint] != trace_.checkpoints_[b.checkpoint]) {
+      return false;
+    }
+    if (a.loss_scale_set && b.loss_scale_set &&
+        (a.loss_scale != b.loss_scale || a.loss_scale_overflow != b.loss_scale_overflow)) {
+      return false;
+    }
+    return (b.shard_count == 0 || a.shard_begin + a.shard_count == b.shard_begin) &&
+           (b.name_count == 0 || a.name_begin + a.name_count == b.name_begin);
+  };
+  size_t w = 0;
+  for (size_t i = 1; i < rows.size(); ++i) {
+    Row& a = rows[w];
+    const Row& b = rows[i];
+    if (!mergeable(a, b)) {
+      if (++w != i) rows[w] = b;
+      continue;
+    }
+    for (int s = 0; s < core::kNumSignals; ++s) {
+      if (b.present & (1u << s)) a.values[s] = b.values[s];
+    }
+    a.present |= b.present;
+    if (a.shard_count == 0) a.shard_begin = b.shard_begin;
+    a.shard_count += b.shard_count;
+    if (a.name_count == 0) a.name_begin = b.name_begin;
+    a.name_count += b.name_count;
+    if (a.checkpoint < 0) a.checkpoint = b.checkpoint;
+    if (!a.loss_scale_set && b.loss_scale_set) {
+      a.loss_scale = b.loss_scale;
+      a.loss_scale_set = true;
+      a.loss_scale_overflow = b.loss_scale_overflow;
+    }
+  }
+  rows.resize(w + 1);
+}
+
+bool TraceBuilder::LateForDrained(const Row& r) {
+  if (!have_drained_row_ || r.step != drained_row_.step) return false;
+  const uint32_t both = r.present & drained_row_.present;
+  for (int s = 0; s < core::kNumSignals; ++s) {
+    if ((both & (1u << s)) && !SameValue(r.values[s], drained_row_.values[s])) return false;
+  }
+  std::vector<std::string> added;
+  for (int s = 0; s < core::kNumSignals; ++s) {
+    if (r.present & ~drained_row_.present & (1u << s)) {
+      added.emplace_back(core::SignalName(static_cast<Signal>(s)));
+    }
+  }
+  if (r.shard_count + r.name_count > 0) added.emplace_back("shards");
+  if (r.checkpoint >= 0) added.emplace_back("checkpoint");
+  if (!added.empty()) {
+    AddWarning(absl::StrFormat(
+        "%s:%d: more of step %d, written after that step's record was sent (the log was quiet "
+        "between them): its %s not sent",
+        source_, r.line, r.step, absl::StrJoin(added, ", ")));
+  }
+  return true;
+}
+
+void TraceBuilder::KeepFrom(size_t from) {
+  auto& rows = trace_.rows_;
+  if (from >= rows.size()) {
+    rows.clear();
+    trace_.shards_.clear();
+    trace_.shard_names_.clear();
+    trace_.checkpoints_.clear();
+    held_ = 0;
+    return;
+  }
+  Row kept = rows[from];
+  Trace::ShardIds shards(trace_.shards_.begin() + kept.shard_begin,
+                         trace_.shards_.begin() + kept.shard_begin + kept.shard_count);
+  std::vector<std::string> names(
+      std::make_move_iterator(trace_.shard_names_.begin() + kept.name_begin),
+      std::make_move_iterator(trace_.shard_names_.begin() + kept.name_begin + kept.name_count));
+  std::string checkpoint = kept.checkpoint >= 0 ? std::move(trace_.checkpoints_[kept.checkpoint])
+                                                : std::string();
+  rows.clear();
+  trace_.shards_ = std::move(shards);
+  trace_.shard_names_ = std::move(names);
   trace_.checkpoints_.clear();
+  kept.shard_begin = 0;
+  kept.name_begin = 0;
+  if (kept.checkpoint >= 0) {
+    kept.checkpoint = 0;
+    trace_.checkpoints_.push_back(std::move(checkpoint));
+  }
+  rows.push_back(kept);
+  held_ = 1;
+}
+
+void TraceBuilder::Truncate(size_t n) {
+  auto& rows = trace_.rows_;
+  if (rows.size() > n) rows.resize(n);
+  size_t shards = 0, names = 0, checkpoints = 0;
+  for (const Row& r : rows) {
+    shards = std::max<size_t>(shards, r.shard_begin + r.shard_count);
+    names = std::max<size_t>(names, r.name_begin + r.name_count);
+    if (r.checkpoint >= 0) checkpoints = std::max<size_t>(checkpoints, r.checkpoint + 1);
+  }
+  trace_.shards_.resize(shards);
+  trace_.shard_names_.resize(names);
+  trace_.checkpoints_.resize(checkpoints);
 }
 
 absl::StatusOr<Trace> TraceBuilder::Finish(MetricsFormat format) {
   trace_.format_ = format;
+  MergeSameStep();
   if (trace_.rows_.empty()) {
     return At(source_, 1, 1, "no records: the file holds no step");
   }

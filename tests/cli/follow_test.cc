@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "logs/shapes.h"
 #include "testing/event_file_writer.h"
 #include "stack.h"
 #include "test_util.h"
@@ -524,6 +525,83 @@ TEST_CASE("follow: each framework's log piped on stdin is stored as replay reads
     }
     RequireSame(Stored(d.db(), run), expected);
     CHECK(Stored(d.db(), run).size() == 200);
+  }
+}
+
+TEST_CASE("follow: records that share a step and sparse progress bars are stored as replay "
+          "reads them",
+          "[cli][follow][formats]") {
+  TempDir dir;
+  Trainwatchd d(dir, "", "");
+  struct Case {
+    std::string name, content;
+    MetricsFormat format;
+    int64_t logging_steps;
+    size_t records;
+  };
+  for (const Case& c : {
+           Case{"jsonl-train-val", logs::shapes::JsonLinesTrainVal(2000, 10, 100),
+                MetricsFormat::kJsonLines, 0, 200},
+           Case{"wandb-history", logs::shapes::WandbHistoryCsv(300), MetricsFormat::kGenericCsv,
+                0, 300},
+           Case{"hf-sparse-bars", logs::shapes::HfSparseBars(1700, 500, 250),
+                MetricsFormat::kHfTrainer, 0, 1700},
+           Case{"hf-sparse-bars-given", logs::shapes::HfSparseBars(1700, 500, 250),
+                MetricsFormat::kHfTrainer, 1, 1700},
+       }) {
+    INFO(c.name);
+    const std::string log = dir.File(c.name + ".log");
+    std::ofstream(log) << c.content;
+    const std::string run = "run-" + c.name;
+    std::string cmd = "exec '" TWCTL_PATH "' follow - --run " + run + " --server " +
+                      d.address() + " --status-interval 0";
+    if (c.logging_steps > 0) cmd += " --logging-steps " + std::to_string(c.logging_steps);
+    Child follow({"/bin/sh", "-c", cmd + " < '" + log + "'"}, dir.File(c.name + ".out"));
+    const int rc = follow.Wait(20);
+    const std::string out = ReadFile(dir.File(c.name + ".out"));
+    INFO(out);
+    REQUIRE(rc == 0);
+    CHECK(out.find("format " + std::string(FormatName(c.format))) != std::string::npos);
+    ReadOptions options;
+    options.logging_steps = c.logging_steps;
+    const std::vector<Row> expected = Replayed(c.content, c.format, options);
+    CHECK(expected.size() == c.records);
+    RequireSame(Stored(d.db(), run), expected);
+  }
+  SECTION("a line at the step just sent waits for the next line - then merges") {
+    // Followed as it is written: the train line, a pause longer than the
+    // poll, the val line, then the next step. The record of step 10 is sent
+    // once (when the log goes quiet), with the train line's loss.
+    const std::string path = dir.File("live.jsonl");
+    std::ofstream(path) << "";
+    Child follow({TWCTL_PATH, "follow", path, "--run", "run-live", "--server", d.address(),
+                  "--status-interval", "0", "--poll-interval", "20"},
+                 dir.File("live.out"));
+    auto append = [&](const std::string& text) {
+      std::ofstream(path, std::ios::app) << text << std::flush;
+    };
+    append("{\"step\": 10, \"train_loss\": 2.5}\n");
+    REQUIRE(WaitRows(d.db(), "run-live", 1));
+    append("{\"step\": 10, \"val_loss\": 2.7}\n{\"step\": 20, \"train_loss\": 2.4}\n");
+    REQUIRE(WaitRows(d.db(), "run-live", 2));
+    const std::vector<Row> rows = Stored(d.db(), "run-live");
+    REQUIRE(rows.size() == 2);
+    CHECK(rows[0].step == 10);
+    CHECK(rows[0].loss == 2.5);
+    CHECK(rows[0].attempt == 0);
+    CHECK(rows[1].step == 20);
+    CHECK(rows[1].attempt == 0);
+    // A metric of step 20 written after its record went: said, not sent,
+    // and no restart.
+    append("{\"step\": 20, \"grad_norm\": 1.5}\n{\"step\": 30, \"train_loss\": 2.3}\n");
+    REQUIRE(WaitRows(d.db(), "run-live", 3));
+    CHECK(Stored(d.db(), "run-live").back().attempt == 0);
+    const std::string note =
+        "live.jsonl:4: more of step 20, written after that step's record was sent (the log was "
+        "quiet between them): its grad_norm not sent";
+    CHECK(WaitUntil(
+        [&] { return ReadFile(dir.File("live.out")).find(note) != std::string::npos; },
+        std::chrono::seconds(10), std::chrono::milliseconds(20)));
   }
 }
 

@@ -83,7 +83,7 @@ TEST_CASE("Hugging Face Trainer: without bars --logging-steps places the dicts",
   // AnswerDotAI/ModernBERT#233: 'grad_norm': nan from the first line shown.
   const std::string log = Excerpt("hf-modernbert-grad-norm-nan.log");
   CHECK(ErrorOf(log) ==
-        "run.log:1:1: a Hugging Face Trainer loss line with no progress bar before it: its "
+        "run.log:1:1: a Hugging Face Trainer loss line with no progress bar in the log: its "
         "step is unknown; give --logging-steps N (the run's logging_steps)");
   auto t = Parse(log, MetricsFormat::kAuto, 10);
   REQUIRE(t.ok());

@@ -202,13 +202,28 @@ TEST_CASE("replay: the abandoned tail stays its attempt's and never reaches the 
   CHECK(halt_seen);
 }
 
-TEST_CASE("replay: a step repeated on the next line is still an error", "[logs][replay][attempts]") {
+TEST_CASE("replay: a step repeated with the same values is one record - with others a restart",
+          "[logs][replay][attempts]") {
   std::string out, err;
+  // Every rank printed the line: one record, one attempt.
   const std::string dup = TempFile(
-      "dup_attempts.csv", "step,loss,grad_norm,log_z,nan_frac\n1,2.5,1,8,0\n1,2.5,1,8,0\n");
-  CHECK(ReplayCommand({dup}, &out, &err) == 2);
-  CHECK(err.find(":3:1: step 1 repeats step 1 on line 2") != std::string::npos);
-  CHECK(out.empty());
+      "dup_attempts.csv", "step,loss,grad_norm,log_z,nan_frac\n0,2.6,1,8,0\n1,2.5,1,8,0\n"
+                          "1,2.5,1,8,0\n2,2.4,1,8,0\n");
+  const std::vector<JsonLine> same = ReplayJson(dup, {"--summary"});
+  const std::vector<const JsonLine*> one = With(same, "attempt");
+  REQUIRE(one.size() == 1);
+  CHECK(one[0]->Find("records")->number == 3);
+  // Another loss at step 1: the job ran step 1 again (a restart there), kept
+  // as its own attempt resuming after step 0, not merged over the first.
+  const std::string again = TempFile(
+      "again_attempts.csv", "step,loss,grad_norm,log_z,nan_frac\n0,2.6,1,8,0\n1,2.5,1,8,0\n"
+                            "1,2.45,1,8,0\n2,2.4,1,8,0\n");
+  const std::vector<const JsonLine*> two = With(ReplayJson(again, {"--summary"}), "attempt");
+  REQUIRE(two.size() == 2);
+  CHECK(two[0]->Find("records")->number == 2);
+  CHECK(two[1]->Find("resumed_from")->number == 0);
+  CHECK(two[1]->Find("first_step")->number == 1);
+  CHECK(two[1]->Find("records")->number == 2);
 }
 
 }  // namespace

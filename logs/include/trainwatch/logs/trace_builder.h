@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -43,8 +44,9 @@ class TraceBuilder {
   // its page faults were a fifth of a 500k-step replay.
   void Reserve(size_t rows) { trace_.rows_.reserve(rows); }
   Row& NewRow(int line);
-  // Refuses a negative step and one equal to the last; a step below the last
-  // is a restart (see Replay()). `column` locates the step in errors.
+  // Refuses a negative step; a step below the last is a restart (see
+  // Replay()). A step equal to the last is merged with it (MergeSameStep)
+  // when the rows are complete. `column` locates the step in errors.
   absl::Status SetStep(Row& r, int64_t step, int column);
   void SetValue(Row& r, core::Signal s, double v);
   // Shards separated by ';', each an id (digits only) or a name.
@@ -62,6 +64,9 @@ class TraceBuilder {
   // NewRow. Fails as SetStep() does.
   absl::Status AddRecord(const core::StepRecord& rec, int line, Row** out);
   void AddWarning(std::string message) { trace_.warnings_.push_back(std::move(message)); }
+  // The warnings added since the last call, for a follower to print as they
+  // come (Finish() gives a whole file's to its Trace).
+  std::vector<std::string> TakeWarnings() { return std::exchange(trace_.warnings_, {}); }
   // Step of the last row, -1 when none.
   int64_t last_step() const { return have_last_ ? last_step_ : -1; }
   size_t rows() const { return trace_.rows_.size(); }
@@ -74,31 +79,65 @@ class TraceBuilder {
   // For a reader fed as a log grows (twctl follow), in bounded memory: calls
   // fn(record, line) for each row built since the last Drain() (the record
   // valid inside fn only), then forgets them; the step order check goes on
-  // across calls.
+  // across calls. `hold_last`: the last row is kept back, since the next
+  // line may be more of its step (an eval line after the train line); the
+  // follower drains without it when its source is idle or ends.
+  // In a Live() builder, a row at the step of the record drained last that
+  // agrees with it is more of that step come too late to join it (the log
+  // was quiet between them): it is not drained, and a note names what it
+  // held that the record lacks.
   template <typename Fn>
-  void Drain(Fn fn) {
-    for (size_t i = 0; i < trace_.rows_.size(); ++i) fn(trace_.Record(i), trace_.line(i));
-    Forget();
+  void Drain(Fn fn, bool hold_last = false) {
+    MergeSameStep();
+    const size_t n = trace_.rows_.size() - (hold_last && !trace_.rows_.empty() ? 1 : 0);
+    for (size_t i = 0; i < n; ++i) {
+      if (i == 0 && live_ && LateForDrained(trace_.rows_[0])) continue;
+      fn(trace_.Record(i), trace_.line(i));
+      drained_row_ = trace_.rows_[i];
+      have_drained_row_ = true;
+    }
+    KeepFrom(n);
     drained_ = {have_last_, last_step_, last_line_};
   }
+  // The builder of a follower, whose drained records are sent: see Drain().
+  void Live() { live_ = true; }
   // Forgets the rows built since the last Drain() and their steps: what a
   // follower does with a line its reader refused, so that a partial row is
-  // never sent nor blocks the next line's step.
+  // never sent nor blocks the next line's step. A row Drain() held back
+  // stays.
   void Drop() {
-    Forget();
+    Truncate(held_);
     have_last_ = drained_.have_last;
     last_step_ = drained_.last_step;
     last_line_ = drained_.last_line;
   }
 
  private:
-  void Forget();
+  // Rows a logger writes apart at one step (train and eval lines, W&B's
+  // rows, a line every rank prints) are one record: each row is merged into
+  // the one before when both are at one step and agree on every value they
+  // both hold. Rows that disagree stay apart: the second is the job
+  // restarted at that step (Replay() opens an attempt there), never a value
+  // overwritten.
+  void MergeSameStep();
+  // Whether `r` is more of the step Drain() gave last (see Drain()); notes
+  // what it adds.
+  bool LateForDrained(const Row& r);
+  // Keeps rows [from, end) alone, at the front, with their shards, names and
+  // checkpoint; at most one row is kept (Drain's held row).
+  void KeepFrom(size_t from);
+  // Keeps the first `rows` rows and what they reference.
+  void Truncate(size_t rows);
 
   absl::string_view source_;
   Trace trace_;
   bool have_last_ = false;
   int64_t last_step_ = 0;
   int last_line_ = 0;
+  size_t held_ = 0;  // rows Drain() held back (0 or 1)
+  Row drained_row_{};  // the last row Drain() gave (its shards and names are gone)
+  bool have_drained_row_ = false;
+  bool live_ = false;
   struct {
     bool have_last = false;
     int64_t last_step = 0;

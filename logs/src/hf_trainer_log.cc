@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -67,22 +68,22 @@ class HfTrainerParser : public LineParser {
     Values v;
     bool loss = false;
     for (const DictEntry& e : entries_) {
-      int i;
+      // A train log's loss is 'loss' (the summary's 'train_loss' is the
+      // run's mean); its other keys are read by the table every keyed
+      // format shares.
+      Signal sig;
       if (e.key == "loss") {
-        i = 0;
+        sig = Signal::kLoss;
         loss = true;
-      } else if (e.key == "grad_norm") {
-        i = 1;
-      } else if (e.key == "learning_rate") {
-        i = 2;
-      } else {
+      } else if (!SignalByAlias(absl::AsciiStrToLower(e.key), &sig) || sig == Signal::kLoss) {
         continue;
       }
-      if (!PythonNumber(e.value, &v.value[i])) {
+      double value;
+      if (!PythonNumber(e.value, &value)) {
         return At(source_, n, ColumnOf(line, e.value),
                   absl::StrCat(e.key, " \"", e.value, "\" is not a number"));
       }
-      v.set[i] = true;
+      v.values.Set(sig, value);
     }
     if (!loss) return absl::OkStatus();  // eval, summary, or another callback's dict
     v.line = n;
@@ -113,8 +114,7 @@ class HfTrainerParser : public LineParser {
 
  private:
   struct Values {
-    bool set[3] = {false, false, false};
-    double value[3] = {0, 0, 0};
+    core::StepValues values;
     int line = 0, column = 1;
   };
 
@@ -194,9 +194,9 @@ class HfTrainerParser : public LineParser {
   absl::Status Place(const Values& v, int64_t step, TraceBuilder& b) {
     auto& row = b.NewRow(v.line);
     if (absl::Status s = b.SetStep(row, step, v.column); !s.ok()) return s;
-    static constexpr Signal kSignals[] = {Signal::kLoss, Signal::kGradNorm, Signal::kLearningRate};
-    for (int i = 0; i < 3; ++i) {
-      if (v.set[i]) b.SetValue(row, kSignals[i], v.value[i]);
+    for (int i = 0; i < core::kNumSignals; ++i) {
+      const Signal sig = static_cast<Signal>(i);
+      if (v.values.Has(sig)) b.SetValue(row, sig, v.values.Get(sig));
     }
     last_ = step;
     return absl::OkStatus();

@@ -194,11 +194,14 @@ class CsvParser : public LineParser {
       } else if (!seen_step) {
         return At(source_, line_no, 1,
                   "no step column in the header (step, _step, global_step or iteration)");
-      } else if (!(seen & (core::Bit(Signal::kLoss) | core::Bit(Signal::kGradNorm) |
-                           core::Bit(Signal::kLogZ) | core::Bit(Signal::kNanFrac)))) {
+      } else if (!(seen & core::Bit(Signal::kLoss))) {
+        std::vector<std::string> names;
+        for (const CsvField& f : fields_) names.emplace_back(f.text);
         return At(source_, line_no, 1,
-                  "no metric column recognised in the header; name them with --map, e.g. "
-                  "--map loss=train/loss,grad_norm=train/grad_norm");
+                  absl::StrCat("no loss column in the header (its columns: ",
+                               absl::StrJoin(names, ", "),
+                               "); name it with --map, e.g. --map loss=train/loss (the names "
+                               "read without it: docs/log-formats.md)"));
       }
       return absl::OkStatus();
     }
@@ -284,39 +287,69 @@ std::unique_ptr<LineParser> NewCsvParser(absl::string_view source, bool strict,
   return std::make_unique<CsvParser>(source, strict, map);
 }
 
-bool SignalByAlias(absl::string_view lower, Signal* out) {
-  struct Alias {
-    Signal signal;
-    const char* names[10];
-  };
-  static const Alias kAliases[] = {
-      // train_loss_step: Lightning's name for a loss logged on_step and
-      // on_epoch (its _epoch twin is an average, read past).
+namespace {
+
+// The names trainers and loggers give each signal, lower case: the one table
+// every keyed format reads (JSON lines, CSV and W&B exports, TensorBoard
+// tags, Hugging Face dicts' other keys, --pattern fields). docs/log-formats.md
+// lists it (a test compares the two).
+struct Alias {
+  Signal signal;
+  std::vector<std::string> names;
+};
+const std::vector<Alias>& Aliases() {
+  static const auto* const table = new std::vector<Alias>{
+      // train_loss_step, loss_step: Lightning's names for a loss logged
+      // on_step (and on_epoch: its _epoch twin, an average, is read past, as
+      // is the Hugging Face summary's train_loss, which is not keyed by a
+      // step). lm loss: Megatron; reduced_train_loss: NeMo;
+      // loss_metrics/global_avg_loss: torchtitan; loss/train/total:
+      // Composer; train/ce loss: OLMo-core; train/samples/train_loss:
+      // DeepSpeed's monitor.
       {Signal::kLoss,
-       {"loss", "train/loss", "train_loss", "lm loss", "lm_loss", "train/lm_loss", "training_loss",
-        "train/loss_step", "train_loss_step", nullptr}},
+       {"loss", "train/loss", "train_loss", "training_loss", "training/loss", "loss/train",
+        "loss/training", "train/loss_step", "train_loss_step", "loss_step", "lm loss", "lm_loss",
+        "train/lm_loss", "reduced_train_loss", "loss_metrics/global_avg_loss", "loss/train/total",
+        "train/ce loss", "train/samples/train_loss"}},
       // grad_2.0_norm_total: Lightning's grad_norm(module, norm_type=2)
-      // utility's total.
+      // utility's total; optim/total grad norm: OLMo-core.
       {Signal::kGradNorm,
-       {"grad_norm", "train/grad_norm", "grad-norm", "gradient_norm", "global_grad_norm",
-        "train/global_grad_norm", "grad norm", "grad_2.0_norm_total", nullptr}},
-      {Signal::kLogZ, {"log_z", "train/log_z", "logz", "train/logz", nullptr}},
-      {Signal::kNanFrac, {"nan_frac", "train/nan_frac", nullptr}},
+       {"grad_norm", "train/grad_norm", "grad-norm", "grad norm", "gradient_norm",
+        "train/gradient_norm", "global_grad_norm", "train/global_grad_norm", "grad_norm/train",
+        "optim/grad_norm", "optim/total grad norm", "grad_2.0_norm_total"}},
+      {Signal::kLogZ, {"log_z", "train/log_z", "logz", "train/logz"}},
+      {Signal::kNanFrac, {"nan_frac", "train/nan_frac"}},
+      // lr-adamw: Lightning's LearningRateMonitor, named after the optimizer.
       {Signal::kLearningRate,
-       {"lr", "learning_rate", "train/lr", "train/learning_rate", "learning rate", nullptr}},
-      {Signal::kZLossAlpha, {"z_loss_alpha", nullptr}},
-      {Signal::kActivationMax, {"activation_max", nullptr}},
-      {Signal::kAttentionLogitP99, {"attention_logit_p99", nullptr}},
+       {"lr", "learning_rate", "learning-rate", "learning rate", "train/lr",
+        "train/learning_rate", "lr/train", "learning_rate/train", "optim/lr", "train/samples/lr",
+        "lr-adam", "lr-adamw", "lr-sgd"}},
+      {Signal::kZLossAlpha, {"z_loss_alpha"}},
+      {Signal::kActivationMax, {"activation_max"}},
+      {Signal::kAttentionLogitP99, {"attention_logit_p99"}},
   };
-  for (const Alias& a : kAliases) {
-    for (const char* n : a.names) {
-      if (n != nullptr && lower == n) {
+  return *table;
+}
+
+}  // namespace
+
+bool SignalByAlias(absl::string_view lower, Signal* out) {
+  for (const Alias& a : Aliases()) {
+    for (const std::string& n : a.names) {
+      if (lower == n) {
         *out = a.signal;
         return true;
       }
     }
   }
   return false;
+}
+
+std::vector<std::string> AliasesOf(Signal s) {
+  for (const Alias& a : Aliases()) {
+    if (a.signal == s) return a.names;
+  }
+  return {};
 }
 
 absl::string_view FormatName(MetricsFormat f) {

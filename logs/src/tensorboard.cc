@@ -235,41 +235,6 @@ bool LooksLikeEventFile(absl::string_view content) {
          MaskCrc32c(Crc32c(content.substr(0, 8))) == LoadLe(content.data() + 8, 4);
 }
 
-namespace {
-
-// Names TensorBoard users give the signals beyond the CSV exporters' ones
-// (lower case).
-bool SignalByTag(absl::string_view lower, Signal* out) {
-  if (SignalByAlias(lower, out)) return true;
-  struct Alias {
-    const char* tag;
-    Signal signal;
-  };
-  static const Alias kTags[] = {
-      {"loss/train", Signal::kLoss},
-      {"train/loss_epoch", Signal::kLoss},
-      {"training/loss", Signal::kLoss},
-      {"loss/training", Signal::kLoss},
-      {"grad_norm/train", Signal::kGradNorm},
-      {"train/gradient_norm", Signal::kGradNorm},
-      {"optim/grad_norm", Signal::kGradNorm},
-      {"lr/train", Signal::kLearningRate},
-      {"learning_rate/train", Signal::kLearningRate},
-      {"optim/lr", Signal::kLearningRate},
-      {"lr-adam", Signal::kLearningRate},  // PyTorch Lightning's LearningRateMonitor
-      {"lr-adamw", Signal::kLearningRate},
-      {"lr-sgd", Signal::kLearningRate},
-  };
-  for (const Alias& a : kTags) {
-    if (lower == a.tag) {
-      *out = a.signal;
-      return true;
-    }
-  }
-  return false;
-}
-
-}  // namespace
 
 int SignalOfTag(absl::string_view tag, const ColumnMap& map, Signal* out) {
   const std::string lower = absl::AsciiStrToLower(tag);
@@ -283,7 +248,7 @@ int SignalOfTag(absl::string_view tag, const ColumnMap& map, Signal* out) {
   if (entry >= 0) return entry;
   uint32_t mapped = 0;
   for (const auto& [sig, t] : map) mapped |= core::Bit(sig);
-  return SignalByTag(lower, out) && !(mapped & core::Bit(*out)) ? kUsualTagName : kUnmappedTag;
+  return SignalByAlias(lower, out) && !(mapped & core::Bit(*out)) ? kUsualTagName : kUnmappedTag;
 }
 
 namespace {
@@ -375,14 +340,11 @@ absl::StatusOr<Trace> ParseEventFiles(const std::vector<EventFileData>& files, c
                        "\", which no scalar summary has (tags: ", TagList(tags), ")"));
     }
   }
-  bool any_core = false;
-  for (Signal s : {Signal::kLoss, Signal::kGradNorm, Signal::kLogZ, Signal::kNanFrac}) {
-    any_core |= tag_of[static_cast<int>(s)] >= 0;
-  }
-  if (!any_core) {
+  if (tag_of[static_cast<int>(Signal::kLoss)] < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        run, ": no scalar tag recognised as loss, grad_norm, log_z or nan_frac (tags: ",
-        TagList(tags), "); name them with --map, e.g. --map loss=train/loss"));
+        run, ": no scalar tag recognised as the loss (tags: ", TagList(tags),
+        "); name it with --map, e.g. --map loss=train/loss (the names read without it: "
+        "docs/log-formats.md)"));
   }
 
   points.erase(std::remove_if(points.begin(), points.end(),

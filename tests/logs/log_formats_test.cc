@@ -161,8 +161,9 @@ TEST_CASE("W&B and TensorBoard CSV exports with --map", "[logs][formats][csv]") 
     CHECK(t->Record(0).step == 10);
     CHECK(t->Record(0).Get(Signal::kLoss) == 3.25);
     CHECK(ErrorOf("Wall time,Step,Value\n1.5,10,3.25\n") ==
-          "run.log:1:1: no metric column recognised in the header; name them with --map, "
-          "e.g. --map loss=train/loss,grad_norm=train/grad_norm");
+          "run.log:1:1: no loss column in the header (its columns: Wall time, Step, Value); "
+          "name it with --map, e.g. --map loss=train/loss (the names read without it: "
+          "docs/log-formats.md)");
   }
   SECTION("malformed") {
     auto map = ParseColumnMap("loss=nope");

@@ -30,8 +30,11 @@ bool ParseUint64(absl::string_view text, uint64_t* out);
 // Signal by its file name ("loss", "grad_norm", ...).
 bool SignalByName(absl::string_view name, core::Signal* out);
 // Signal by the usual names trainers and exporters give it ("train/loss",
-// "learning_rate", ...); `lower` is lower case.
+// "learning_rate", ...); `lower` is lower case. One table for every keyed
+// format.
 bool SignalByAlias(absl::string_view lower, core::Signal* out);
+// The names SignalByAlias() knows for `s`, its own name first.
+std::vector<std::string> AliasesOf(core::Signal s);
 
 class TraceBuilder {
  public:

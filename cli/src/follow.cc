@@ -20,6 +20,7 @@
 #include "trainwatch/logs/lines.h"
 #include "operator_client.h"
 #include "trainwatch/logs/line_pattern.h"
+#include "trainwatch/logs/replay.h"
 #include "trainwatch/logs/trace_builder.h"
 
 namespace trainwatch::cli {
@@ -308,6 +309,12 @@ class FollowCommand : public Command {
                       "a Hugging Face Trainer log without progress bars: its k-th loss "
                       "line is step k * N"),
                  Flag("map", "SIGNAL=NAME,...", "columns or tags to signals, as replay's"),
+                 Flag("config", "FILE",
+                      "the run's rules, a JSON object of thresholds as replay's (announced to "
+                      "trainwatchd, which then judges the run by them)"),
+                 Flag("vocab", "N",
+                      "the model's vocabulary size (vocab_size): a loss above 3 x ln(N) is a "
+                      "numerical failure from the first record; as --config, announced"),
                  Flag("pattern", "TEMPLATE|REGEX",
                       "the job's own line format: 'step {step}/{} | loss {loss}', or a regex "
                       "with groups (?<step>..) (?<loss>..)"),
@@ -422,6 +429,14 @@ class FollowCommand : public Command {
     cfg.key_file = conn.key_file;
     cfg.run_id = run;
     cfg.spill_dir = args.Get("spill-dir");
+    // The job's own rules, as replay reads them: the run is judged by what
+    // the user would replay it with.
+    if (!args.Get("config").empty() || !args.Get("vocab").empty()) {
+      absl::StatusOr<core::RuleConfig> rules =
+          logs::RulesFromFlags(args.Get("config"), args.Get("vocab"));
+      if (!rules.ok()) return usage(rules.status().message());
+      cfg.rules = *std::move(rules);
+    }
     // One follower per job, not thousands of ranks: no herd to spread out.
     cfg.reconnect_max_ms = 2000;
     FollowStream stream(cfg, *window, static_cast<int>(*drain * 1000),

@@ -11,11 +11,11 @@ namespace trainwatch::core {
 
 EngineState::EngineState(const RuleConfig& config)
     : c(config),
-      ema(config.ema_span_steps),
-      dev_mean(config.ema_span_steps),
-      dev_sq(config.ema_span_steps),
-      smooth_loss(config.smoothing_span_steps),
-      smooth_logz(config.smoothing_span_steps),
+      ema(config.ema_span_steps, config.ema_min_span_records),
+      dev_mean(config.ema_span_steps, config.ema_min_span_records),
+      dev_sq(config.ema_span_steps, config.ema_min_span_records),
+      smooth_loss(config.smoothing_span_steps, config.min_window_records),
+      smooth_logz(config.smoothing_span_steps, config.min_window_records),
       grad_median(config.median_window_steps),
       logz_min_short(config.logz_rise_window_steps),
       logz_min_long(config.logz_drift_window_steps),

@@ -68,6 +68,7 @@ struct Episode {
   bool paged = false;
   bool confirmed = false;
   double peak_excess = 0.0;
+  int64_t records = 0;      // loss records judged since it opened
 };
 
 struct EngineState {
@@ -124,6 +125,7 @@ struct EngineState {
   int64_t above_start = -1;
   double above_start_level = 0.0;
   int64_t above_steps = 0;
+  int64_t above_records = 0;  // loss records of the spike so far
   int64_t below_records = 0;
   int64_t prev_loss_step = -1;
   // Consecutive records with loss_ema_ratio above the tier 2 threshold.
@@ -297,15 +299,18 @@ inline bool TrackSpike(EngineState& s, const StepFacts& f, StepOutcome* out) {
       s.above_start = step;
       s.above_start_level = f.ema;
       s.above_steps = 0;
+      s.above_records = 0;
     }
     // A record stands for the steps since the previous one (logs that
     // report every K steps), a dip record for none.
     s.above_steps += s.above_start == step || s.prev_loss_step < 0 ? 1 : step - s.prev_loss_step;
+    ++s.above_records;
     s.below_records = 0;
   } else if (s.above_start >= 0 && ++s.below_records > c.spike_gap_records) {
     s.above_start = -1;
   }
-  const bool spike = s.above_start >= 0 && s.above_steps > c.spike_min_steps;
+  const bool spike = s.above_start >= 0 && s.above_steps > c.spike_min_steps &&
+                     s.above_records >= c.min_window_records;
   if (!spike) return false;
   if (s.ep.active) {
     s.ep.spike = true;
@@ -330,6 +335,7 @@ inline void CheckPage(EngineState& s, const StepFacts& f, bool spike, StepOutcom
   } else {
     s.high_ratio_records = 0;
   }
+  if (s.ep.active) ++s.ep.records;
   PageCauses why;
   why.ratio = s.high_ratio_records >= c.tier2_loss_ratio_records;
   why.logz_fast = f.rise_short > c.logz_rise;
@@ -339,7 +345,7 @@ inline void CheckPage(EngineState& s, const StepFacts& f, bool spike, StepOutcom
                   : 0.0;
   why.nonrecovering = s.ep.active && (s.ep.tier1 || s.ep.spike) &&
                       f.r.step - s.ep.onset >= c.escalate_steps &&
-                      why.excess >= c.spike_delta_nats;
+                      s.ep.records >= c.min_window_records && why.excess >= c.spike_delta_nats;
   if (!(why.ratio || why.logz_fast || why.logz_drift || why.nonrecovering) ||
       (s.ep.active && s.ep.paged)) {
     return;

@@ -36,7 +36,7 @@ constexpr char kMagic[4] = {'T', 'W', 'E', 'S'};
 // every engine_snapshot_steps per run), and the checksum takes a word at a
 // time. 4: the warm-up divergence state. An older blob is refused, and the
 // engine is rebuilt by replay.
-constexpr uint32_t kVersion = 4;
+constexpr uint32_t kVersion = 5;
 constexpr size_t kHeaderBytes = sizeof(kMagic) + sizeof(uint32_t) + sizeof(uint64_t);
 
 uint64_t LittleEndian64(const char* p) {
@@ -394,8 +394,8 @@ struct StateCodec {
     w.U64(s.ever_present);
     w.I64(s.above_start);
     w.F64(s.above_start_level);
-    for (int64_t v : {s.above_steps, s.below_records, s.prev_loss_step, s.high_ratio_records,
-                      s.high_ratio_start}) {
+    for (int64_t v : {s.above_steps, s.above_records, s.below_records, s.prev_loss_step,
+                      s.high_ratio_records, s.high_ratio_start}) {
       w.I64(v);
     }
     w.F64(s.warm_min_loss);
@@ -412,6 +412,7 @@ struct StateCodec {
     w.I64(ep.tier1_step);
     for (bool b : {ep.spike, ep.paged, ep.confirmed}) w.Bool(b);
     w.F64(ep.peak_excess);
+    w.I64(ep.records);
     w.U64(s.next_episode);
     w.Bool(s.t3_active);
     w.I64(s.t3_clean);
@@ -489,6 +490,7 @@ struct StateCodec {
     s.above_start = r.I64("spike start");
     s.above_start_level = r.F64("spike level");
     s.above_steps = r.I64("spike steps");
+    s.above_records = r.I64("spike records");
     s.below_records = r.I64("spike gap");
     s.prev_loss_step = r.I64("previous loss step");
     s.high_ratio_records = r.I64("high ratio records");
@@ -509,6 +511,7 @@ struct StateCodec {
     ep.paged = r.Bool("episode paged");
     ep.confirmed = r.Bool("episode confirmed");
     ep.peak_excess = r.F64("episode peak");
+    ep.records = r.I64("episode records");
     s.next_episode = r.U64("next episode");
     s.t3_active = r.Bool("tier 3 state");
     s.t3_clean = r.I64("tier 3 clean records");

@@ -10,6 +10,7 @@
 // (RuleConfig's loss_scale_*).
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -124,6 +125,17 @@ bool CheckNumericalFailure(EngineState& s, const StepFacts& f, StepOutcome* out)
         "loss %.3f nats is above %.1f (ratio %.2f to its EMA) while grad_norm "
         "%.3g is within %.1fx its median %.3g: no gradient explanation",
         loss, c.tier3_loss_nats, ratio, g, c.tier1_grad_ratio, med));
+  }
+  // No baseline needed: a loss no language model reaches short of a
+  // numerical failure, from the first record.
+  if (reasons.empty() && c.vocab_size > 1 && Finite(loss) &&
+      loss > c.tier3_vocab_factor * std::log(static_cast<double>(c.vocab_size))) {
+    kind = EventKind::kLossExplosion;
+    const double ln_vocab = std::log(static_cast<double>(c.vocab_size));
+    reasons.push_back(absl::StrFormat(
+        "loss %.4g nats is %.1fx ln(vocab_size %d) = %.3f, an untrained model's loss: above "
+        "%.1fx it no training reaches short of a numerical failure (tier3_vocab_factor)",
+        loss, loss / ln_vocab, c.vocab_size, ln_vocab, c.tier3_vocab_factor));
   }
   if (reasons.empty() && overflow) {
     // Tier 0: the scaler skipped the step. One event per run of overflows,

@@ -46,13 +46,16 @@ StepFacts ReadBaseline(EngineState& s, const StepRecord& r, StepOutcome* out) {
   StepFacts f{r};
   f.ema = s.ema.Value();
   // The previous step's grad norm joins the window now, taking the slot of
-  // the one that leaves it.
+  // the one that leaves it. The window holds the samples of the last
+  // median_window_steps steps, and at least warmup_min_grad_samples of them
+  // (a log written every 500 steps has 10 in 5,000 steps).
+  const auto keep = static_cast<size_t>(c.warmup_min_grad_samples);
   if (s.pending_grad_step >= 0) {
     s.grad_median.PushAndEvict(s.pending_grad_step, s.pending_grad,
-                               r.step - c.median_window_steps);
+                               r.step - c.median_window_steps, keep);
     s.pending_grad_step = -1;
   } else {
-    s.grad_median.EvictBefore(r.step - c.median_window_steps);
+    s.grad_median.EvictBefore(r.step - c.median_window_steps, keep);
   }
   f.grad_median = s.grad_median.Median();
   f.loss = r.Get(Signal::kLoss);

@@ -13,11 +13,13 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // ---------------------------------------------------------------- DecayingMean
 
-DecayingMean::DecayingMean(double span_steps)
-    : keep_(1.0 - 2.0 / (span_steps + 1.0)), log_keep_(std::log(keep_)) {}
+DecayingMean::DecayingMean(double span_steps, double min_span_samples)
+    : keep_(1.0 - 2.0 / (span_steps + 1.0)),
+      log_keep_(std::log(keep_)),
+      min_keep_(min_span_samples > 1.0 ? 1.0 - 2.0 / (min_span_samples + 1.0) : 0.0) {}
 
 double DecayingMean::DecayOver(int64_t gap) const {
-  return std::exp(log_keep_ * static_cast<double>(gap));
+  return std::max(min_keep_, std::exp(log_keep_ * static_cast<double>(gap)));
 }
 
 // --------------------------------------------------------------- SlidingMedian
@@ -259,8 +261,8 @@ void SlidingMedian::PopOldest() {
   --count_;
 }
 
-void SlidingMedian::EvictBefore(int64_t min_step) {
-  while (count_ > 0 && ring_[head_].step < min_step) PopOldest();
+void SlidingMedian::EvictBefore(int64_t min_step, size_t keep_at_least) {
+  while (count_ > keep_at_least && ring_[head_].step < min_step) PopOldest();
 }
 
 void SlidingMedian::ReplaceOldest(int64_t step, double value) {
@@ -294,14 +296,16 @@ void SlidingMedian::ReplaceOldest(int64_t step, double value) {
   }
 }
 
-void SlidingMedian::PushAndEvict(int64_t step, double value, int64_t min_step) {
+void SlidingMedian::PushAndEvict(int64_t step, double value, int64_t min_step,
+                                 size_t keep_at_least) {
   if (ring_.empty()) return;
-  if (count_ > 0 && (ring_[head_].step < min_step || count_ == ring_.size())) {
+  if (count_ > 0 && ((ring_[head_].step < min_step && count_ >= keep_at_least) ||
+                     count_ == ring_.size())) {
     ReplaceOldest(step, value);
   } else {
     Push(step, value);
   }
-  EvictBefore(min_step);
+  EvictBefore(min_step, keep_at_least);
 }
 
 void SlidingMedian::Push(int64_t step, double value) {

@@ -338,6 +338,9 @@ constexpr char kReplayUsage[] =
     "each event lists them under lacked_signals. A nan or inf the log writes is a\n"
     "report: a numerical failure (tier 3), even when the metric was never finite.\n"
     "--config FILE   JSON object of rule thresholds (see --print-config)\n"
+    "--vocab N       the model's vocabulary size (the rules' vocab_size): a loss above\n"
+    "                tier3_vocab_factor (3) x ln(N) is a numerical failure from the\n"
+    "                first record\n"
     "A log whose steps go back (a job restarted from a checkpoint, writing to the same\n"
     "file) is replayed as a new attempt resuming after the step before the jump: its\n"
     "engine is rebuilt from the history up to there, the abandoned tail stays the\n"
@@ -366,8 +369,30 @@ bool ReadAll(const std::string& path, String* content) {
 
 }  // namespace
 
+absl::StatusOr<core::RuleConfig> RulesFromFlags(const std::string& config_path,
+                                                absl::string_view vocab) {
+  core::RuleConfig config;
+  if (!config_path.empty()) {
+    std::string text;
+    if (!ReadAll(config_path, &text)) {
+      return absl::NotFoundError(absl::StrCat("cannot read ", config_path));
+    }
+    absl::StatusOr<core::RuleConfig> parsed = core::ParseRuleConfigJson(text, config_path);
+    if (!parsed.ok()) return parsed.status();
+    config = *parsed;
+  }
+  if (!vocab.empty() && (!absl::SimpleAtoi(vocab, &config.vocab_size) ||
+                         config.vocab_size < 2 || !core::Validate(config).ok())) {
+    // The bound is the rules file's (config.cc).
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--vocab must be the model's vocabulary size (2 to 10^9), not ", vocab));
+  }
+  return config;
+}
+
 int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::string* err) {
-  std::string file, config_path, output = "table", format = "auto", map_spec, logging_steps;
+  std::string file, config_path, output = "table", format = "auto", map_spec, logging_steps,
+      vocab;
   std::optional<std::string> pattern;
   bool summary = false, print_config = false;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -405,6 +430,10 @@ int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::s
       ok = value(&logging_steps);
     } else if (a.rfind("--logging-steps=", 0) == 0) {
       logging_steps = a.substr(16);
+    } else if (a == "--vocab") {
+      ok = value(&vocab);
+    } else if (a.rfind("--vocab=", 0) == 0) {
+      vocab = a.substr(8);
     } else if (a == "--summary") {
       summary = true;
     } else if (a == "--print-config") {
@@ -462,22 +491,13 @@ int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::s
     }
     read.column_map = *std::move(map);
   }
-  core::RuleConfig config;
-  if (!config_path.empty()) {
-    std::string text;
-    if (!ReadAll(config_path, &text)) {
-      *err = absl::StrCat("twctl replay: cannot read ", config_path, "\n");
-      return 1;
-    }
-    absl::StatusOr<core::RuleConfig> parsed = core::ParseRuleConfigJson(text, config_path);
-    if (!parsed.ok()) {
-      *err = absl::StrCat("twctl replay: ", parsed.status().message(), "\n");
-      return 2;
-    }
-    config = *parsed;
+  absl::StatusOr<core::RuleConfig> config = RulesFromFlags(config_path, vocab);
+  if (!config.ok()) {
+    *err = absl::StrCat("twctl replay: ", config.status().message(), "\n");
+    return config.status().code() == absl::StatusCode::kNotFound ? 1 : 2;
   }
   if (print_config) {
-    *out = core::RuleConfigToJson(config);
+    *out = core::RuleConfigToJson(*config);
     return 0;
   }
   if (file.empty()) {
@@ -511,7 +531,7 @@ int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::s
   for (const std::string& w : trace->warnings()) {
     absl::StrAppend(err, "twctl replay: warning: ", w, "\n");
   }
-  absl::StatusOr<ReplayResult> result = Replay(*trace, config);
+  absl::StatusOr<ReplayResult> result = Replay(*trace, *config);
   if (!result.ok()) {
     *err = absl::StrCat("twctl replay: ", file, ": ", result.status().message(), "\n");
     return 2;

@@ -539,6 +539,75 @@ TEST_CASE("warm-up counts steps from the run's first record - not from step 0",
   CHECK_FALSE(h.last().warming_up);
 }
 
+TEST_CASE("no baseline: a loss far above ln(vocab) halts from the first record - only when the "
+          "vocabulary is known",
+          "[core][tier3][vocab]") {
+  RuleConfig c;
+  c.vocab_size = 50257;  // ln = 10.825; 3x = 32.5
+  SECTION("the first record") {
+    Harness h(c);
+    Values v;
+    v.loss = 33.0;
+    v.has_grad = v.has_log_z = v.has_nan_frac = false;
+    h.Feed(0, v);
+    INFO(h.Dump());
+    REQUIRE(h.OfTier(3).size() == 1);
+    CHECK(h.OfTier(3)[0].kind == EventKind::kLossExplosion);
+    CHECK(h.DecisionAt(0) == Decision::kHalt);
+    CHECK(h.OfTier(3)[0].reason.find("loss 33 nats is 3.0x ln(vocab_size 50257) = 10.825") !=
+          std::string::npos);
+  }
+  SECTION("a fresh model at 2.1x ln(vocab), as modded-nanogpt's first step, does not") {
+    Harness h(c);
+    for (int64_t step = 1; step <= 200; ++step) {
+      Values v;
+      v.loss = step == 1 ? 22.6 : 9.6 - 0.02 * static_cast<double>(step);
+      v.has_grad = v.has_log_z = v.has_nan_frac = false;
+      h.Feed(step, v);
+    }
+    INFO(h.Dump());
+    CHECK(h.OfTier(3).empty());
+  }
+  SECTION("unknown vocabulary: the rule is off") {
+    Harness h;
+    Values v;
+    v.loss = 270.0;
+    v.has_grad = v.has_log_z = v.has_nan_frac = false;
+    h.Feed(0, v);
+    CHECK(h.OfTier(3).empty());
+  }
+}
+
+TEST_CASE("sparse logs: a window counted in steps needs min_window_records records too",
+          "[core][sparse]") {
+  // A log every 500 steps, past its warm-up, the loss 0.3 nats up for two
+  // records (1,000 steps: past spike_min_steps and escalate_steps), then
+  // back: no spike and no page. Three records up: the spike opens.
+  RuleConfig c;
+  c.warmup_min_records = 20;
+  auto run = [&](int high_records) {
+    Harness h(c);
+    int64_t step = 0;
+    for (int i = 0; i < 40; ++i, step += 500) h.Feed(step, Values());
+    for (int i = 0; i < high_records; ++i, step += 500) {
+      Values v;
+      v.loss += 0.3;
+      h.Feed(step, v);
+    }
+    for (int i = 0; i < 10; ++i, step += 500) h.Feed(step, Values());
+    INFO(h.Dump());
+    return h.OfKind(EventKind::kSpike).size();
+  };
+  CHECK(run(2) == 0);
+  CHECK(run(3) == 1);
+  // A log every step spikes after spike_min_steps steps, as before.
+  Harness dense(c);
+  dense.Run(0, 3000);
+  dense.Run(3000, 3060, [](int64_t, Values& v) { v.loss += 0.3; });
+  dense.Run(3060, 3100);
+  CHECK(dense.OfKind(EventKind::kSpike).size() == 1);
+}
+
 // ------------------------------------------------------------ early warnings
 
 TEST_CASE("early warning: log_z above 12 and rising for 5000 steps", "[core][warn]") {

@@ -109,6 +109,44 @@ TEST_CASE("real log: Behemoth's NaN loss at step 1200 is tier 3 at that step",
   CHECK(CountTierAtLeast(r.result, 2) == 1);
 }
 
+TEST_CASE("real logs: with their vocabulary known the no-baseline tier 3 never fires on a healthy "
+          "step",
+          "[logs][realdata][vocab]") {
+  // The vocabularies: GPT-2's tokenizer (llm.c, 50257), modded-nanogpt's
+  // padded one (50304), parameter-golf's 1,024-token SentencePiece model
+  // (both start at ln(1024) = 6.93), nanoGPT's Shakespeare characters (65).
+  struct Log {
+    std::string path;
+    int64_t vocab;
+  };
+  for (const Log& log : {Log{kDir + "/llmc-gpt2-124m.main.log", 50257},
+                         Log{kDir + "/modded-nanogpt-1p5b.log", 50304},
+                         Log{kDir + "/parameter-golf-bitnet.train.log", 1024},
+                         Log{kDir + "/parameter-golf-behemoth-v10.log", 1024},
+                         Log{std::string(TRAINWATCH_FORMATS_DIR) + "/nanogpt-shakespeare.log", 65}}) {
+    INFO(log.path);
+    auto trace = ReadMetricsFile(log.path);
+    REQUIRE(trace.ok());
+    core::RuleConfig c;
+    c.vocab_size = log.vocab;
+    auto result = Replay(*trace, c);
+    REQUIRE(result.ok());
+    INFO(Dump(*result));
+    for (const core::Event& e : result->events) {
+      CHECK(e.reason.find("ln(vocab_size") == std::string::npos);
+    }
+    // The margin: the highest finite loss of each (the first steps of a
+    // fresh model: modded-nanogpt's step 1 is 2.1x) stays well under the
+    // factor.
+    double highest = 0;
+    for (size_t i = 0; i < trace->size(); ++i) {
+      const double loss = trace->Record(i).Get(core::Signal::kLoss);
+      if (std::isfinite(loss)) highest = std::max(highest, loss);
+    }
+    CHECK(highest / std::log(static_cast<double>(log.vocab)) < c.tier3_vocab_factor / 1.25);
+  }
+}
+
 // Writes `trace` as a TensorBoard log folder, the way a trainer calling
 // add_scalar once per metric and step would: loss as simple_value (float, as
 // torch writes it), grad_norm as a double tensor, the rest as float tensors

@@ -73,6 +73,16 @@ struct RuleConfig {
   double warmup_divergence_nats = 2.0;
   int64_t warmup_divergence_records = 3;
 
+  // ---- windows counted in steps need records too: a log written every
+  // 500 steps crosses 50 steps in two records (docs/rules.md, "Steps and
+  // records"). A spike (spike_min_steps) and an escalation (escalate_steps)
+  // also need this many loss records, and the short smoothing spans at
+  // least as many.
+  int64_t min_window_records = 3;
+  // The EMAs (ema_span_steps) span at least this many records: 1,000 steps
+  // of a log written every 500 would be two.
+  double ema_min_span_records = 20;
+
   // ---- spike: loss >= spike_delta above its EMA for more than N steps
   double spike_delta_nats = 0.1;
   int64_t spike_min_steps = 50;
@@ -146,6 +156,15 @@ struct RuleConfig {
   double tier3_loss_nats = 10.0;
   // A tier 3 episode ends after this many clean steps in a row.
   int64_t tier3_clear_steps = 100;
+  // A language model's loss, its cross-entropy in nats, starts near
+  // ln(vocab_size) (an untrained model's uniform guess) and falls. A loss
+  // above tier3_vocab_factor x ln(vocab_size) is no value training reaches
+  // short of a numerical failure: tier 3 from the first record, no baseline
+  // needed. Only when the vocabulary is known: vocab_size 0 is unknown, and
+  // the rule is off. The healthy runs in tests/data start at most 1.05x
+  // ln(vocab) (docs/rules.md).
+  int64_t vocab_size = 0;
+  double tier3_vocab_factor = 3.0;
 
   // ---- fp16 dynamic loss scaling (records with a loss scale only;
   // StepValues::SetLossScale). An overflow step (the scaler found inf in the

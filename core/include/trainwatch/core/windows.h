@@ -30,12 +30,14 @@ struct StateCodec;
 // value is sum_k w_k x_k / sum_k w_k with w_k = (1 - a)^(s_last - s_k) and
 // a = 2 / (span + 1). With one sample per step this is the usual EMA once the
 // first few hundred steps are past; with gaps between samples the decay
-// follows the steps, not the sample count.
+// follows the steps, not the sample count, down to a floor: the mean spans
+// at least `min_span_samples` samples, so that a log written every 500 steps
+// is not averaged over two records by a 1,000-step span.
 class DecayingMean {
   friend struct StateCodec;
 
  public:
-  explicit DecayingMean(double span_steps);
+  explicit DecayingMean(double span_steps, double min_span_samples = 0);
 
   // REQUIRES: step > the step of the previous Add(). Inline, as Value(): the
   // engine calls them about ten times a step, and the call was most of
@@ -67,6 +69,7 @@ class DecayingMean {
 
   double keep_;       // 1 - a
   double log_keep_;   // log(1 - a), for gaps longer than one step
+  double min_keep_;   // the least decay over one gap: 1 - 2 / (min_span_samples + 1)
   double num_ = 0.0;  // sum of w_k x_k
   double den_ = 0.0;  // sum of w_k
   int64_t last_step_ = 0;
@@ -114,8 +117,9 @@ class SlidingMedian {
   // The largest window kept as a sorted array rather than as two heaps.
   static constexpr int64_t kSortedMaxWindow = 128;
 
-  // Drops the samples with step < min_step.
-  void EvictBefore(int64_t min_step);
+  // Drops the samples with step < min_step, but keeps the newest
+  // `keep_at_least` (a sparse log's window still holds that many).
+  void EvictBefore(int64_t min_step, size_t keep_at_least = 0);
   // REQUIRES: value is finite; step > the previous Push()'s step. When the
   // ring is full the oldest sample is dropped first.
   void Push(int64_t step, double value);
@@ -123,7 +127,7 @@ class SlidingMedian {
   // for eviction, the new one takes its slot and is sifted from there (one
   // heap repair instead of a removal and an insertion: the steady state of a
   // per-step stream).
-  void PushAndEvict(int64_t step, double value, int64_t min_step);
+  void PushAndEvict(int64_t step, double value, int64_t min_step, size_t keep_at_least = 0);
   // The median of the live samples (mean of the two middle ones for an even
   // count); NaN when empty.
   double Median() const;

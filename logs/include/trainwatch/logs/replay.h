@@ -41,6 +41,13 @@ struct ReplayResult {
   int64_t halted_at = -1;     // first step whose verdict was halt
 };
 
+// The rules replay and follow judge a log by: the defaults, or the JSON
+// object of RuleConfig fields in the file `config_path`, with `vocab` (when
+// not empty) as its vocab_size. An unreadable file is NotFound; a bad file
+// or vocab is InvalidArgument (a usage error); both say which.
+absl::StatusOr<core::RuleConfig> RulesFromFlags(const std::string& config_path,
+                                                absl::string_view vocab);
+
 // Feeds every record of `trace` to the engine, in log order. A step not
 // after the one before opens an attempt: the engine is rebuilt
 // (core::EngineRebuilder) from the current history up to S, so an abandoned

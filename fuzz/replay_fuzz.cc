@@ -57,9 +57,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(absl::StrContains(trace.status().message(), "fuzz-input"));
     return 0;
   }
-  // The reader refuses only a repeated step; a step going back opens an
-  // attempt whose engine holds only earlier steps. So the engine takes every
-  // record, and each belongs to one attempt: nothing is dropped.
+  // Rows at one step merge or, with another value of a metric, are a
+  // restart there; a step going back opens an attempt too, whose engine
+  // holds only earlier steps. So the engine takes every record, and each
+  // belongs to one attempt: nothing is dropped.
   absl::StatusOr<trainwatch::logs::ReplayResult> result =
       trainwatch::logs::Replay(*trace, trainwatch::core::RuleConfig());
   FUZZ_CHECK(result.ok());

@@ -34,6 +34,13 @@ bool ReportDataAnomaly(EngineState& s, const StepFacts& f, bool tier1, double gr
         g, grad_ratio, med, c.median_window_steps, f.loss, dev, f.ema, f.ratio);
     if (Finite(sigma)) absl::StrAppendFormat(&e.reason, ", %.1f sigma", dev / sigma);
     e.reason += ")";
+    if (LocalJump(c, f) && !(Finite(sigma) && dev >= c.tier1_loss_z * sigma) &&
+        !(f.ratio > c.tier1_loss_ratio)) {
+      absl::StrAppendFormat(&e.reason,
+                            ", %+.3f nats over its local level %.3f (%.1fx the local noise %.3f)",
+                            f.local_dev, f.loss - f.local_dev,
+                            f.local_sigma > 0 ? f.local_dev / f.local_sigma : 0.0, f.local_sigma);
+    }
   } else {
     e.reason = absl::StrFormat(
         "loss_ema_ratio %.2f is above %.1f (loss %.3f, EMA %.3f) without a "

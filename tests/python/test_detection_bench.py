@@ -19,6 +19,14 @@ sys.path.insert(0, os.path.dirname(SCRIPT))
 import backtest  # noqa: E402  (the bench's own module)
 
 
+# The shapes real logs take (bench/detection/shapes.py), each hiding an
+# incident: train and val lines at one step, sparse progress bars, a
+# fine-tune exploding in its warm-up (with and without its vocabulary), a
+# sweep point diverging at step 300.
+SHAPES = ("jsonl-train-val", "hf-sparse-bars", "finetune-warmup", "finetune-warmup-vocab",
+          "lr-sweep")
+
+
 class BacktestRunTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -26,7 +34,7 @@ class BacktestRunTest(unittest.TestCase):
         out = os.path.join(cls.work.name, "out.json")
         p = subprocess.run([sys.executable, SCRIPT, "--bin", os.path.dirname(os.environ["TWCTL"]),
                             "--trace", "nanogpt-fp16-nan", "--trace", "megatron-silent-nan",
-                            "--json", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            *[a for t in SHAPES for a in ("--trace", t)], "--json", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, timeout=300)
         if p.returncode != 0:
             raise AssertionError(f"backtest.py exited {p.returncode}:\n{p.stderr[-3000:]}")
@@ -65,6 +73,20 @@ class BacktestRunTest(unittest.TestCase):
         self.assertEqual([(c["step"], c["late"]) for c in light["caught"]], [(5427, 1)])
         self.assertEqual(olmo["missed"], ["NaN grad norm"])
 
+    def test_trainwatch_catches_each_shape_in_time_with_no_false_alarm(self):
+        want = {"jsonl-train-val": (1800, "skip"), "hf-sparse-bars": (3113, "page"),
+                "finetune-warmup": (130, "page"), "finetune-warmup-vocab": (110, "halt"),
+                "lr-sweep": (392, "page")}
+        for trace_id, (step, action) in want.items():
+            with self.subTest(trace_id):
+                tw = self.trace(trace_id)["detectors"][backtest.DETECTORS[0]]
+                self.assertEqual([(c["step"], c["action"]) for c in tw["caught"]],
+                                 [(step, action)])
+                self.assertEqual((tw["missed"], tw["false"]), ([], []))
+                # The peers are measured on each too.
+                for peer in backtest.DETECTORS[1:]:
+                    self.assertIsNotNone(self.trace(trace_id)["detectors"][peer])
+
     def test_the_markdown_table_has_a_row_per_trace_and_the_totals(self):
         lines = self.md.splitlines()
         header = next(line for line in lines if line.startswith("| trace |"))
@@ -73,9 +95,10 @@ class BacktestRunTest(unittest.TestCase):
         cells = [c.strip() for c in row.strip("|").split("|")]
         self.assertEqual(cells[1:], ["15", "halt 3,010-3,060 (NaN loss)", "halt 3,010 (+0)",
                                      "missed: NaN loss", "halt 3,010-3,060 (+0)"])
-        self.assertIn("| trainwatch | 2 of 2 | 0, 0 | 0 | 0 | 0 |", lines)
-        self.assertIn("| Lightning SpikeDetection | 2 of 2 | 0, 1 | 0 | 0 | 0 |", lines)
-        self.assertIn("| OLMo-core SkipStepAdamW | 0 of 2 | - | 2 | 0 | 0 |", lines)
+        # Two real logs and the five shapes.
+        self.assertIn("| trainwatch | 7 of 7 | 0, 513 | 0 | 0 | 0 |", lines)
+        self.assertIn("| Lightning SpikeDetection | 4 of 7 | 0, 1 | 3 | 0 | 0 |", lines)
+        self.assertIn("| OLMo-core SkipStepAdamW | 1 of 7 | 0, 0 | 6 | 0 | 0 |", lines)
 
     def test_skipstep_facts_from_its_code_hold(self):
         f = self.result["facts"]

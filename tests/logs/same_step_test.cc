@@ -125,5 +125,39 @@ TEST_CASE("sparse bars: where the bar and the dict count disagree the bar wins -
   CheckSteps(*learned, 2, 2, 600);
 }
 
+TEST_CASE("sparse bars: NeMo 1's bars each a record at their step - shortened global_step",
+          "[logs][same-step][nemo]") {
+  // Lightning's bar as NeMo 1 draws it, reaching the file every 100 steps
+  // (each bar ends its physical line when another message prints): N/T,
+  // then the postfix with tqdm's format_num, which shortens global_step to
+  // three significant digits past 999 ("1.1e+3").
+  std::string log;
+  char line[400];
+  for (int n = 100; n <= 2000; n += 100) {
+    const int step = n - 1;
+    char gs[32];
+    std::snprintf(gs, sizeof gs, "%.3g", static_cast<double>(step));
+    std::string g = gs;
+    if (g.find("e+0") != std::string::npos) g.replace(g.find("e+0"), 3, "e+");
+    if (g.find('e') == std::string::npos && g.find('.') == std::string::npos) g += ".0";
+    std::snprintf(line, sizeof line,
+                  "Epoch 0:  %d%%|#         | %d/20000 [10:00<90:00, 1.00it/s, loss=3.1, v_num=, "
+                  "reduced_train_loss=%.3f, global_step=%s, consumed_samples=%d.0]\n"
+                  "[NeMo I 2024-01-01 00:00:00 nemo_logging:349] a message\n",
+                  n / 200, n, shapes::Loss(step), g.c_str(), step * 8);
+    log += line;
+  }
+  auto t = Parse(log);
+  REQUIRE(t.ok());
+  CHECK(t->format() == MetricsFormat::kNemo);
+  REQUIRE(t->size() == 20);
+  for (size_t i = 0; i < t->size(); ++i) {
+    INFO("record " << i);
+    CHECK(t->Record(i).step == 99 + 100 * static_cast<int64_t>(i));
+    CHECK(t->Record(i).Get(Signal::kLoss) ==
+          Approx(shapes::Loss(99 + 100 * static_cast<int64_t>(i))).epsilon(1e-3));
+  }
+}
+
 }  // namespace
 }  // namespace trainwatch::logs

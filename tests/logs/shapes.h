@@ -7,6 +7,7 @@
 #ifndef TRAINWATCH_TESTS_LOGS_SHAPES_H_
 #define TRAINWATCH_TESTS_LOGS_SHAPES_H_
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -87,6 +88,24 @@ inline std::string HfSparseBars(int64_t steps, int64_t bar_every, int64_t eval_e
                     static_cast<long long>(s % 60));
       out += line;
     }
+  }
+  return out;
+}
+
+// A GPT-2 fine-tune printing nanoGPT's line every 10 iterations
+// (`iter {iter_num}: loss {lossf:.4f}, time {dt*1000:.2f}ms, mfu
+// {running_mfu*100:.2f}%`): the loss falls to 4.8 by iteration 100, is 270
+// at 110 and stays far up, all inside the warm-up and with no grad norm.
+inline std::string NanoGptFinetuneExploding() {
+  std::string out;
+  char line[200];
+  for (int it = 0; it <= 400; it += 10) {
+    const double loss = it <= 100   ? 5.4 - 0.006 * it
+                        : it == 110 ? 270.0
+                                    : 24.0 + 1500.0 / std::pow(it - 60, 1.3);
+    std::snprintf(line, sizeof line, "iter %d: loss %.4f, time 412.50ms, mfu %.2f%%\n", it, loss,
+                  it < 50 ? -100.0 : 31.2);
+    out += line;
   }
   return out;
 }

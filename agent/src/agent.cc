@@ -274,13 +274,15 @@ absl::Status Agent::Impl::StepObserved(const core::StepRecord& rec) {
   values_step_ = rec.step;
   values_ = rec;
   Keep(rec);
-  if (absl::Status s = engine_->Judge(rec, &outcome_); !s.ok()) return s;
+  // No local engine: nothing here could act on its verdict (the job is not
+  // this process), and trainwatchd judges the run with the rules it was
+  // announced, deriving loss_ema_ratio there. One engine, one verdict.
   if (config_.server_address.empty()) return absl::OkStatus();
   Slot* slot = sender_.BeginRecord();
   if (slot == nullptr) return absl::OkStatus();  // the ring is full: dropped, and counted
   slot->rank_scope = false;
   static_cast<core::Step&>(*slot) = rec;
-  slot->loss_ema_ratio = outcome_.loss_ema_ratio;
+  slot->loss_ema_ratio = std::numeric_limits<double>::quiet_NaN();  // the server's to derive
   slot->nonfinite = 0;  // a log gives nan_frac, never the counts behind it
   slot->elements = 0;
   slot->decided = false;  // a log's numbers: no agent decided (nor skipped, nor halted)

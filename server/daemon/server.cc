@@ -354,7 +354,19 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       return absl::UnavailableError(
           absl::StrCat("cannot serve metrics on ", options.metrics_listen, ": ", e.what()));
     }
-    impl->exporter = NewExporter(impl->state.get(), options.metrics, leases);
+    std::function<LeaseFigures()> figures;
+    if (leases != nullptr) {
+      figures = [leases] {
+        const ShardLeases& l = *leases->leases();
+        LeaseFigures f;
+        f.shards_owned = l.owned();
+        f.shards_total = l.shards();
+        for (int s = 0; s < l.shards(); ++s) f.epoch = std::max(f.epoch, l.epoch(s));
+        f.takeovers = leases->takeovers();
+        return f;
+      };
+    }
+    impl->exporter = NewExporter(impl->state.get(), options.metrics, std::move(figures));
     impl->exposer->RegisterCollectable(impl->exporter);
     const std::vector<int> ports = impl->exposer->GetListeningPorts();
     impl->metrics_port = ports.empty() ? 0 : ports.front();

@@ -11,10 +11,10 @@
 #include <deque>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "api/service_state.h"
-#include "daemon/lease_keeper.h"
 #include "ingest/run_views.h"
 
 namespace trainwatch::server {
@@ -24,8 +24,8 @@ namespace {
 // Reads live state at scrape time: no shadow counters to keep in step.
 class Exporter : public prometheus::Collectable {
  public:
-  Exporter(ServiceState* state, ExporterOptions options, const LeaseKeeper* leases)
-      : state_(state), options_(options), leases_(leases) {}
+  Exporter(ServiceState* state, ExporterOptions options, std::function<LeaseFigures()> leases)
+      : state_(state), options_(options), leases_(std::move(leases)) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     using prometheus::MetricFamily;
@@ -48,24 +48,22 @@ class Exporter : public prometheus::Collectable {
       }
       f.metric.push_back(std::move(m));
     };
-    if (leases_ != nullptr) {
+    if (leases_) {
       // Every replica exports these, a standby with 0 shards owned; the
       // rules' TrainwatchShardsUnowned sums them over replicas.
-      const ShardLeases& l = *leases_->leases();
-      int64_t epoch = 0;
-      for (int s = 0; s < l.shards(); ++s) epoch = std::max(epoch, l.epoch(s));
+      const LeaseFigures l = leases_();
       add(family("trainwatch_lease_shards_owned", "Shards this replica owns.", MetricType::Gauge),
-          {}, double(l.owned()));
+          {}, double(l.shards_owned));
       add(family("trainwatch_lease_shards_total", "Shards runs hash to (--shards).",
                  MetricType::Gauge),
-          {}, double(l.shards()));
+          {}, double(l.shards_total));
       add(family("trainwatch_lease_epoch", "The highest epoch this replica owns a shard at.",
                  MetricType::Gauge),
-          {}, double(epoch));
+          {}, double(l.epoch));
       add(family("trainwatch_lease_takeovers_total",
                  "Shards this replica took over (each a failover to it, or its first start).",
                  MetricType::Counter),
-          {}, double(leases_->takeovers()));
+          {}, double(l.takeovers));
     }
     // A standby exports its leases alone: the runs' series come from the
     // owner, and the same series from two replicas would double every sum.
@@ -359,15 +357,15 @@ class Exporter : public prometheus::Collectable {
 
   ServiceState* state_;
   ExporterOptions options_;
-  const LeaseKeeper* leases_;
+  std::function<LeaseFigures()> leases_;
 };
 
 }  // namespace
 
 std::shared_ptr<prometheus::Collectable> NewExporter(ServiceState* state,
                                                      ExporterOptions options,
-                                                     const LeaseKeeper* leases) {
-  return std::make_shared<Exporter>(state, options, leases);
+                                                     std::function<LeaseFigures()> leases) {
+  return std::make_shared<Exporter>(state, options, std::move(leases));
 }
 
 }  // namespace trainwatch::server

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 // Declared only: server.h carries ExporterOptions without prometheus-cpp's
@@ -17,8 +18,17 @@ class Collectable;
 
 namespace trainwatch::server {
 
-class LeaseKeeper;
 class ServiceState;
+
+// A replica's leases as /metrics shows them (trainwatchd --replica), read
+// at each scrape: the daemon, which keeps the leases, supplies them, so the
+// exporter knows nothing of how.
+struct LeaseFigures {
+  int64_t shards_owned = 0;
+  int64_t shards_total = 0;
+  int64_t epoch = 0;  // the highest epoch of a shard it owns
+  int64_t takeovers = 0;
+};
 
 // What keeps /metrics bounded however many run ids agents send: each run
 // exported has at most 18 series (the gauges, the incident counts by tier),
@@ -36,10 +46,10 @@ struct ExporterOptions {
 // Reads the runs' views and the service's own figures (`state`, its
 // writer's) at scrape time. REQUIRES: `state` outlives the exporter.
 // `leases`, for a replica (trainwatchd --replica): its shards and epoch, the
-// only figures a standby exports.
-std::shared_ptr<prometheus::Collectable> NewExporter(ServiceState* state,
-                                                     ExporterOptions options = {},
-                                                     const LeaseKeeper* leases = nullptr);
+// only figures a standby exports; empty for a single trainwatchd.
+std::shared_ptr<prometheus::Collectable> NewExporter(
+    ServiceState* state, ExporterOptions options = {},
+    std::function<LeaseFigures()> leases = nullptr);
 
 }  // namespace trainwatch::server
 

@@ -26,19 +26,6 @@ int TierIndex(int tier) { return std::clamp(tier, 0, 3); }
 
 }  // namespace
 
-std::string ObservedNote(const IncidentRow& incident) {
-  if (!incident.observed) return "";
-  return absl::StrCat(
-      "The job is followed from its log (twctl follow): ", kObservedNotEnforced,
-      ". No automatic action was possible: no update was skipped and the trainer was not "
-      "halted. An approved rollback is a manual restart of the trainer from the recommended "
-      "checkpoint, with the quarantined shards left out of its data.");
-}
-
-bool IsClosed(IncidentState s) {
-  return s == IncidentState::kResolved || s == IncidentState::kDismissed;
-}
-
 void IncidentTracker::Restore(std::vector<IncidentRow> incidents) {
   for (IncidentRow& i : incidents) {
     totals_[TierIndex(i.tier)]++;

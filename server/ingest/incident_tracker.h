@@ -17,19 +17,11 @@
 #include <utility>
 #include <vector>
 
-#include "trainwatch/core/event.h"
+#include "incidents/incident_text.h"
 #include "store/store.h"
+#include "trainwatch/core/event.h"
 
 namespace trainwatch::server {
-
-// What a followed run's records, incidents and pages say of themselves
-// (`twctl follow`, Hello.observed).
-inline constexpr char kObservedNotEnforced[] = "observed, not enforced";
-
-// The sentence pages and summaries add for an incident of a followed run:
-// it is followed from its log, no automatic action was possible, and the
-// recommended rollback is a restart by hand. Empty for any other incident.
-std::string ObservedNote(const IncidentRow& incident);
 
 // What happened to an incident, as its listeners hear it.
 enum class IncidentChange {
@@ -37,8 +29,6 @@ enum class IncidentChange {
   kUpdated,       // new evidence; the state is as it was
   kStateChanged,  // resolved, re-opened, approved, rejected, ...
 };
-
-bool IsClosed(IncidentState s);
 
 // Where a change goes: into the batch being written, and to the listeners
 // once that batch is durable.

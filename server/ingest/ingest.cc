@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
-#include "pager/pager.h"
+#include "incidents/incident_text.h"
 
 namespace trainwatch::server {
 
@@ -203,16 +203,7 @@ void Ingestor::ProcessBatch(std::vector<IngestItem>& items) {
   if (batch_.empty()) return;
   if (pager_ != nullptr) {
     for (const IncidentRow& inc : batch_.rows.incidents) {
-      std::string summary = inc.title;
-      if (std::string detail = liveness_.PageDetail(inc, now); !detail.empty()) {
-        absl::StrAppend(&summary, ". ", detail);
-      }
-      if (inc.recommended_checkpoint_step >= 0) {
-        absl::StrAppend(&summary, " Recommended: roll back to checkpoint step ",
-                        inc.recommended_checkpoint_step, ".");
-      }
-      for (const core::RecommendedAction& a : inc.actions) absl::StrAppend(&summary, " ", a.text, ".");
-      if (inc.observed) absl::StrAppend(&summary, " ", ObservedNote(inc));
+      const std::string summary = PageSummary(inc, liveness_.PageDetail(inc, now));
       for (OutboxRow& row : pager_->Rows(inc, summary, now)) batch_.rows.outbox.push_back(std::move(row));
     }
   }

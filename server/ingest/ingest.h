@@ -54,8 +54,6 @@
 
 namespace trainwatch::server {
 
-class Pager;
-
 // The run whose state a message touches ("" for a heartbeat: none).
 const std::string& RunIdOf(const trainwatch::v1::AgentMessage& m);
 
@@ -77,9 +75,10 @@ class Ingestor {
   absl::Status Recover();
   // REQUIRES: outlives the Ingestor; set before Start().
   void SetListener(IngestListener* listener);
-  // Pages go into the outbox with the incident changes that cause them.
+  // Pages go into the outbox with the incident changes that cause them
+  // (the pager).
   // REQUIRES: outlives the Ingestor; set before Start().
-  void SetPager(Pager* pager) { pager_ = pager; }
+  void SetPager(IncidentOutbox* pager) { pager_ = pager; }
   void Start();
   // Drains what was submitted, writes it, and joins the writer.
   void Stop();
@@ -111,7 +110,7 @@ class Ingestor {
   const IngestOptions options_;
   core::Clock* clock_;
   IngestListener* listener_ = nullptr;
-  Pager* pager_ = nullptr;
+  IncidentOutbox* pager_ = nullptr;
 
   IngestQueue queue_;
   RunViews views_;

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
-#include "ingest/incident_tracker.h"
+#include "incidents/incident_text.h"
 #include "common/log.h"
 #include "trainwatch/core/file_system.h"
 #include "trainwatch/core/json.h"
@@ -30,18 +30,6 @@ std::string Iso8601(int64_t ms) {
   char buf[40];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
   return absl::StrFormat("%s.%03dZ", buf, static_cast<int>(ms % 1000));
-}
-
-const char* StateText(IncidentState s) {
-  switch (s) {
-    case IncidentState::kOpen: return "open";
-    case IncidentState::kAcknowledged: return "acknowledged";
-    case IncidentState::kAwaitingDecision: return "awaiting_decision";
-    case IncidentState::kRollingBack: return "rolling_back";
-    case IncidentState::kResolved: return "resolved";
-    case IncidentState::kDismissed: return "dismissed";
-  }
-  return "unknown";
 }
 
 absl::StatusOr<std::string> Secret(const core::JsonValue& r, const std::string& key,

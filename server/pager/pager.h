@@ -38,6 +38,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "incidents/incident_text.h"
 #include "pager/http_poster.h"
 #include "store/store.h"
 #include "trainwatch/core/clock.h"
@@ -81,21 +82,21 @@ struct PageContent {
 std::string PagePayload(const Receiver& r, const PageContent& c, int64_t now_ms);
 std::string PageUrl(const Receiver& r);
 
-class Pager {
+class Pager : public IncidentOutbox {
  public:
   // REQUIRES: `poster` outlives the Pager.
   Pager(Store* store, PagerConfig config, core::Clock* clock,
         HttpPoster* poster = DefaultHttpPoster());
-  ~Pager();
+  ~Pager() override;
 
   // Outbox rows for an incident's change, to be written in the caller's
   // batch. Empty below min_tier or without receivers.
   std::vector<OutboxRow> Rows(const IncidentRow& incident, const std::string& summary,
-                              int64_t now_ms) const;
+                              int64_t now_ms) const override;
   void Start();
   void Stop();
   // Nudges the sender (rows were committed).
-  void Wake();
+  void Wake() override;
 
   int64_t sent_total() const { return sent_.load(); }
   int64_t failed_total() const { return failed_.load(); }

@@ -55,8 +55,10 @@ TEST_CASE("observed: the hello says observed and records go as given with nothin
   CHECK(r.metrics().grad_norm() == 0.25 * 3);
   CHECK(r.metrics().nan_frac() == 0.125);
   CHECK(!service.global_report(40)->update_skipped());
-  // No agent decided these steps, the NaN's included: no verdict to compare.
+  // No agent decided these steps, the NaN's included: no verdict to compare,
+  // and no local engine derived anything (the server judges).
   CHECK(r.verdict() == v1::VERDICT_UNSPECIFIED);
+  CHECK_FALSE(r.metrics().has_loss_ema_ratio());
   CHECK(service.global_report(40)->verdict() == v1::VERDICT_UNSPECIFIED);
   core::StepRecord back;
   back.step = 40;

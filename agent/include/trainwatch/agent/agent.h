@@ -378,8 +378,9 @@ class Agent {
 
   // A followed job's step as its log reported it (AgentConfig::observed):
   // the record is streamed as given, with no reduction (the follower is one
-  // process reading the whole job's numbers), and the local engine only
-  // derives loss_ema_ratio; the record says no update was skipped. A step
+  // process reading the whole job's numbers) and no local engine (nothing
+  // here could act on a verdict: trainwatchd judges the run and derives its
+  // loss_ema_ratio); the record says no update was skipped. A step
   // not above the last is INVALID_ARGUMENT (a restart is a new Agent with
   // resume_step), as is a call on an agent not created observed.
   absl::Status StepObserved(const core::StepRecord& record);

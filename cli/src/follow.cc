@@ -25,7 +25,6 @@
 
 namespace trainwatch::cli {
 
-using logs::ColumnMap;
 using logs::DetectFormat;
 using logs::FormatName;
 using logs::IsEventFileName;
@@ -34,8 +33,6 @@ using logs::LineParser;
 using logs::LineReader;
 using logs::MetricsFormat;
 using logs::NewLineParser;
-using logs::ParseColumnMap;
-using logs::ParseFormatName;
 using logs::ReadOptions;
 using logs::ScalarEvent;
 using logs::SignalOfTag;
@@ -369,30 +366,19 @@ class FollowCommand : public Command {
     const std::string source = args.operands.at(0);
     const std::string run = args.Get("run");
     if (run.empty()) return usage("--run RUN is required");
-    MetricsFormat format;
-    if (!ParseFormatName(args.Get("format", "auto"), &format)) {
-      return usage(absl::StrCat("unknown --format ", args.Get("format")));
-    }
-    ReadOptions read;
-    if (args.Has("map")) {
-      absl::StatusOr<ColumnMap> m = ParseColumnMap(args.Get("map"));
-      if (!m.ok()) return usage(m.status().message());
-      read.column_map = *std::move(m);
-    }
-    if (args.Has("pattern")) {
-      if (format != MetricsFormat::kAuto) return usage("give --pattern or --format, not both");
-      absl::StatusOr<std::shared_ptr<const logs::LinePattern>> p =
-          logs::LinePattern::Compile(args.Get("pattern"));
-      if (!p.ok()) return usage(p.status().message());
-      format = MetricsFormat::kPattern;
-      read.pattern = *std::move(p);
-    }
+    // Read as replay reads them (logs::ReadOptionsFromFlags).
+    absl::StatusOr<ReadOptions> parsed = logs::ReadOptionsFromFlags(
+        args.Get("format", "auto"), args.Get("map"),
+        args.Has("pattern") ? std::optional<std::string>(args.Get("pattern")) : std::nullopt,
+        args.Get("logging-steps"));
+    if (!parsed.ok()) return usage(parsed.status().message());
+    ReadOptions read = *std::move(parsed);
+    MetricsFormat format = read.format;
     absl::StatusOr<int64_t> drain = args.GetInt("drain-timeout", 30, 0, 3600);
     absl::StatusOr<int64_t> interval = args.GetInt("status-interval", 5, 0, 86400);
     absl::StatusOr<int64_t> poll_ms = args.GetInt("poll-interval", 100, 1, 60000);
     absl::StatusOr<int64_t> window = args.GetInt("max-in-flight", 65536, 1024, 1 << 24);
-    absl::StatusOr<int64_t> logging_steps = args.GetInt("logging-steps", 0, 1, int64_t{1} << 40);
-    for (const auto* v : {&drain, &interval, &poll_ms, &window, &logging_steps}) {
+    for (const auto* v : {&drain, &interval, &poll_ms, &window}) {
       if (!v->ok()) return usage(v->status().message());
     }
     std::error_code ec;
@@ -449,7 +435,6 @@ class FollowCommand : public Command {
     std::signal(SIGINT, OnStopSignal);
     std::signal(SIGTERM, OnStopSignal);
     read.format = format;
-    read.logging_steps = *logging_steps;
     Follower follower(source == "-" ? "<stdin>" : source, std::move(read), *std::move(matcher),
                       &stream);
     const bool events = format == MetricsFormat::kTensorBoard;

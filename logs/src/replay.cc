@@ -390,156 +390,153 @@ absl::StatusOr<core::RuleConfig> RulesFromFlags(const std::string& config_path,
   return config;
 }
 
-int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::string* err) {
-  std::string file, config_path, output = "table", format = "auto", map_spec, logging_steps,
-      vocab;
+namespace {
+
+// twctl replay's command line.
+struct ReplayFlags {
+  std::string file, config_path, output = "table", format = "auto", map, logging_steps, vocab;
   std::optional<std::string> pattern;
-  bool summary = false, print_config = false;
+  bool summary = false, print_config = false, help = false;
+};
+
+// A usage error is InvalidArgument with what to print.
+absl::Status ParseReplayFlags(const std::vector<std::string>& args, ReplayFlags* f) {
+  // FLAG VALUE and FLAG=VALUE alike.
+  const std::pair<const char*, std::string*> valued[] = {
+      {"--config", &f->config_path}, {"-o", &f->output}, {"--output", &f->output},
+      {"--format", &f->format},      {"--map", &f->map}, {"--logging-steps", &f->logging_steps},
+      {"--vocab", &f->vocab}};
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    auto value = [&](std::string* dst) {
-      if (i + 1 >= args.size()) return false;
-      *dst = args[++i];
-      return true;
-    };
-    bool ok = true;
     if (a == "-h" || a == "--help") {
-      *out = kReplayUsage;
-      return 0;
-    } else if (a == "--config") {
-      ok = value(&config_path);
-    } else if (a.rfind("--config=", 0) == 0) {
-      config_path = a.substr(9);
-    } else if (a == "-o" || a == "--output") {
-      ok = value(&output);
-    } else if (a.rfind("-o=", 0) == 0 || a.rfind("--output=", 0) == 0) {
-      output = a.substr(a.find('=') + 1);
-    } else if (a == "--format") {
-      ok = value(&format);
-    } else if (a.rfind("--format=", 0) == 0) {
-      format = a.substr(9);
-    } else if (a == "--map") {
-      ok = value(&map_spec);
-    } else if (a.rfind("--map=", 0) == 0) {
-      map_spec = a.substr(6);
-    } else if (a == "--pattern") {
-      ok = value(&pattern.emplace());
-    } else if (a.rfind("--pattern=", 0) == 0) {
-      pattern = a.substr(10);
-    } else if (a == "--logging-steps") {
-      ok = value(&logging_steps);
-    } else if (a.rfind("--logging-steps=", 0) == 0) {
-      logging_steps = a.substr(16);
-    } else if (a == "--vocab") {
-      ok = value(&vocab);
-    } else if (a.rfind("--vocab=", 0) == 0) {
-      vocab = a.substr(8);
+      f->help = true;
+      return absl::OkStatus();
+    }
+    const std::string name = a.substr(0, a.find('='));
+    std::string* dst = name == "--pattern" ? &f->pattern.emplace() : nullptr;
+    for (const auto& [flag, field] : valued) {
+      if (name == flag) dst = field;
+    }
+    if (dst != nullptr) {
+      if (name.size() < a.size()) {
+        *dst = a.substr(name.size() + 1);
+      } else if (i + 1 < args.size()) {
+        *dst = args[++i];
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(a, " needs a value"));
+      }
     } else if (a == "--summary") {
-      summary = true;
+      f->summary = true;
     } else if (a == "--print-config") {
-      print_config = true;
+      f->print_config = true;
     } else if (!a.empty() && a[0] == '-' && a != "-") {
-      *err = absl::StrCat("twctl replay: unknown flag ", a, "\n", kReplayUsage);
-      return 2;
-    } else if (file.empty()) {
-      file = a;
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", a, "\n", kReplayUsage));
+    } else if (f->file.empty()) {
+      f->file = a;
     } else {
-      *err = absl::StrCat("twctl replay: one FILE only (got ", file, " and ", a, ")\n");
-      return 2;
-    }
-    if (!ok) {
-      *err = absl::StrCat("twctl replay: ", a, " needs a value\n");
-      return 2;
+      return absl::InvalidArgumentError(
+          absl::StrCat("one FILE only (got ", f->file, " and ", a, ")"));
     }
   }
-  if (output != "table" && output != "json") {
-    *err = absl::StrCat("twctl replay: -o must be table or json, not ", output, "\n");
-    return 2;
+  if (f->output != "table" && f->output != "json") {
+    return absl::InvalidArgumentError(absl::StrCat("-o must be table or json, not ", f->output));
   }
+  return absl::OkStatus();
+}
+
+// The file (a folder or event file through its own reader, whose messages
+// name the file and byte offset; anything else read whole). `*code` is the
+// exit status of a failure: 1 for what cannot be read, 2 for bad content.
+absl::StatusOr<Trace> ReadTrace(const std::string& file, const ReadOptions& read, int* code) {
+  std::error_code ec;
+  if (file != "-" && (std::filesystem::is_directory(file, ec) ||
+                      (read.format == MetricsFormat::kAuto && IsEventFileName(file)))) {
+    absl::StatusOr<Trace> trace = ReadMetricsFile(file, read);
+    *code = !trace.ok() && absl::IsNotFound(trace.status()) ? 1 : 2;
+    return trace;
+  }
+  LargeString content;
+  if (!ReadAll(file, &content)) {
+    *code = 1;
+    return absl::NotFoundError(absl::StrCat("cannot read ", file));
+  }
+  *code = 2;
+  return ParseMetrics(absl::string_view(content.data(), content.size()),
+                      file == "-" ? "<stdin>" : file, read);
+}
+
+}  // namespace
+
+absl::StatusOr<ReadOptions> ReadOptionsFromFlags(absl::string_view format, absl::string_view map,
+                                                 const std::optional<std::string>& pattern,
+                                                 absl::string_view logging_steps) {
   ReadOptions read;
-  if (!ParseFormatName(format, &read.format)) {
-    *err =
-        absl::StrCat("twctl replay: unknown --format ", format,
+  if (!ParseFormatName(format.empty() ? "auto" : format, &read.format)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown --format ", format,
                      " (auto, csv, wandb-csv, jsonl, llmc, steplog, megatron, nanogpt, deepspeed,\n"
-                     " hf, hf-state, torchtitan, composer, nemo, lightning, tensorboard)\n");
-    return 2;
+                     " hf, hf-state, torchtitan, composer, nemo, lightning, tensorboard)"));
   }
   if (pattern.has_value()) {
     if (read.format != MetricsFormat::kAuto) {
-      *err = "twctl replay: give --pattern or --format, not both\n";
-      return 2;
+      return absl::InvalidArgumentError("give --pattern or --format, not both");
     }
     absl::StatusOr<std::shared_ptr<const LinePattern>> p = LinePattern::Compile(*pattern);
-    if (!p.ok()) {
-      *err = absl::StrCat("twctl replay: ", p.status().message(), "\n");
-      return 2;
-    }
+    if (!p.ok()) return p.status();
     read.format = MetricsFormat::kPattern;
     read.pattern = *std::move(p);
   }
   if (!logging_steps.empty() &&
       (!absl::SimpleAtoi(logging_steps, &read.logging_steps) || read.logging_steps < 1)) {
-    *err = absl::StrCat("twctl replay: --logging-steps must be a positive integer, not ",
-                        logging_steps, "\n");
-    return 2;
+    return absl::InvalidArgumentError(
+        absl::StrCat("--logging-steps must be a positive integer, not ", logging_steps));
   }
-  if (!map_spec.empty()) {
-    absl::StatusOr<ColumnMap> map = ParseColumnMap(map_spec);
-    if (!map.ok()) {
-      *err = absl::StrCat("twctl replay: ", map.status().message(), "\n");
-      return 2;
-    }
-    read.column_map = *std::move(map);
+  if (!map.empty()) {
+    absl::StatusOr<ColumnMap> m = ParseColumnMap(map);
+    if (!m.ok()) return m.status();
+    read.column_map = *std::move(m);
   }
-  absl::StatusOr<core::RuleConfig> config = RulesFromFlags(config_path, vocab);
+  return read;
+}
+
+int ReplayCommand(const std::vector<std::string>& args, std::string* out, std::string* err) {
+  auto fail = [&](absl::string_view what, int code) {
+    *err = absl::StrCat("twctl replay: ", what, "\n");
+    return code;
+  };
+  ReplayFlags f;
+  if (absl::Status s = ParseReplayFlags(args, &f); !s.ok()) return fail(s.message(), 2);
+  if (f.help) {
+    *out = kReplayUsage;
+    return 0;
+  }
+  absl::StatusOr<ReadOptions> read =
+      ReadOptionsFromFlags(f.format, f.map, f.pattern, f.logging_steps);
+  if (!read.ok()) return fail(read.status().message(), 2);
+  absl::StatusOr<core::RuleConfig> config = RulesFromFlags(f.config_path, f.vocab);
   if (!config.ok()) {
-    *err = absl::StrCat("twctl replay: ", config.status().message(), "\n");
-    return config.status().code() == absl::StatusCode::kNotFound ? 1 : 2;
+    return fail(config.status().message(),
+                config.status().code() == absl::StatusCode::kNotFound ? 1 : 2);
   }
-  if (print_config) {
+  if (f.print_config) {
     *out = core::RuleConfigToJson(*config);
     return 0;
   }
-  if (file.empty()) {
-    *err = absl::StrCat("twctl replay: a metrics FILE or folder is required\n", kReplayUsage);
-    return 2;
+  if (f.file.empty()) {
+    return fail(absl::StrCat("a metrics FILE or folder is required\n", kReplayUsage), 2);
   }
-  std::error_code ec;
-  absl::StatusOr<Trace> trace = absl::UnknownError("unread");
-  if (file != "-" && (std::filesystem::is_directory(file, ec) ||
-                      (read.format == MetricsFormat::kAuto && IsEventFileName(file)))) {
-    // Folders and event files by name: their own reader, whose messages name
-    // the file and byte offset.
-    trace = ReadMetricsFile(file, read);
-    if (!trace.ok() && absl::IsNotFound(trace.status())) {
-      *err = absl::StrCat("twctl replay: ", trace.status().message(), "\n");
-      return 1;
-    }
-  } else {
-    LargeString content;
-    if (!ReadAll(file, &content)) {
-      *err = absl::StrCat("twctl replay: cannot read ", file, "\n");
-      return 1;
-    }
-    trace = ParseMetrics(absl::string_view(content.data(), content.size()),
-                         file == "-" ? "<stdin>" : file, read);
-  }
-  if (!trace.ok()) {
-    *err = absl::StrCat("twctl replay: ", trace.status().message(), "\n");
-    return 2;
-  }
+  int code = 2;
+  absl::StatusOr<Trace> trace = ReadTrace(f.file, *read, &code);
+  if (!trace.ok()) return fail(trace.status().message(), code);
   for (const std::string& w : trace->warnings()) {
     absl::StrAppend(err, "twctl replay: warning: ", w, "\n");
   }
   absl::StatusOr<ReplayResult> result = Replay(*trace, *config);
-  if (!result.ok()) {
-    *err = absl::StrCat("twctl replay: ", file, ": ", result.status().message(), "\n");
-    return 2;
-  }
-  if (summary) {
-    *out = output == "json" ? FormatSummaryJson(*result) : FormatSummaryTable(*result);
+  if (!result.ok()) return fail(absl::StrCat(f.file, ": ", result.status().message()), 2);
+  if (f.summary) {
+    *out = f.output == "json" ? FormatSummaryJson(*result) : FormatSummaryTable(*result);
   } else {
-    *out = output == "json" ? FormatEventsJson(*result) : FormatEventsTable(*result);
+    *out = f.output == "json" ? FormatEventsJson(*result) : FormatEventsTable(*result);
   }
   return 0;
 }

@@ -8,12 +8,21 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ingest/run_views.h"
+#include "store/store.h"
 
 // Declared only: server.h carries ExporterOptions without prometheus-cpp's
 // headers.
 namespace prometheus {
 class Collectable;
+struct MetricFamily;
 }  // namespace prometheus
 
 namespace trainwatch::server {
@@ -43,10 +52,34 @@ struct ExporterOptions {
   size_t max_runs = 1000;
 };
 
+// What one scrape shows, read from the live state (ReadSources) and turned
+// into families by MetricFamilies, one small function per group of them.
+struct MetricsSources {
+  std::optional<LeaseFigures> leases;  // a replica's (trainwatchd --replica)
+  // Whether this trainwatchd takes records: a standby exports its leases
+  // alone (the owner exports the runs; two replicas would double the sums).
+  bool writer = false;
+  std::vector<RunView> runs;  // the exported ones, in run id order
+  size_t runs_omitted = 0;    // stale, or beyond max_runs
+  IngestStats ingest;
+  std::vector<StoreCounter> store_counters;
+  int64_t streams_rejected = 0;
+  int64_t pages_sent = 0;
+  int64_t pages_failed = 0;
+  std::map<std::string, std::set<int32_t>> connected;  // run -> ranks with a stream open
+  int64_t now_ms = 0;
+};
+
 // Reads the runs' views and the service's own figures (`state`, its
 // writer's) at scrape time. REQUIRES: `state` outlives the exporter.
 // `leases`, for a replica (trainwatchd --replica): its shards and epoch, the
 // only figures a standby exports; empty for a single trainwatchd.
+MetricsSources ReadSources(ServiceState& state, const ExporterOptions& options,
+                           const std::function<LeaseFigures()>& leases);
+std::vector<prometheus::MetricFamily> MetricFamilies(const MetricsSources& sources);
+
+// The Collectable /metrics serves: ReadSources then MetricFamilies at each
+// scrape.
 std::shared_ptr<prometheus::Collectable> NewExporter(
     ServiceState* state, ExporterOptions options = {},
     std::function<LeaseFigures()> leases = nullptr);

@@ -577,6 +577,8 @@ TEST_CASE("follow: records that share a step and sparse progress bars are stored
                 MetricsFormat::kNanoGpt, 0, 41},
            Case{"finetune-exploding-vocab", logs::shapes::NanoGptFinetuneExploding(),
                 MetricsFormat::kNanoGpt, 0, 41, 50257},
+           Case{"sweep-point-diverging", logs::shapes::SweepPointDiverging(),
+                MetricsFormat::kStepLog, 0, 600},
        }) {
     INFO(c.name);
     const std::string log = dir.File(c.name + ".log");
@@ -613,6 +615,13 @@ TEST_CASE("follow: records that share a step and sparse progress bars are stored
     for (const core::Event& e : replayed->events) want.emplace_back(e.step, e.tier);
     CHECK(StoredEvents(d.db(), run) == want);
     if (c.name == "finetune-exploding") CHECK(want == decltype(want){{130, 2}});
+    if (c.name == "sweep-point-diverging") {
+      // The warm-up's divergence page, 700 steps before the warm-up ends.
+      REQUIRE_FALSE(want.empty());
+      CHECK(want.back().second == 2);
+      CHECK(want.back().first > 300);
+      CHECK(want.back().first < 500);
+    }
     if (c.name == "finetune-exploding-vocab") {
       REQUIRE_FALSE(want.empty());
       CHECK(want.front() == std::make_pair(int64_t{110}, int64_t{3}));

@@ -96,7 +96,7 @@ TEST_CASE("twctl: every command a message suggests works in the state it is sugg
   DivergingRun(without, "run-none", false);
 
   std::map<std::string, std::vector<std::string>> suggested;  // run -> the commands run
-  for (const std::string& run : {"run-ckpt", "run-none"}) {
+  for (const std::string run : {"run-ckpt", "run-none"}) {
     INFO(run);
     const std::vector<std::string> ids = IncidentIds(addr, run);
     REQUIRE_FALSE(ids.empty());

@@ -7,6 +7,7 @@
 #ifndef TRAINWATCH_TESTS_LOGS_SHAPES_H_
 #define TRAINWATCH_TESTS_LOGS_SHAPES_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -47,8 +48,8 @@ inline std::string WandbHistoryCsv(int64_t steps) {
   char line[256];
   for (int64_t s = 1; s <= steps; ++s) {
     std::snprintf(line, sizeof line, "%lld,%.1f,%.6f,,\n%lld,%.1f,,%.6f,\n",
-                  static_cast<long long>(s), 1.5 * s, Loss(s), static_cast<long long>(s),
-                  1.5 * s, GradNorm(s));
+                  static_cast<long long>(s), 1.5 * s, Loss(s), static_cast<long long>(s), 1.5 * s,
+                  GradNorm(s));
     out += line;
     if (s % 100 == 0) {
       std::snprintf(line, sizeof line, "%lld,%.1f,,,%.6f\n", static_cast<long long>(s), 1.5 * s,
@@ -75,15 +76,16 @@ inline std::string HfSparseBars(int64_t steps, int64_t bar_every, int64_t eval_e
                   Loss(s), GradNorm(s), static_cast<double>(s) / 2000.0);
     out += line;
     if (eval_every > 0 && s % eval_every == 0) {
-      out += "\r  0%|          | 0/16 [00:00<?, ?it/s]\r 50%|#####     | 8/16 [00:01<00:01, "
-             "7.9it/s]\r                                                  \r";
-      std::snprintf(line, sizeof line,
-                    "{'eval_loss': %.4f, 'eval_runtime': 2.1, 'epoch': %.2f}\n", Loss(s) + 0.1,
-                    static_cast<double>(s) / 2000.0);
+      out +=
+          "\r  0%|          | 0/16 [00:00<?, ?it/s]\r 50%|#####     | 8/16 [00:01<00:01, "
+          "7.9it/s]\r                                                  \r";
+      std::snprintf(line, sizeof line, "{'eval_loss': %.4f, 'eval_runtime': 2.1, 'epoch': %.2f}\n",
+                    Loss(s) + 0.1, static_cast<double>(s) / 2000.0);
       out += line;
     }
     if (s % bar_every == 0) {
-      std::snprintf(line, sizeof line, "\r%3lld%%|#         | %lld/%lld [00:%02lld<15:00, 9.80it/s]",
+      std::snprintf(line, sizeof line,
+                    "\r%3lld%%|#         | %lld/%lld [00:%02lld<15:00, 9.80it/s]",
                     static_cast<long long>(100 * s / total), static_cast<long long>(s), total,
                     static_cast<long long>(s % 60));
       out += line;
@@ -105,6 +107,24 @@ inline std::string NanoGptFinetuneExploding() {
                                     : 24.0 + 1500.0 / std::pow(it - 60, 1.3);
     std::snprintf(line, sizeof line, "iter %d: loss %.4f, time 412.50ms, mfu %.2f%%\n", it, loss,
                   it < 50 ? -100.0 : 31.2);
+    out += line;
+  }
+  return out;
+}
+
+// A learning-rate sweep point logged every step with modded-nanogpt's line
+// (`step:{step}/{num_iterations} train_loss:{loss:.4f} train_time:{ms}ms
+// step_avg:{avg:.2f}ms`): the loss falls from ln(50304) to 4.6 by step 300,
+// then climbs back to 9.7 over 100 steps and stays, inside the warm-up.
+inline std::string SweepPointDiverging() {
+  std::string out;
+  char line[200];
+  for (int s = 1; s <= 600; ++s) {
+    const double fall = 4.4 + 6.43 * std::exp(-s / 90.0);
+    const double climb = std::min(1.0, std::max(0.0, (s - 300) / 100.0));
+    std::snprintf(line, sizeof line,
+                  "step:%d/600 train_loss:%.4f train_time:%dms step_avg:105.00ms\n", s,
+                  fall * (1 - climb) + 9.7 * climb, s * 105);
     out += line;
   }
   return out;

@@ -5,6 +5,7 @@
 #define TRAINWATCH_LOGS_REPLAY_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,15 @@ struct ReplayResult {
   int64_t skipped_steps = 0;  // steps whose verdict was skip_update
   int64_t halted_at = -1;     // first step whose verdict was halt
 };
+
+// How replay and follow read a log, from their flags: --format (a name
+// ParseFormatName knows), --map, --pattern (nullopt: not given; with it the
+// format must be auto) and --logging-steps (empty: not given). A bad value
+// is InvalidArgument naming the flag.
+absl::StatusOr<ReadOptions> ReadOptionsFromFlags(absl::string_view format,
+                                                 absl::string_view map,
+                                                 const std::optional<std::string>& pattern,
+                                                 absl::string_view logging_steps);
 
 // The rules replay and follow judge a log by: the defaults, or the JSON
 // object of RuleConfig fields in the file `config_path`, with `vocab` (when

@@ -462,40 +462,31 @@ std::unique_ptr<LineParser> NewNemoParser(absl::string_view source) {
   return std::make_unique<NemoParser>(source);
 }
 
-MetricsFormat FrameworkLineFormat(absl::string_view line) {
-  // Hugging Face: a dict with a train, eval or summary key.
-  const absl::string_view dict = DictSegment(line);
-  if (!dict.empty() &&
-      (absl::StrContains(dict, "'loss': ") || absl::StrContains(dict, "'eval_loss': ") ||
-       absl::StrContains(dict, "'train_runtime': "))) {
-    return MetricsFormat::kHfTrainer;
-  }
-  if ((absl::StrContains(line, "Training epoch ") &&
-       absl::StrContains(line, "reduced_train_loss:")) ||
-      (absl::StrContains(line, "reduced_train_loss=") && absl::StrContains(line, "|"))) {
-    return MetricsFormat::kNemo;
-  }
+bool IsNemoLine(absl::string_view line) {
+  return (absl::StrContains(line, "Training epoch ") &&
+          absl::StrContains(line, "reduced_train_loss:")) ||
+         (absl::StrContains(line, "reduced_train_loss=") && absl::StrContains(line, "|"));
+}
+
+bool IsComposerLine(absl::string_view line) {
   const absl::string_view text = absl::StripAsciiWhitespace(line);
   int64_t step;
   if (absl::StartsWith(text, "[batch=") || absl::StartsWith(text, "[epoch=")) {
-    if (ComposerHeader(text, &step)) return MetricsFormat::kComposer;
+    if (ComposerHeader(text, &step)) return true;
   }
-  if (absl::StartsWith(text, "Train loss/train/total:") ||
-      absl::StartsWith(text, "Train time/batch:")) {
-    return MetricsFormat::kComposer;
-  }
-  if (absl::StrContains(line, "step:") && absl::StrContains(line, "loss:")) {
-    std::string plain;
-    std::vector<int> offsets;
-    const absl::string_view t = StripAnsi(line, &plain, &offsets) ? plain : line;
-    const size_t at = TitanStepAt(t);
-    if (at != absl::string_view::npos && absl::StrContains(t.substr(at), " loss:") &&
-        (absl::StrContains(t, "memory:") || absl::StrContains(t, " tps:") ||
-         absl::StrContains(t, " wps:"))) {
-      return MetricsFormat::kTorchTitan;
-    }
-  }
-  return MetricsFormat::kAuto;
+  return absl::StartsWith(text, "Train loss/train/total:") ||
+         absl::StartsWith(text, "Train time/batch:");
+}
+
+bool IsTorchTitanLine(absl::string_view line) {
+  if (!absl::StrContains(line, "step:") || !absl::StrContains(line, "loss:")) return false;
+  std::string plain;
+  std::vector<int> offsets;
+  const absl::string_view t = StripAnsi(line, &plain, &offsets) ? plain : line;
+  const size_t at = TitanStepAt(t);
+  return at != absl::string_view::npos && absl::StrContains(t.substr(at), " loss:") &&
+         (absl::StrContains(t, "memory:") || absl::StrContains(t, " tps:") ||
+          absl::StrContains(t, " wps:"));
 }
 
 }  // namespace trainwatch::logs

@@ -215,6 +215,14 @@ class HfTrainerParser : public LineParser {
 
 }  // namespace
 
+bool IsHfTrainerLine(absl::string_view line) {
+  // A dict with a train, eval or summary key.
+  const absl::string_view dict = DictSegment(line);
+  return !dict.empty() &&
+         (absl::StrContains(dict, "'loss': ") || absl::StrContains(dict, "'eval_loss': ") ||
+          absl::StrContains(dict, "'train_runtime': "));
+}
+
 std::unique_ptr<LineParser> NewHfTrainerParser(absl::string_view source, int64_t logging_steps) {
   return std::make_unique<HfTrainerParser>(source, logging_steps);
 }

@@ -379,8 +379,15 @@ class NanoGptParser : public LineParser {
   std::string checkpoint_uri_;
 };
 
-// A nanoGPT train or eval line, with or without a timestamp prefix.
-bool IsNanoGptLine(absl::string_view line) {
+
+}  // namespace
+
+std::unique_ptr<LineParser> NewNanoGptParser(absl::string_view source) {
+  return std::make_unique<NanoGptParser>(source);
+}
+
+bool IsNanoGptLine(absl::string_view raw) {
+  const absl::string_view line = absl::StripAsciiWhitespace(raw);
   const absl::string_view text = line.substr(TimestampPrefix(line));
   absl::string_view digits;
   size_t after;
@@ -390,89 +397,20 @@ bool IsNanoGptLine(absl::string_view line) {
           absl::StartsWith(text.substr(after), " train loss "));
 }
 
-}  // namespace
-
-std::unique_ptr<LineParser> NewNanoGptParser(absl::string_view source) {
-  return std::make_unique<NanoGptParser>(source);
+bool IsLlmcLine(absl::string_view raw) {
+  const absl::string_view line = absl::StripAsciiWhitespace(raw);
+  return absl::StartsWith(line, "s:") &&
+         (absl::StrContains(line, " trl:") || absl::StrContains(line, " tel:"));
 }
 
-MetricsFormat DetectFormat(absl::string_view content) {
-  int seen = 0;
-  bool deepspeed = false, csv_header = false;
-  LineReader lines(content);
-  absl::string_view raw;
-  while (seen < 500 && lines.Next(&raw)) {
-    const absl::string_view line = absl::StripAsciiWhitespace(raw);
-    if (line.empty() || line.front() == '#') continue;  // a comment says nothing of the format
-    // A CSV's first line is its header: a step column among its names, or
-    // names alone (the CSV reader then says which column it lacks), not a
-    // printed config ("lr=3e-4, steps=400"), prose ("Resolving data files,
-    // this may take a while") or numbers.
-    if (++seen == 1 && absl::StrContains(line, ',')) {
-      bool step = false, names = true;
-      for (absl::string_view name : absl::StrSplit(line, ',')) {
-        name = absl::StripAsciiWhitespace(name);
-        if (name.size() >= 2 && name.front() == '"' && name.back() == '"') {
-          name = name.substr(1, name.size() - 2);
-        }
-        step |= IsStepColumn(absl::AsciiStrToLower(name));
-        names &= !name.empty() && !absl::ascii_isdigit(static_cast<unsigned char>(name[0])) &&
-                 name[0] != '-' && name[0] != '.' && !absl::StrContains(name, '=') &&
-                 !absl::StrContains(name, ' ');
-      }
-      csv_header = step || names;
-    }
-    // Before JSON lines: a Hugging Face dict starts with '{' too, but its
-    // keys are quoted with '.
-    if (const MetricsFormat f = FrameworkLineFormat(raw); f != MetricsFormat::kAuto) return f;
-    // A Python dict (a script's printed config, before the Trainer's
-    // first loss dict) is not JSON: read on.
-    if (seen == 1 && line.front() == '{' && !absl::StartsWith(line, "{'")) {
-      // A document on many lines, not JSON lines: trainer_state.json.
-      if (line == "{" && LooksLikeHfTrainerState(content)) return MetricsFormat::kHfTrainerState;
-      return MetricsFormat::kJsonLines;
-    }
-    if (absl::StartsWith(line, "s:") &&
-        (absl::StrContains(line, " trl:") || absl::StrContains(line, " tel:"))) {
-      return MetricsFormat::kLlmc;
-    }
-    if (absl::StartsWith(line, "step:") && absl::StrContains(line.substr(0, 32), "/")) {
-      return MetricsFormat::kStepLog;
-    }
-    if (absl::StrContains(line, "iteration") && absl::StrContains(line, "|") &&
-        (absl::StrContains(line, "lm loss:") || absl::StrContains(line, "learning rate:"))) {
-      return MetricsFormat::kMegatron;
-    }
-    if (IsNanoGptLine(line)) return MetricsFormat::kNanoGpt;
-    deepspeed = deepspeed || IsDeepSpeedLine(line);
-  }
-  // DeepSpeed's lines with no trainer's line among the first 500: they are
-  // the log. Else none of the logs: a CSV with a header, or nothing known.
-  if (deepspeed) return MetricsFormat::kDeepSpeed;
-  return csv_header ? MetricsFormat::kCsv : MetricsFormat::kAuto;
+bool IsStepLogLine(absl::string_view raw) {
+  const absl::string_view line = absl::StripAsciiWhitespace(raw);
+  return absl::StartsWith(line, "step:") && absl::StrContains(line.substr(0, 32), "/");
 }
 
-absl::Status UnknownFormatError(absl::string_view source, absl::string_view content) {
-  // The first line that names a loss (the one to describe), else the first.
-  LineReader lines(content);
-  absl::string_view raw, first, with_loss;
-  for (int seen = 0; with_loss.empty() && seen < 500 && lines.Next(&raw);) {
-    const absl::string_view line = absl::StripAsciiWhitespace(raw);
-    if (line.empty() || line.front() == '#') continue;
-    ++seen;
-    if (first.empty()) first = line;
-    if (absl::StrContains(absl::AsciiStrToLower(line), "loss")) with_loss = line;
-  }
-  if (!with_loss.empty()) first = with_loss;
-  constexpr size_t kShown = 100;
-  std::string shown(first.substr(0, kShown));
-  if (first.size() > kShown) shown += "...";
-  return absl::InvalidArgumentError(absl::StrCat(
-      source, ": no known format in its first lines (tried: llm.c, step:S/N, Megatron-LM, nanoGPT, "
-      "DeepSpeed, Hugging Face Trainer, torchtitan, Composer, NeMo, JSON lines, a CSV whose "
-      "header names a step column); a line: \"", shown, "\". Describe the lines with --pattern, a template "
-      "such as 'step {step}/{} | loss {loss} | gnorm {grad_norm}' ({NAME} a number, {} any "
-      "text) or a regex with named groups (?<step>...) (?<loss>...); or name the --format"));
+bool IsMegatronLine(absl::string_view line) {
+  return absl::StrContains(line, "iteration") && absl::StrContains(line, "|") &&
+         (absl::StrContains(line, "lm loss:") || absl::StrContains(line, "learning rate:"));
 }
 
 }  // namespace trainwatch::logs

@@ -352,55 +352,6 @@ std::vector<std::string> AliasesOf(Signal s) {
   return {};
 }
 
-absl::string_view FormatName(MetricsFormat f) {
-  switch (f) {
-    case MetricsFormat::kAuto: return "auto";
-    case MetricsFormat::kCsv: return "csv";
-    case MetricsFormat::kGenericCsv: return "wandb-csv";
-    case MetricsFormat::kJsonLines: return "jsonl";
-    case MetricsFormat::kLlmc: return "llmc";
-    case MetricsFormat::kStepLog: return "steplog";
-    case MetricsFormat::kMegatron: return "megatron";
-    case MetricsFormat::kTensorBoard: return "tensorboard";
-    case MetricsFormat::kNanoGpt: return "nanogpt";
-    case MetricsFormat::kDeepSpeed: return "deepspeed";
-    case MetricsFormat::kHfTrainer:
-      return "hf";
-    case MetricsFormat::kHfTrainerState:
-      return "hf-state";
-    case MetricsFormat::kTorchTitan:
-      return "torchtitan";
-    case MetricsFormat::kComposer:
-      return "composer";
-    case MetricsFormat::kNemo:
-      return "nemo";
-    case MetricsFormat::kPattern:
-      return "pattern";
-  }
-  return "unknown";
-}
-
-bool ParseFormatName(absl::string_view name, MetricsFormat* out) {
-  for (MetricsFormat f :
-       {MetricsFormat::kAuto, MetricsFormat::kCsv, MetricsFormat::kGenericCsv,
-        MetricsFormat::kJsonLines, MetricsFormat::kLlmc, MetricsFormat::kStepLog,
-        MetricsFormat::kMegatron, MetricsFormat::kTensorBoard, MetricsFormat::kNanoGpt,
-        MetricsFormat::kDeepSpeed, MetricsFormat::kHfTrainer, MetricsFormat::kHfTrainerState,
-        MetricsFormat::kTorchTitan, MetricsFormat::kComposer, MetricsFormat::kNemo}) {
-    if (FormatName(f) == name) {
-      *out = f;
-      return true;
-    }
-  }
-  // lightning: its CSVLogger's metrics.csv is an export like any other.
-  if (name == "json" || name == "tensorboard-csv" || name == "generic-csv" ||
-      name == "lightning") {
-    *out = name == "json" ? MetricsFormat::kJsonLines : MetricsFormat::kGenericCsv;
-    return true;
-  }
-  return false;
-}
-
 absl::StatusOr<ColumnMap> ParseColumnMap(absl::string_view spec) {
   ColumnMap map;
   for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
@@ -452,73 +403,6 @@ absl::StatusOr<Trace> ParseMetrics(absl::string_view content, absl::string_view 
     return ParseEventFiles({EventFileData{std::string(source), content}}, options.column_map);
   }
   return ParseLines(content, source, format, options);
-}
-
-namespace {
-
-// The reader of one format's own lines (nullptr for kAuto, kTensorBoard and
-// kDeepSpeed).
-std::unique_ptr<LineParser> NewTrainerParser(MetricsFormat format, absl::string_view source,
-                                             const ReadOptions& options) {
-  const ColumnMap& map = options.column_map;
-  switch (format) {
-    case MetricsFormat::kCsv:
-      return NewCsvParser(source, /*strict=*/true, map);
-    case MetricsFormat::kGenericCsv:
-      return NewCsvParser(source, /*strict=*/false, map);
-    case MetricsFormat::kJsonLines:
-      return NewJsonLinesParser(source);
-    case MetricsFormat::kLlmc:
-      return NewLlmcParser(source);
-    case MetricsFormat::kStepLog:
-      return NewStepLogParser(source);
-    case MetricsFormat::kMegatron:
-      return NewMegatronParser(source);
-    case MetricsFormat::kNanoGpt:
-      return NewNanoGptParser(source);
-    case MetricsFormat::kHfTrainer:
-      return NewHfTrainerParser(source, options.logging_steps);
-    case MetricsFormat::kHfTrainerState:
-      return NewHfTrainerStateParser(source);
-    case MetricsFormat::kTorchTitan:
-      return NewTorchTitanParser(source);
-    case MetricsFormat::kComposer:
-      return NewComposerParser(source);
-    case MetricsFormat::kNemo:
-      return NewNemoParser(source);
-    case MetricsFormat::kPattern:
-      return options.pattern == nullptr ? nullptr : NewPatternParser(options.pattern, source);
-    case MetricsFormat::kAuto:
-    case MetricsFormat::kTensorBoard:
-    case MetricsFormat::kDeepSpeed:
-      break;
-  }
-  return nullptr;
-}
-
-}  // namespace
-
-std::unique_ptr<LineParser> NewLineParser(MetricsFormat format, absl::string_view source,
-                                          const ReadOptions& options) {
-  // A trainer's text log carries DeepSpeed's loss-scaler lines between its
-  // own; CSV, JSON lines and trainer_state.json are exports, which do not.
-  // Composer's records are whole only at the line after their block, too
-  // late for DeepSpeed's layer to place an overflow by them.
-  switch (format) {
-    case MetricsFormat::kLlmc:
-    case MetricsFormat::kStepLog:
-    case MetricsFormat::kMegatron:
-    case MetricsFormat::kNanoGpt:
-    case MetricsFormat::kHfTrainer:
-    case MetricsFormat::kTorchTitan:
-    case MetricsFormat::kNemo:
-    case MetricsFormat::kPattern:
-      return NewDeepSpeedLayer(source, NewTrainerParser(format, source, options));
-    case MetricsFormat::kDeepSpeed:
-      return NewDeepSpeedLayer(source, nullptr);
-    default:
-      return NewTrainerParser(format, source, options);
-  }
 }
 
 absl::StatusOr<Trace> ParseLines(absl::string_view content, absl::string_view source,

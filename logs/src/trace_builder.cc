@@ -144,7 +144,6 @@ absl::Status TraceBuilder::SetStep(Row& r, int64_t step, int column) {
   r.step = step;
   have_last_ = true;
   last_step_ = step;
-  last_line_ = r.line;
   return absl::OkStatus();
 }
 
@@ -193,8 +192,16 @@ absl::Status TraceBuilder::AddRecord(const core::StepRecord& rec, int line, Row*
 
 namespace {
 
-bool SameValue(double a, double b) {
-  return a == b || (std::isnan(a) && std::isnan(b));
+// Whether two rows give the same value (a NaN the same as a NaN) to every
+// signal both hold.
+bool AgreeOnShared(const TraceBuilder::Row& a, const TraceBuilder::Row& b) {
+  const uint32_t both = a.present & b.present;
+  for (int s = 0; s < core::kNumSignals; ++s) {
+    if (!(both & (1u << s))) continue;
+    const double x = a.values[s], y = b.values[s];
+    if (x != y && !(std::isnan(x) && std::isnan(y))) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -205,11 +212,7 @@ void TraceBuilder::MergeSameStep() {
   // Rows are merged only into the one before, whose shards and names end
   // where the next row's begin (a reader adds them to its newest row).
   auto mergeable = [&](const Row& a, const Row& b) {
-    if (a.step != b.step) return false;
-    const uint32_t both = a.present & b.present;
-    for (int s = 0; s < core::kNumSignals; ++s) {
-      if ((both & (1u << s)) && !SameValue(a.values[s], b.values[s])) return false;
-    }
+    if (a.step != b.step || !AgreeOnShared(a, b)) return false;
     if (a.checkpoint >= 0 && b.checkpoint >= 0 &&
         trace_.checkpoints_[a.checkpoint] != trace_.checkpoints_[b.checkpoint]) {
       return false;
@@ -248,10 +251,8 @@ void TraceBuilder::MergeSameStep() {
 }
 
 bool TraceBuilder::LateForDrained(const Row& r) {
-  if (!have_drained_row_ || r.step != drained_row_.step) return false;
-  const uint32_t both = r.present & drained_row_.present;
-  for (int s = 0; s < core::kNumSignals; ++s) {
-    if ((both & (1u << s)) && !SameValue(r.values[s], drained_row_.values[s])) return false;
+  if (!have_drained_row_ || r.step != drained_row_.step || !AgreeOnShared(r, drained_row_)) {
+    return false;
   }
   std::vector<std::string> added;
   for (int s = 0; s < core::kNumSignals; ++s) {

@@ -100,7 +100,7 @@ class TraceBuilder {
       have_drained_row_ = true;
     }
     KeepFrom(n);
-    drained_ = {have_last_, last_step_, last_line_};
+    drained_ = {have_last_, last_step_};
   }
   // The builder of a follower, whose drained records are sent: see Drain().
   void Live() { live_ = true; }
@@ -112,7 +112,6 @@ class TraceBuilder {
     Truncate(held_);
     have_last_ = drained_.have_last;
     last_step_ = drained_.last_step;
-    last_line_ = drained_.last_line;
   }
 
  private:
@@ -136,7 +135,6 @@ class TraceBuilder {
   Trace trace_;
   bool have_last_ = false;
   int64_t last_step_ = 0;
-  int last_line_ = 0;
   size_t held_ = 0;  // rows Drain() held back (0 or 1)
   Row drained_row_{};  // the last row Drain() gave (its shards and names are gone)
   bool have_drained_row_ = false;
@@ -144,7 +142,6 @@ class TraceBuilder {
   struct {
     bool have_last = false;
     int64_t last_step = 0;
-    int last_line = 0;
   } drained_;  // the step state at the last Drain(), for Drop()
 };
 
@@ -174,12 +171,12 @@ class LineParser {
   virtual int64_t Position() const { return -1; }
 };
 
-// The reader of `format`: kCsv (strict), kGenericCsv, kJsonLines, kLlmc,
-// kStepLog, kMegatron, kNanoGpt or kDeepSpeed (kAuto and kTensorBoard are
-// not line formats: nullptr); a trainer's log is read with DeepSpeed's lines
-// in it (NewDeepSpeedLayer). `source` names the input in errors and must outlive the parser.
-// `options`: the column map, logging_steps (kHfTrainer) and the pattern
-// (kPattern); its format is not read.
+// The reader of `format`, from the list of formats (formats.h): nullptr for
+// kAuto and kTensorBoard, which are not line formats; a trainer's log is
+// read with DeepSpeed's lines in it (NewDeepSpeedLayer). `source` names the
+// input in errors and must outlive the parser. `options`: the column map,
+// logging_steps (kHfTrainer) and the pattern (kPattern); its format is not
+// read.
 std::unique_ptr<LineParser> NewLineParser(MetricsFormat format, absl::string_view source,
                                           const ReadOptions& options = ReadOptions());
 // A whole text read by NewLineParser(format).
@@ -199,8 +196,16 @@ std::unique_ptr<LineParser> NewHfTrainerParser(absl::string_view source, int64_t
 std::unique_ptr<LineParser> NewTorchTitanParser(absl::string_view source);
 std::unique_ptr<LineParser> NewComposerParser(absl::string_view source);
 std::unique_ptr<LineParser> NewNemoParser(absl::string_view source);
-// Which of those a line is (detection): kAuto when none.
-MetricsFormat FrameworkLineFormat(absl::string_view line);
+// Each format's metric line, for detection (formats.cc): a line as read,
+// with its '\r' segments and colour codes.
+bool IsHfTrainerLine(absl::string_view line);
+bool IsTorchTitanLine(absl::string_view line);
+bool IsComposerLine(absl::string_view line);
+bool IsNemoLine(absl::string_view line);
+bool IsLlmcLine(absl::string_view line);
+bool IsStepLogLine(absl::string_view line);
+bool IsMegatronLine(absl::string_view line);
+bool IsNanoGptLine(absl::string_view line);
 // Hugging Face's trainer_state.json (hf_trainer_state.cc), fed a line at a
 // time: each complete JSON document is read whole, and only its entries at
 // steps above the last one given become records, so that a follower fed the

@@ -25,7 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "framework_lines.h"
+#include "reader_helpers.h"
 #include "trainwatch/logs/trace_builder.h"
 
 namespace trainwatch::logs {

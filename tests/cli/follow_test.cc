@@ -169,7 +169,7 @@ std::string Megatron(int64_t from, int64_t to) {
   return out;
 }
 
-// The Python frameworks' logs (framework_logs.cc), as their trainers print
+// The Python frameworks' logs (logs/src/*_log.cc), as their trainers print
 // them, steps [from, to).
 std::string HfTrainer(int64_t from, int64_t to) {
   // tqdm.write: the bar cleared with '\r', the dict, the bar drawn again.

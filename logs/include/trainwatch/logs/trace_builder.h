@@ -183,15 +183,17 @@ std::unique_ptr<LineParser> NewLineParser(MetricsFormat format, absl::string_vie
 absl::StatusOr<Trace> ParseLines(absl::string_view content, absl::string_view source,
                                  MetricsFormat format, const ReadOptions& options = ReadOptions());
 
-// Text-log readers (log_formats.cc). Each reads only its own metric lines
-// and reads past everything else a trainer prints.
+// The text logs' readers, a file each in logs/src/ (key_value_logs.cc: llm.c
+// and step:S/N; megatron_log.cc; nanogpt_log.cc). Each reads only its own
+// metric lines and reads past everything else a trainer prints.
 std::unique_ptr<LineParser> NewLlmcParser(absl::string_view source);
 std::unique_ptr<LineParser> NewStepLogParser(absl::string_view source);
 std::unique_ptr<LineParser> NewMegatronParser(absl::string_view source);
 std::unique_ptr<LineParser> NewNanoGptParser(absl::string_view source);
-// Python frameworks' console logs (framework_logs.cc): Hugging Face
-// Trainer's dicts, torchtitan's step lines, Composer's ConsoleLogger blocks,
-// NeMo 2's "Training epoch" lines.
+// The Python frameworks' console logs (hf_trainer_log.cc, torchtitan_log.cc,
+// composer_log.cc, nemo_log.cc): Hugging Face Trainer's dicts, torchtitan's
+// step lines, Composer's ConsoleLogger blocks, NeMo's "Training epoch" lines
+// and bars.
 std::unique_ptr<LineParser> NewHfTrainerParser(absl::string_view source, int64_t logging_steps);
 std::unique_ptr<LineParser> NewTorchTitanParser(absl::string_view source);
 std::unique_ptr<LineParser> NewComposerParser(absl::string_view source);

@@ -1,4 +1,4 @@
-#include "framework_lines.h"
+#include "reader_helpers.h"
 
 #include <string>
 

@@ -1,9 +1,9 @@
-// What the Python frameworks' console readers share (framework_logs.cc,
-// hf_trainer_log.cc): tqdm bars, Python dict reprs, and the messages that
-// name a line's column.
+// What the text readers share (one file per format in logs/src/): the
+// "nothing to replay" message, columns, digits, tqdm bars and Python dict
+// reprs.
 
-#ifndef TRAINWATCH_LOGS_SRC_FRAMEWORK_LINES_H_
-#define TRAINWATCH_LOGS_SRC_FRAMEWORK_LINES_H_
+#ifndef TRAINWATCH_LOGS_SRC_READER_HELPERS_H_
+#define TRAINWATCH_LOGS_SRC_READER_HELPERS_H_
 
 #include <cstdint>
 #include <vector>
@@ -44,4 +44,4 @@ absl::string_view DictSegment(absl::string_view line);
 
 }  // namespace trainwatch::logs
 
-#endif  // TRAINWATCH_LOGS_SRC_FRAMEWORK_LINES_H_
+#endif  // TRAINWATCH_LOGS_SRC_READER_HELPERS_H_

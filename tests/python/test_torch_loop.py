@@ -77,6 +77,27 @@ class TorchLoopTest(unittest.TestCase):
         self.assertTrue(verdicts[300].grad_norm > 0)
         agent.close()
 
+    def test_watch_as_a_context_manager_closes_the_agent(self):
+        model = make_model()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        agent = trainwatch.Agent(run_id="py-with", rules=RULES)
+        closed = []
+        close = agent.close
+        agent.close = lambda *a, **k: (closed.append(True), close(*a, **k))[1]
+        gen = torch.Generator().manual_seed(2)
+        with self.assertRaisesRegex(RuntimeError, "the trainer's own error"):
+            with twt.watch(opt, agent) as guard:
+                self.assertIsInstance(guard, twt.Guard)
+                for step in range(3):
+                    x, y = batch(step, gen)
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                    opt.zero_grad()
+                    loss.backward()
+                    self.assertEqual(guard.observe(step, loss).decision, "continue")
+                    opt.step()
+                raise RuntimeError("the trainer's own error")
+        self.assertEqual(closed, [True])
+
     def test_numpy_and_bf16_through_dlpack(self):
         agent = trainwatch.Agent(run_id="py-dlpack")
         g = np.array([3.0, 4.0, np.nan, 0.0], dtype=np.float32)

@@ -107,6 +107,7 @@ from __future__ import annotations
 import enum as _enum
 import math as _math
 import weakref as _weakref
+from types import TracebackType
 from typing import (TYPE_CHECKING, Any, Callable, Iterable, Literal, Optional, Tuple, Union,
                     cast as _cast)
 
@@ -323,6 +324,15 @@ class Guard:
             self._shards.extend(s if isinstance(s, str) else int(s) for s in shards)
 
     @_torch.no_grad()
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(self, exc_type: Optional[type[BaseException]],
+                 exc: Optional[BaseException], tb: Optional[TracebackType]) -> None:
+        """`with watch(...) as guard:` closes the agent at the end, its
+        records flushed to the server, whether the loop ended or raised."""
+        self.agent.close()
+
     def observe(self, step: int, loss: Union[_torch.Tensor, float, None] = None,
                 logits: Optional[_torch.Tensor] = None, labels: Optional[_torch.Tensor] = None,
                 shards: Optional[Iterable[Shard]] = None, ignore_index: int = -100) -> Verdict:

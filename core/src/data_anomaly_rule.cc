@@ -34,12 +34,12 @@ bool ReportDataAnomaly(EngineState& s, const StepFacts& f, bool tier1, double gr
         g, grad_ratio, med, c.median_window_steps, f.loss, dev, f.ema, f.ratio);
     if (Finite(sigma)) absl::StrAppendFormat(&e.reason, ", %.1f sigma", dev / sigma);
     e.reason += ")";
-    if (LocalJump(c, f) && !(Finite(sigma) && dev >= c.tier1_loss_z * sigma) &&
-        !(f.ratio > c.tier1_loss_ratio)) {
+    // Said when only the local level saw the jump.
+    if (const LocalLevel l = ReadLocalLevel(s); !EmaJump(c, f) && LocalJump(c, l, f.loss)) {
       absl::StrAppendFormat(&e.reason,
                             ", %+.3f nats over its local level %.3f (%.1fx the local noise %.3f)",
-                            f.local_dev, f.loss - f.local_dev,
-                            f.local_sigma > 0 ? f.local_dev / f.local_sigma : 0.0, f.local_sigma);
+                            f.loss - l.level, l.level,
+                            l.noise > 0 ? (f.loss - l.level) / l.noise : 0.0, l.noise);
     }
   } else {
     e.reason = absl::StrFormat(

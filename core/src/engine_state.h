@@ -234,11 +234,6 @@ struct StepFacts {
   double dev = 0.0;       // loss - ema
   double sigma = kNaN;    // the noise scale of dev, NaN while unknown
   bool sigma_ok = false;  // the noise scale has seen enough calm steps
-  // The same against the local level (the transient's median of the
-  // records before the last few) and its noise (1.4826 x their median
-  // absolute deviation), NaN until its windows are full.
-  double local_dev = kNaN;
-  double local_sigma = kNaN;
 };
 
 // ---- the rule families, in the order Judge calls them
@@ -270,37 +265,59 @@ inline void ReadNoise(const EngineState& s, StepFacts* f) {
   const double sigma_sq = s.dev_sq.Value() - s.dev_mean.Value() * s.dev_mean.Value();
   f->sigma_ok = s.dev_sq.count() >= s.c.warmup_min_records;
   f->sigma = f->sigma_ok && sigma_sq > 0.0 ? std::sqrt(sigma_sq) : kNaN;
+}
+// The local level: the median of the transient's baseline (the records
+// before its short window) and its noise, 1.4826 x their median absolute
+// deviation; known once both windows are full. Unlike the EMA it does not
+// lag a loss that is still falling. The transient and the tier 1 trigger
+// read it.
+struct LocalLevel {
+  bool known = false;
+  double level = kNaN;
+  double noise = kNaN;
+};
+inline LocalLevel ReadLocalLevel(const EngineState& s) {
   const int64_t full = s.c.transient_baseline_records;
-  if (full > 0 && static_cast<int64_t>(s.transient_base.size()) >= full &&
-      static_cast<int64_t>(s.transient_dev.size()) >= full / 2) {
-    f->local_dev = f->loss - s.transient_base.Median();
-    f->local_sigma = 1.4826 * s.transient_dev.Median();
+  LocalLevel l;
+  l.known = static_cast<int64_t>(s.transient_base.size()) >= full &&
+            static_cast<int64_t>(s.transient_dev.size()) >= full / 2;
+  if (l.known) {
+    l.level = s.transient_base.Median();
+    l.noise = 1.4826 * s.transient_dev.Median();
   }
+  return l;
 }
 // grad_norm / its median, NaN when either is unknown.
 inline double GradRatio(const StepFacts& f) {
   return Finite(f.grad) && Finite(f.grad_median) && f.grad_median > 0.0 ? f.grad / f.grad_median
                                                                          : kNaN;
 }
+// The loss jump over the EMA: the ratio, or spike-sized and clear of the
+// run's noise.
+inline bool EmaJump(const RuleConfig& c, const StepFacts& f) {
+  const bool clear = f.dev >= c.spike_delta_nats && f.sigma_ok &&
+                     (!Finite(f.sigma) || f.dev >= c.tier1_loss_z * f.sigma);
+  return f.ratio > c.tier1_loss_ratio || clear;
+}
 // A spike-sized jump clear of the local noise: the EMA lags a loss that is
 // still falling (the 1,000-step EMA of a run at step 1,800 can sit 0.3 nats
 // above it), which hides a bad batch's jump from the EMA's test and widens
 // its noise; the local level does not lag.
-inline bool LocalJump(const RuleConfig& c, const StepFacts& f) {
-  return f.local_dev >= c.spike_delta_nats && f.local_dev >= c.tier1_loss_z * f.local_sigma;
+inline bool LocalJump(const RuleConfig& c, const LocalLevel& l, double loss) {
+  const double dev = loss - l.level;
+  return l.known && dev >= c.spike_delta_nats && dev >= c.tier1_loss_z * l.noise;
 }
-// The tier 1 trigger: a grad-norm outlier with a loss jump (the ratio, or a
-// spike-sized jump clear of the run's noise, over the EMA or the local
-// level). Also what warm-up records.
-inline bool Tier1Trigger(const RuleConfig& c, const StepFacts& f, double grad_ratio) {
+// The tier 1 trigger: a grad-norm outlier with a loss jump, over the EMA or
+// the local level (read only after a grad-norm outlier: rare). Also what
+// warm-up records.
+inline bool Tier1Trigger(const EngineState& s, const StepFacts& f, double grad_ratio) {
+  const RuleConfig& c = s.c;
   if (!(grad_ratio > c.tier1_grad_ratio)) return false;
-  const bool jump = f.dev >= c.spike_delta_nats && f.sigma_ok &&
-                    (!Finite(f.sigma) || f.dev >= c.tier1_loss_z * f.sigma);
-  return f.ratio > c.tier1_loss_ratio || jump || LocalJump(c, f);
+  return EmaJump(c, f) || LocalJump(c, ReadLocalLevel(s), f.loss);
 }
 inline bool CheckDataAnomaly(EngineState& s, const StepFacts& f, StepOutcome* out) {
   const double grad_ratio = GradRatio(f);
-  const bool tier1 = Tier1Trigger(s.c, f, grad_ratio);
+  const bool tier1 = Tier1Trigger(s, f, grad_ratio);
   if (!tier1 && !(f.ratio > s.c.skip_loss_ratio)) return false;
   return ReportDataAnomaly(s, f, tier1, grad_ratio, out);
 }

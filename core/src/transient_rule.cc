@@ -32,13 +32,10 @@ void FeedTransient(EngineState& s, const StepRecord& r, double loss, bool quiet,
   s.transient_short[tail] = {r.step, loss};
   ++s.transient_count;
   s.transient_sum += loss;
-  const int64_t full = c.transient_baseline_records;
-  if (s.transient_count < m || static_cast<int64_t>(s.transient_base.size()) < full ||
-      static_cast<int64_t>(s.transient_dev.size()) < full / 2) {
-    return;
-  }
-  const double b = s.transient_base.Median();
-  const double sd = 1.4826 * s.transient_dev.Median();
+  const LocalLevel local = ReadLocalLevel(s);
+  if (s.transient_count < m || !local.known) return;
+  const double b = local.level;
+  const double sd = local.noise;
   const double excess = s.transient_sum / static_cast<double>(m) - b;
   const bool cond = excess >= c.spike_delta_nats && excess >= c.transient_z * sd;
   const bool edge = cond && !s.transient_active;

@@ -35,7 +35,7 @@ void CheckBadBatch(EngineState& s, const StepFacts& baseline, StepOutcome* out) 
   StepFacts f = baseline;
   ReadNoise(s, &f);
   const double grad_ratio = GradRatio(f);
-  if (!Tier1Trigger(c, f, grad_ratio)) return;
+  if (!Tier1Trigger(s, f, grad_ratio)) return;
   const double dev = f.dev;
   Event& e = s.NewEvent(out, f.r, 0, Action::kRecord, EventKind::kDataAnomaly, s.next_episode++,
                         f.r.step);
